@@ -1,0 +1,50 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "Ubiquity",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "ubiq", targets: ["ubiq"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.0.0"),
+    ],
+    targets: [
+        .systemLibrary(name: "CFuse", path: "Modules/CFuse", pkgConfig: "fuse3",
+                       providers: [.apt(["libfuse3-dev"])]),
+        .target(name: "CUbiq"),
+        .target(name: "UbiqStore", dependencies: [
+            "CUbiq",
+            .product(name: "GRDB", package: "GRDB.swift"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        .target(name: "UbiqState", dependencies: [
+            .product(name: "GRDB", package: "GRDB.swift"),
+        ]),
+        .target(name: "UbiqCoordinator"),
+        .target(name: "UbiqSync", dependencies: [
+            "UbiqStore", "UbiqState", "UbiqCoordinator",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        .target(name: "UbiqFS", dependencies: [
+            "UbiqStore", "UbiqState", "UbiqCoordinator", "UbiqSync", "CUbiq",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        .target(name: "UbiqFuse", dependencies: [
+            "CFuse", "UbiqFS",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        .executableTarget(name: "ubiq", dependencies: [
+            "UbiqFuse", "UbiqFS", "UbiqStore", "UbiqState", "UbiqSync",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        .testTarget(name: "CoordinatorTests", dependencies: ["UbiqCoordinator"]),
+        .testTarget(name: "StoreTests", dependencies: ["UbiqStore"]),
+        .testTarget(name: "FileSystemTests", dependencies: ["UbiqFS", "UbiqStore", "UbiqState", "UbiqSync", "UbiqCoordinator"]),
+        .testTarget(name: "MountTests", dependencies: []),
+    ]
+)

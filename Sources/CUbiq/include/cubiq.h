@@ -1,0 +1,11 @@
+#ifndef CUBIQ_H
+#define CUBIQ_H
+#include <sys/types.h>
+#include <stdint.h>
+
+/* GNU-only system calls that Swift's Glibc module does not expose. */
+ssize_t cubiq_copy_file_range(int fd_in, int fd_out, size_t len);
+int cubiq_fallocate(int fd, int mode, int64_t offset, int64_t len);
+int cubiq_errno(void);
+
+#endif

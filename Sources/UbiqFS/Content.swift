@@ -1,0 +1,303 @@
+import Foundation
+import CUbiq
+import UbiqCoordinator
+import UbiqState
+
+/// Content: open, read, write, flush, fsync, release, setattr, fallocate.
+extension FileSystem {
+    /// Opens a file handle on a present regular file (with `lock` held).
+    func openHandle(_ n: Node, flags: Int32) throws -> UInt64 {
+        guard n.isRegular else { throw n.isDirectory ? FSError.isDirectory : FSError.invalid }
+        let h = Handle(ino: n.rec.ino, fd: -1, flags: flags)
+        let fd = cache.open(n.rec.ino, writable: h.canWrite)
+        if fd < 0 { throw FSError.fromErrno(errno) }
+        let handle = Handle(ino: n.rec.ino, fd: fd, flags: flags)
+        let fh = nextHandle
+        nextHandle += 1
+        handles[fh] = handle
+        n.opens += 1
+        if handle.canWrite { n.writers += 1 }
+        return fh
+    }
+
+    /// Brings a placeholder's content into the cache (call holding an exclusive claim, without `lock`).
+    private func materialize(_ ino: UInt64) throws {
+        let needed = try withLock { () -> Bool in
+            let n = try node(ino)
+            return n.isRegular && !n.rec.present
+        }
+        guard needed else { return }
+        do { try materializer.fetch(ino) } catch {
+            logger.error("download of inode \(ino) failed: \(error)")
+            throw FSError.io("download failed: \(error)")
+        }
+        try withLock {
+            let n = try node(ino)
+            n.rec.present = true
+            let rec = n.rec
+            try persist { tx in try tx.upsert(rec) }
+        }
+    }
+
+    public func open(_ ino: UInt64, flags: Int32) throws -> UInt64 {
+        let writable = (flags & O_ACCMODE) != O_RDONLY
+        let truncate = writable && (flags & O_TRUNC) != 0
+        let (isDir, present) = try withLock { () -> (Bool, Bool) in
+            let n = try node(ino)
+            return (n.isDirectory, n.rec.present)
+        }
+        if isDir { throw FSError.isDirectory }
+        if truncate {
+            try setattr(ino, AttributeChanges(size: 0), caller: .root)
+        } else if !present {
+            let c = try claim([ino], .download)
+            defer { coordinator.release(c) }
+            try materialize(ino)
+        }
+        return try withLock { try openHandle(try node(ino), flags: flags & ~O_TRUNC) }
+    }
+
+    /// Reads up to `count` bytes at `offset` into `buffer`; returns how many (0 at end of file).
+    public func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: UnsafeMutableRawPointer) throws -> Int {
+        let (ino, fd) = try withLock { () -> (UInt64, Int32) in
+            guard let h = handles[fh] else { throw FSError.badHandle }
+            return (h.ino, h.fd)
+        }
+        let c = try claim([ino], .read)
+        defer { coordinator.release(c) }
+        var done = 0
+        while done < count {
+            let n = pread(fd, buffer + done, count - done, off_t(offset) + off_t(done))
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw FSError.fromErrno(errno)
+            }
+            if n == 0 { break }
+            done += n
+        }
+        return done
+    }
+
+    /// Writes `count` bytes from `data` at `offset`; returns how many were written.
+    public func write(_ fh: UInt64, offset: Int64, count: Int, from data: UnsafeRawPointer) throws -> Int {
+        let (ino, fd, canWrite) = try withLock { () -> (UInt64, Int32, Bool) in
+            guard let h = handles[fh] else { throw FSError.badHandle }
+            return (h.ino, h.fd, h.canWrite)
+        }
+        guard canWrite else { throw FSError.badHandle }
+        if offset < 0 { throw FSError.invalid }
+        let c = try claim([ino], .write)
+        defer { coordinator.release(c) }
+        var done = 0
+        while done < count {
+            let n = pwrite(fd, data + done, count - done, off_t(offset) + off_t(done))
+            if n < 0 {
+                if errno == EINTR { continue }
+                if done > 0 { break }
+                throw FSError.fromErrno(errno)
+            }
+            done += n
+        }
+        withLock {
+            guard let n = nodes[ino] else { return }
+            let now = nowNanos()
+            n.rec.size = max(n.rec.size, offset + Int64(done))
+            n.rec.mtimeNs = now
+            n.rec.ctimeNs = now
+            n.rec.contentGen += 1
+            n.unpersisted = true
+        }
+        return done
+    }
+
+    /// Makes what was written durable: the cache file is fsynced, the new size
+    /// and times are committed, the upload is queued, and the commit reaches
+    /// the disk. close(2) (flush) and fsync(2) both come here.
+    public func flush(_ fh: UInt64) throws {
+        let (ino, fd) = try withLock { () -> (UInt64, Int32) in
+            guard let h = handles[fh] else { throw FSError.badHandle }
+            return (h.ino, h.fd)
+        }
+        try makeDurable(ino, fd: fd)
+    }
+
+    public func fsync(_ fh: UInt64, dataOnly: Bool) throws {
+        try flush(fh)
+    }
+
+    private func makeDurable(_ ino: UInt64, fd: Int32) throws {
+        guard withLock({ nodes[ino]?.unpersisted ?? false }) else { return }
+        // Exclusive, so no write lands between the fsync and the commit of the size it produced.
+        let c = try claim([ino], .write)
+        defer { coordinator.release(c) }
+        guard withLock({ nodes[ino]?.unpersisted ?? false }) else { return }
+        if fd >= 0, Glibc.fsync(fd) != 0 { throw FSError.fromErrno(errno) }
+        let delay = uploadDelay
+        try withLock {
+            guard let n = nodes[ino] else { return }
+            let rec = n.rec
+            let named = n.nlink > 0
+            try persist { tx in
+                try tx.upsert(rec)
+                if named { try tx.enqueue(ino, delay: delay) }
+            }
+            n.unpersisted = false
+        }
+        state.syncToDisk()
+        kickUploader()
+    }
+
+    public func release(_ fh: UInt64) {
+        guard let h = withLock({ handles.removeValue(forKey: fh) }) else { return }
+        if h.canWrite { try? makeDurable(h.ino, fd: h.fd) }
+        close(h.fd)
+        withLock {
+            guard let n = nodes[h.ino] else { return }
+            n.opens -= 1
+            if h.canWrite { n.writers -= 1 }
+            reapIfUnreferenced(n)
+        }
+    }
+
+    /// chmod, chown, utimens, truncate. `fh` is the handle of ftruncate/futimens, if any.
+    public func setattr(_ ino: UInt64, _ ch: AttributeChanges, fh: UInt64? = nil, caller: Caller) throws -> Attributes {
+        let c = try claim([ino], .write)
+        defer { coordinator.release(c) }
+        if let size = ch.size {
+            if size < 0 { throw FSError.invalid }
+            let (isDir, isReg, present) = try withLock { () -> (Bool, Bool, Bool) in
+                let n = try node(ino)
+                return (n.isDirectory, n.isRegular, n.rec.present)
+            }
+            if isDir { throw FSError.isDirectory }
+            if !isReg { throw FSError.invalid }
+            if !present {
+                if size == 0 {
+                    do { try cache.createEmpty(ino) } catch { throw FSError.fromErrno(errno) }
+                    try withLock { try node(ino).rec.present = true }
+                } else {
+                    try materialize(ino)
+                }
+            }
+            if cache.truncate(ino, to: size) != 0 { throw FSError.fromErrno(errno) }
+        }
+        let delay = uploadDelay
+        let a = try withLock { () -> Attributes in
+            let n = try node(ino)
+            let now = nowNanos()
+            if let size = ch.size {
+                n.rec.size = size
+                n.rec.mtimeNs = now
+                n.rec.contentGen += 1
+            }
+            if let mode = ch.mode { n.rec.perm = mode & 0o7777 }
+            if let uid = ch.uid { n.rec.uid = uid }
+            if let gid = ch.gid { n.rec.gid = gid }
+            switch ch.atime { case .now: n.rec.atimeNs = now; case .at(let t): n.rec.atimeNs = t; case nil: break }
+            switch ch.mtime { case .now: n.rec.mtimeNs = now; case .at(let t): n.rec.mtimeNs = t; case nil: break }
+            n.rec.ctimeNs = now
+            n.rec.metaGen += 1
+            let rec = n.rec
+            let named = n.nlink > 0 || ino == rootIno
+            try persist { tx in
+                try tx.upsert(rec)
+                if named && ino != rootIno { try tx.enqueue(ino, delay: delay) }
+            }
+            if ch.size != nil { n.unpersisted = false }
+            return attributes(n)
+        }
+        kickUploader()
+        return a
+    }
+
+    /// fallocate(2): mode 0 and FALLOC_FL_KEEP_SIZE allocate; PUNCH_HOLE|KEEP_SIZE frees.
+    public func fallocate(_ fh: UInt64, mode: Int32, offset: Int64, length: Int64) throws {
+        let keepSize: Int32 = 0x01, punchHole: Int32 = 0x02
+        guard mode == 0 || mode == keepSize || mode == (punchHole | keepSize) else { throw FSError.notSupported }
+        if offset < 0 || length <= 0 { throw FSError.invalid }
+        let (ino, fd, canWrite) = try withLock { () -> (UInt64, Int32, Bool) in
+            guard let h = handles[fh] else { throw FSError.badHandle }
+            return (h.ino, h.fd, h.canWrite)
+        }
+        guard canWrite else { throw FSError.badHandle }
+        let c = try claim([ino], .write)
+        defer { coordinator.release(c) }
+        if cubiq_fallocate(fd, mode, offset, length) != 0 { throw FSError.fromErrno(errno) }
+        withLock {
+            guard let n = nodes[ino] else { return }
+            let now = nowNanos()
+            if mode & keepSize == 0 { n.rec.size = max(n.rec.size, offset + length) }
+            n.rec.mtimeNs = now
+            n.rec.ctimeNs = now
+            n.rec.contentGen += 1
+            n.unpersisted = true
+        }
+    }
+
+    // MARK: - Extended attributes
+
+    static func checkXattrName(_ name: [UInt8]) throws {
+        if name.isEmpty || name.count > 255 { throw FSError.range }
+        let s = String(decoding: name, as: UTF8.self)
+        guard s.hasPrefix("user.") || s.hasPrefix("trusted.") || s.hasPrefix("security.") else {
+            throw FSError.notSupported
+        }
+    }
+
+    public func getxattr(_ ino: UInt64, _ name: [UInt8]) throws -> [UInt8] {
+        try withLock {
+            let n = try node(ino)
+            guard let v = n.xattrs[name] else { throw FSError.noAttribute }
+            return v
+        }
+    }
+
+    public func listxattr(_ ino: UInt64) throws -> [[UInt8]] {
+        try withLock { try node(ino).xattrs.keys.sorted { $0.lexicographicallyPrecedes($1) } }
+    }
+
+    public func setxattr(_ ino: UInt64, _ name: [UInt8], _ value: [UInt8], mode: XattrSetMode) throws {
+        try Self.checkXattrName(name)
+        if value.count > 65536 { throw FSError.range }
+        if name.starts(with: Array("user.ubiq.".utf8)) { throw FSError.notPermitted }
+        let c = try claim([ino], .write)
+        defer { coordinator.release(c) }
+        try withLock {
+            let n = try node(ino)
+            if name.starts(with: Array("user.".utf8)) && !(n.isRegular || n.isDirectory) { throw FSError.notPermitted }
+            let exists = n.xattrs[name] != nil
+            if mode == .create && exists { throw FSError.exists }
+            if mode == .replace && !exists { throw FSError.noAttribute }
+            n.rec.ctimeNs = nowNanos()
+            n.rec.metaGen += 1
+            let rec = n.rec
+            try persist { tx in
+                try tx.setXattr(ino, name: name, value: value)
+                try tx.upsert(rec)
+                if ino != rootIno { try tx.enqueue(ino) }
+            }
+            n.xattrs[name] = value
+        }
+        kickUploader()
+    }
+
+    public func removexattr(_ ino: UInt64, _ name: [UInt8]) throws {
+        try Self.checkXattrName(name)
+        let c = try claim([ino], .write)
+        defer { coordinator.release(c) }
+        try withLock {
+            let n = try node(ino)
+            guard n.xattrs[name] != nil else { throw FSError.noAttribute }
+            n.rec.ctimeNs = nowNanos()
+            n.rec.metaGen += 1
+            let rec = n.rec
+            try persist { tx in
+                try tx.removeXattr(ino, name: name)
+                try tx.upsert(rec)
+                if ino != rootIno { try tx.enqueue(ino) }
+            }
+            n.xattrs[name] = nil
+        }
+        kickUploader()
+    }
+}

@@ -1,0 +1,296 @@
+import Foundation
+import Logging
+import UbiqCoordinator
+import UbiqState
+import UbiqSync
+
+/// One inode in memory. Guarded by `FileSystem.lock`.
+final class Node {
+    var rec: InodeRecord
+    var nlink: UInt32 = 0
+    /// Directories: the parent directory (root: itself).
+    var parent: UInt64 = 0
+    /// Directories: name → inode.
+    var children: [[UInt8]: UInt64] = [:]
+    /// The kernel's lookup count (lookup, create, readdirplus add; forget subtracts).
+    var lookups: UInt64 = 0
+    var opens = 0
+    var writers = 0
+    var xattrs: [[UInt8]: [UInt8]] = [:]
+    /// Content or size changed in memory and not yet committed (close/fsync commit).
+    var unpersisted = false
+
+    init(_ rec: InodeRecord) { self.rec = rec }
+    var isDirectory: Bool { rec.type == UInt32(S_IFDIR) }
+    var isRegular: Bool { rec.type == UInt32(S_IFREG) }
+}
+
+/// An open file or directory.
+final class Handle {
+    let ino: UInt64
+    /// The cache file, for regular files; -1 otherwise.
+    let fd: Int32
+    let flags: Int32
+    /// Directories: the listing taken at opendir, so readdir is stable while the directory changes.
+    var listing: [DirEntry] = []
+    init(ino: UInt64, fd: Int32, flags: Int32) { self.ino = ino; self.fd = fd; self.flags = flags }
+    var canWrite: Bool { (flags & O_ACCMODE) != O_RDONLY }
+}
+
+/// The POSIX filesystem: inodes, names, handles. No libfuse types here; the
+/// FUSE binding translates. Tests drive it directly.
+///
+/// STATE: every inode lives in `nodes` (loaded from LocalState at start) and is
+/// written through to LocalState on every change, in one transaction per
+/// operation, while `lock` is held — so memory and database change in the
+/// same order. Content lives in cache files (`ContentCache`).
+///
+/// LOCK ORDERING: Coordinator claims first, then `lock`. Never wait for a
+/// claim while holding `lock`. Pure metadata reads (lookup, getattr, readdir,
+/// getxattr) read the consistent in-memory table under `lock` and take no
+/// claim, so `stat` never waits behind a download.
+public final class FileSystem: @unchecked Sendable {
+    // Dependencies.
+    let state: LocalState
+    let coordinator: Coordinator
+    let cache: ContentCache
+    let materializer: Materializer
+    let uploader: Uploader?
+    let logger: Logger
+    /// Seconds an upload waits after the last change (coalesces bursts of saves).
+    let uploadDelay: TimeInterval
+
+    // Mutable state, guarded by `lock`.
+    let lock = NSLock()
+    var nodes: [UInt64: Node] = [:]
+    var handles: [UInt64: Handle] = [:]
+    var nextHandle: UInt64 = 1
+    var nextIno: UInt64 = 2
+
+    public init(state: LocalState, coordinator: Coordinator, cache: ContentCache, materializer: Materializer,
+                uploader: Uploader?, logger: Logger, rootOwner: Caller = Caller(uid: getuid(), gid: getgid()),
+                uploadDelay: TimeInterval = 0.2) throws {
+        self.state = state
+        self.coordinator = coordinator
+        self.cache = cache
+        self.materializer = materializer
+        self.uploader = uploader
+        self.logger = logger
+        self.uploadDelay = uploadDelay
+        try load(rootOwner: rootOwner)
+        uploader?.setBusyCheck { [weak self] ino in self?.isOpenForWriting(ino) ?? false }
+    }
+
+    // MARK: - Loading and recovery
+
+    private func load(rootOwner: Caller) throws {
+        var repairs: [InodeRecord] = []
+        var dropped: [UInt64] = []
+        try state.write { tx in
+            for r in try tx.allInodes() { nodes[r.ino] = Node(r) }
+            if nodes[rootIno] == nil {
+                let now = nowNanos()
+                let root = InodeRecord(ino: rootIno, type: UInt32(S_IFDIR), perm: 0o755, uid: rootOwner.uid,
+                                       gid: rootOwner.gid, atimeNs: now, mtimeNs: now, ctimeNs: now)
+                try tx.upsert(root)
+                nodes[rootIno] = Node(root)
+            }
+            let root = nodes[rootIno]!
+            root.parent = rootIno
+            root.nlink = 2
+            for e in try tx.allEntries() {
+                guard let dir = nodes[e.parent], dir.isDirectory, let child = nodes[e.ino] else {
+                    try tx.removeEntry(parent: e.parent, name: e.name)
+                    continue
+                }
+                dir.children[e.name] = e.ino
+                if child.isDirectory {
+                    child.parent = e.parent
+                    child.nlink = 2
+                    dir.nlink += 1
+                } else {
+                    child.nlink += 1
+                }
+            }
+            for (ino, attrs) in try tx.allXattrs() { nodes[ino]?.xattrs = attrs }
+            // Inodes with no name left were open-unlinked when the last run ended: gone now.
+            for (ino, node) in nodes where ino != rootIno && node.nlink == 0 {
+                try tx.deleteInode(ino)
+                dropped.append(ino)
+            }
+            for ino in dropped { nodes[ino] = nil }
+            // Content written but not committed before a crash: the cache file is the truth.
+            for node in nodes.values where node.isRegular && node.rec.present {
+                let actual = cache.size(of: node.rec.ino)
+                if actual == nil || actual! != node.rec.size {
+                    node.rec.size = actual ?? 0
+                    if actual == nil { try cache.createEmpty(node.rec.ino) }
+                    node.rec.contentGen += 1
+                    try tx.upsert(node.rec)
+                    try tx.enqueue(node.rec.ino)
+                    repairs.append(node.rec)
+                }
+            }
+            let stored = UInt64(try tx.meta("next_ino") ?? "") ?? 0
+            nextIno = max(stored, (nodes.keys.max() ?? 1) + 1)
+        }
+        for ino in dropped { cache.remove(ino) }
+        for r in repairs { logger.warning("recovered size of inode \(r.ino) from its cache file: \(r.size) bytes") }
+    }
+
+    // MARK: - Helpers (call with `lock` held unless noted)
+
+    func node(_ ino: UInt64) throws -> Node {
+        guard let n = nodes[ino] else { throw FSError.notFound }
+        return n
+    }
+
+    func directory(_ ino: UInt64) throws -> Node {
+        let n = try node(ino)
+        guard n.isDirectory else { throw FSError.notDirectory }
+        return n
+    }
+
+    func attributes(_ n: Node) -> Attributes {
+        let r = n.rec
+        let size: Int64
+        if n.isDirectory { size = 4096 } else if r.type == UInt32(S_IFLNK) { size = Int64(r.target?.count ?? 0) } else { size = r.size }
+        let blocks: Int64 = (n.isRegular && !r.present) ? 0 : (size + 511) / 512
+        return Attributes(ino: r.ino, mode: r.type | r.perm, nlink: n.nlink, uid: r.uid, gid: r.gid, rdev: r.rdev,
+                          size: size, blocks: blocks, atime: r.atimeNs, mtime: r.mtimeNs, ctime: r.ctimeNs)
+    }
+
+    /// Runs `body` in one state transaction, mapping database failures to EIO.
+    func persist(_ body: (StateTransaction) throws -> Void) throws {
+        do { try state.write(body) } catch let e as FSError { throw e } catch {
+            logger.error("state write failed: \(error)")
+            throw FSError.io("state database: \(error)")
+        }
+    }
+
+    /// Claims `inos` through the Coordinator (call without `lock`).
+    func claim(_ inos: [UInt64], _ intent: Intent) throws -> Claim {
+        do { return try coordinator.claim(inos, intent) } catch {
+            logger.warning("\(error)")
+            throw FSError.timedOut
+        }
+    }
+
+    func withLock<T>(_ body: () throws -> T) rethrows -> T {
+        lock.lock(); defer { lock.unlock() }
+        return try body()
+    }
+
+    static func validate(name: [UInt8]) throws {
+        if name.isEmpty { throw FSError.notFound }
+        if name.count > maxNameBytes { throw FSError.nameTooLong }
+        if name.contains(UInt8(ascii: "/")) || name.contains(0) { throw FSError.invalid }
+    }
+
+    /// Drops an inode that has no name, no kernel reference and no open handle.
+    func reapIfUnreferenced(_ n: Node) {
+        guard n.nlink == 0, n.lookups == 0, n.opens == 0, n.rec.ino != rootIno else { return }
+        nodes[n.rec.ino] = nil
+        do { try state.write { tx in try tx.deleteInode(n.rec.ino) } } catch {
+            logger.error("could not drop inode \(n.rec.ino): \(error)")
+        }
+        if n.isRegular { cache.remove(n.rec.ino) }
+    }
+
+    /// Inodes under (and including) `ino`, for re-uploading a moved folder.
+    func subtree(_ ino: UInt64) -> [UInt64] {
+        var out: [UInt64] = []
+        var stack = [ino]
+        while let i = stack.popLast() {
+            out.append(i)
+            if let n = nodes[i], n.isDirectory { stack.append(contentsOf: n.children.values) }
+        }
+        return out
+    }
+
+    func isOpenForWriting(_ ino: UInt64) -> Bool {
+        withLock { (nodes[ino]?.writers ?? 0) > 0 || (nodes[ino]?.unpersisted ?? false) }
+    }
+
+    func kickUploader() { uploader?.kick() }
+
+    // MARK: - Queries
+
+    public func getattr(_ ino: UInt64) throws -> Attributes {
+        try withLock { attributes(try node(ino)) }
+    }
+
+    /// Resolves `name` in `parent` and counts one kernel reference to the result.
+    public func lookup(_ parent: UInt64, _ name: [UInt8]) throws -> Attributes {
+        if name.count > maxNameBytes { throw FSError.nameTooLong }
+        return try withLock {
+            let dir = try directory(parent)
+            let ino: UInt64
+            if name == [UInt8(ascii: ".")] { ino = parent } else if name == [UInt8(ascii: "."), UInt8(ascii: ".")] {
+                ino = dir.parent
+            } else {
+                guard let c = dir.children[name] else { throw FSError.notFound }
+                ino = c
+            }
+            let n = try node(ino)
+            n.lookups += 1
+            return attributes(n)
+        }
+    }
+
+    /// The kernel dropped `count` references to `ino`.
+    public func forget(_ ino: UInt64, _ count: UInt64) {
+        withLock {
+            guard let n = nodes[ino] else { return }
+            n.lookups = n.lookups >= count ? n.lookups - count : 0
+            reapIfUnreferenced(n)
+        }
+    }
+
+    public func readlink(_ ino: UInt64) throws -> [UInt8] {
+        try withLock {
+            let n = try node(ino)
+            guard n.rec.type == UInt32(S_IFLNK), let t = n.rec.target else { throw FSError.invalid }
+            return t
+        }
+    }
+
+    public func statfs() -> FSStats {
+        var s = statvfs()
+        _ = statvfs(cache.directory.path, &s)
+        let files = UInt64(withLock { nodes.count })
+        return FSStats(blockSize: UInt64(s.f_bsize), blocks: UInt64(s.f_blocks), blocksFree: UInt64(s.f_bfree),
+                       blocksAvailable: UInt64(s.f_bavail), files: files + UInt64(s.f_ffree),
+                       filesFree: UInt64(s.f_ffree), nameMax: UInt64(maxNameBytes))
+    }
+
+    /// access(2): with `default_permissions` the kernel checks modes itself;
+    /// this answers existence and the same mode check for direct callers.
+    public func access(_ ino: UInt64, mask: Int32, caller: Caller) throws {
+        try withLock {
+            let n = try node(ino)
+            if mask == F_OK || caller.uid == 0 {
+                if caller.uid == 0 && (mask & X_OK) != 0 && !n.isDirectory && (n.rec.perm & 0o111) == 0 {
+                    throw FSError.accessDenied
+                }
+                return
+            }
+            let bits: UInt32
+            if caller.uid == n.rec.uid { bits = (n.rec.perm >> 6) & 7 } else if caller.gid == n.rec.gid {
+                bits = (n.rec.perm >> 3) & 7
+            } else { bits = n.rec.perm & 7 }
+            if (UInt32(mask) & 7) & ~bits != 0 { throw FSError.accessDenied }
+        }
+    }
+
+    // MARK: - For tests and the daemon
+
+    /// Makes every committed change durable on disk (fsyncdir, sync).
+    public func syncState() { state.syncToDisk() }
+
+    /// Number of inodes in memory.
+    public var inodeCount: Int { withLock { nodes.count } }
+
+    /// The kernel's current lookup count of `ino` (tests check forget accounting).
+    public func lookupCount(_ ino: UInt64) -> UInt64? { withLock { nodes[ino]?.lookups } }
+}

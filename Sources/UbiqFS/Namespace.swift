@@ -1,0 +1,374 @@
+import Foundation
+import UbiqCoordinator
+import UbiqState
+
+/// Names: create, mkdir, mknod, symlink, link, unlink, rmdir, rename, readdir.
+extension FileSystem {
+    /// Creates a node named `name` in `parent` (with `lock` held and the parent claimed).
+    private func makeNode(in dir: Node, name: [UInt8], type: UInt32, perm: UInt32, caller: Caller,
+                          rdev: UInt64 = 0, target: [UInt8]? = nil) throws -> Node {
+        try Self.validate(name: name)
+        if dir.children[name] != nil { throw FSError.exists }
+        if dir.nlink == 0 { throw FSError.notFound }  // directory removed while we waited
+        var perm = perm & 0o7777
+        var gid = caller.gid
+        if dir.rec.perm & UInt32(S_ISGID) != 0 {
+            gid = dir.rec.gid
+            if type == UInt32(S_IFDIR) { perm |= UInt32(S_ISGID) }
+        }
+        let now = nowNanos()
+        let ino = nextIno
+        let rec = InodeRecord(ino: ino, type: type, perm: perm, uid: caller.uid, gid: gid, size: 0,
+                              atimeNs: now, mtimeNs: now, ctimeNs: now, rdev: rdev, target: target)
+        if type == UInt32(S_IFREG) {
+            do { try cache.createEmpty(ino) } catch { throw FSError.fromErrno(errno) }
+        }
+        dir.rec.mtimeNs = now
+        dir.rec.ctimeNs = now
+        let delay = uploadDelay
+        try persist { tx in
+            try tx.upsert(rec)
+            try tx.insertEntry(parent: dir.rec.ino, name: name, ino: ino)
+            try tx.upsert(dir.rec)
+            try tx.setNextInode(ino + 1)
+            try tx.enqueue(ino, delay: delay)
+        }
+        nextIno = ino + 1
+        let n = Node(rec)
+        if type == UInt32(S_IFDIR) {
+            n.parent = dir.rec.ino
+            n.nlink = 2
+            dir.nlink += 1
+        } else {
+            n.nlink = 1
+        }
+        nodes[ino] = n
+        dir.children[name] = ino
+        n.lookups = 1
+        return n
+    }
+
+    public func mkdir(_ parent: UInt64, _ name: [UInt8], mode: UInt32, caller: Caller) throws -> Attributes {
+        let c = try claim([parent], .write)
+        defer { coordinator.release(c) }
+        let a = try withLock {
+            attributes(try makeNode(in: try directory(parent), name: name, type: UInt32(S_IFDIR), perm: mode, caller: caller))
+        }
+        kickUploader()
+        return a
+    }
+
+    /// mknod(2): regular files, FIFOs, sockets and device nodes.
+    public func mknod(_ parent: UInt64, _ name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws -> Attributes {
+        let type = mode & UInt32(S_IFMT)
+        let allowed: [UInt32] = [S_IFREG, S_IFIFO, S_IFSOCK, S_IFCHR, S_IFBLK].map { UInt32($0) }
+        guard type == 0 || allowed.contains(type) else { throw FSError.invalid }
+        let c = try claim([parent], .write)
+        defer { coordinator.release(c) }
+        let a = try withLock {
+            attributes(try makeNode(in: try directory(parent), name: name, type: type == 0 ? UInt32(S_IFREG) : type,
+                                    perm: mode, caller: caller, rdev: (type == UInt32(S_IFCHR) || type == UInt32(S_IFBLK)) ? rdev : 0))
+        }
+        kickUploader()
+        return a
+    }
+
+    public func symlink(_ target: [UInt8], _ parent: UInt64, _ name: [UInt8], caller: Caller) throws -> Attributes {
+        if target.count > 4095 { throw FSError.nameTooLong }
+        let c = try claim([parent], .write)
+        defer { coordinator.release(c) }
+        let a = try withLock {
+            attributes(try makeNode(in: try directory(parent), name: name, type: UInt32(S_IFLNK), perm: 0o777,
+                                    caller: caller, target: target))
+        }
+        kickUploader()
+        return a
+    }
+
+    /// create(2) with O_CREAT: makes the file (or opens it if it exists and
+    /// O_EXCL is not set) and opens it. Returns its attributes and a handle.
+    public func create(_ parent: UInt64, _ name: [UInt8], mode: UInt32, flags: Int32,
+                       caller: Caller) throws -> (Attributes, UInt64) {
+        let c = try claim([parent], .write)
+        var existing: UInt64?
+        let made: (Attributes, UInt64)? = try {
+            defer { coordinator.release(c) }
+            return try withLock {
+                let dir = try directory(parent)
+                if let ino = dir.children[name] {
+                    if flags & O_EXCL != 0 { throw FSError.exists }
+                    existing = ino
+                    return nil
+                }
+                let n = try makeNode(in: dir, name: name, type: UInt32(S_IFREG), perm: mode, caller: caller)
+                n.unpersisted = true  // the first close makes the new file durable
+                do {
+                    let fh = try openHandle(n, flags: flags & ~(O_TRUNC | O_CREAT | O_EXCL))
+                    return (attributes(n), fh)
+                } catch {
+                    return (attributes(n), 0)
+                }
+            }
+        }()
+        if let made {
+            kickUploader()
+            if made.1 == 0 { throw FSError.io("cannot open new cache file") }
+            return made
+        }
+        // Opening an existing file through create: count the lookup as the kernel will.
+        let fh = try open(existing!, flags: flags & ~(O_CREAT | O_EXCL))
+        let a = try withLock { () -> Attributes in
+            let n = try node(existing!)
+            n.lookups += 1
+            return attributes(n)
+        }
+        return (a, fh)
+    }
+
+    public func link(_ ino: UInt64, _ newParent: UInt64, _ newName: [UInt8]) throws -> Attributes {
+        try Self.validate(name: newName)
+        let c = try claim([ino, newParent], .write)
+        defer { coordinator.release(c) }
+        let a = try withLock {
+            let n = try node(ino)
+            if n.isDirectory { throw FSError.notPermitted }
+            let dir = try directory(newParent)
+            if dir.children[newName] != nil { throw FSError.exists }
+            if n.nlink == 0 { throw FSError.notFound }
+            if n.nlink >= 65000 { throw FSError.tooManyLinks }
+            let now = nowNanos()
+            n.rec.ctimeNs = now
+            dir.rec.mtimeNs = now
+            dir.rec.ctimeNs = now
+            let delay = uploadDelay
+            try persist { tx in
+                try tx.insertEntry(parent: newParent, name: newName, ino: ino)
+                try tx.upsert(n.rec)
+                try tx.upsert(dir.rec)
+                try tx.enqueue(ino, delay: delay)
+            }
+            dir.children[newName] = ino
+            n.nlink += 1
+            n.lookups += 1
+            return attributes(n)
+        }
+        kickUploader()
+        return a
+    }
+
+    /// Resolves `name` under `parent` now, for claiming before the change.
+    private func peek(_ parent: UInt64, _ name: [UInt8]) throws -> UInt64 {
+        try withLock {
+            guard let ino = try directory(parent).children[name] else { throw FSError.notFound }
+            return ino
+        }
+    }
+
+    public func unlink(_ parent: UInt64, _ name: [UInt8]) throws {
+        try removeName(parent, name, directory: false)
+    }
+
+    public func rmdir(_ parent: UInt64, _ name: [UInt8]) throws {
+        if name == [UInt8(ascii: ".")] { throw FSError.invalid }
+        if name == [UInt8(ascii: "."), UInt8(ascii: ".")] { throw FSError.notEmpty }
+        try removeName(parent, name, directory: true)
+    }
+
+    private func removeName(_ parent: UInt64, _ name: [UInt8], directory wantDir: Bool) throws {
+        if name.count > maxNameBytes { throw FSError.nameTooLong }
+        while true {
+            let target = try peek(parent, name)
+            let c = try claim([parent, target], .delete)
+            defer { coordinator.release(c) }
+            let done: Bool = try withLock {
+                let dir = try directory(parent)
+                guard dir.children[name] == target else { return false }  // changed meanwhile: again
+                let n = try node(target)
+                if wantDir {
+                    if !n.isDirectory { throw FSError.notDirectory }
+                    if !n.children.isEmpty { throw FSError.notEmpty }
+                } else if n.isDirectory {
+                    throw FSError.isDirectory
+                }
+                let now = nowNanos()
+                dir.rec.mtimeNs = now
+                dir.rec.ctimeNs = now
+                n.rec.ctimeNs = now
+                try persist { tx in
+                    try tx.removeEntry(parent: parent, name: name)
+                    try tx.upsert(dir.rec)
+                    if n.nlink > 1 && !n.isDirectory { try tx.upsert(n.rec) }
+                }
+                dir.children[name] = nil
+                if n.isDirectory {
+                    n.nlink = 0
+                    dir.nlink -= 1
+                } else {
+                    n.nlink -= 1
+                }
+                reapIfUnreferenced(n)
+                return true
+            }
+            if done { break }
+        }
+        kickUploader()
+    }
+
+    /// rename(2) and renameat2(2) with RENAME_NOREPLACE / RENAME_EXCHANGE.
+    public func rename(_ parent: UInt64, _ name: [UInt8], _ newParent: UInt64, _ newName: [UInt8],
+                       flags: RenameFlags = []) throws {
+        if flags.contains(.whiteout) || (flags.contains(.exchange) && flags.contains(.noReplace)) {
+            throw FSError.invalid
+        }
+        if name.count > maxNameBytes || newName.count > maxNameBytes { throw FSError.nameTooLong }
+        try Self.validate(name: newName)
+        while true {
+            let src = try peek(parent, name)
+            let dst = try? peek(newParent, newName)
+            var items = [parent, newParent, src]
+            if let dst { items.append(dst) }
+            let c = try claim(items, .move)
+            defer { coordinator.release(c) }
+            let done = try withLock { try renameLocked(parent, name, newParent, newName, flags, src: src, dst: dst) }
+            if done { break }
+        }
+        kickUploader()
+    }
+
+    private func renameLocked(_ parent: UInt64, _ name: [UInt8], _ newParent: UInt64, _ newName: [UInt8],
+                              _ flags: RenameFlags, src: UInt64, dst: UInt64?) throws -> Bool {
+        let fromDir = try directory(parent)
+        let toDir = try directory(newParent)
+        guard fromDir.children[name] == src, toDir.children[newName] == dst else { return false }
+        let s = try node(src)
+        if toDir.nlink == 0 { throw FSError.notFound }
+        // A directory may not move into itself or below itself.
+        if s.isDirectory {
+            var p = newParent
+            while true {
+                if p == src { throw FSError.invalid }
+                if p == rootIno { break }
+                p = nodes[p]?.parent ?? rootIno
+            }
+        }
+        let now = nowNanos()
+        if flags.contains(.exchange) {
+            guard let dst else { throw FSError.notFound }
+            let d = try node(dst)
+            if d.isDirectory, dst != src {
+                var p = parent
+                while true {
+                    if p == dst { throw FSError.invalid }
+                    if p == rootIno { break }
+                    p = nodes[p]?.parent ?? rootIno
+                }
+            }
+            if src == dst { return true }
+            for n in [s, d, fromDir, toDir] { n.rec.ctimeNs = now }
+            fromDir.rec.mtimeNs = now
+            toDir.rec.mtimeNs = now
+            let moved = subtree(src) + subtree(dst)
+            try persist { tx in
+                try tx.exchangeEntries((parent, name), (newParent, newName))
+                for n in [s, d, fromDir, toDir] { try tx.upsert(n.rec) }
+                for i in moved { try tx.enqueue(i) }
+            }
+            fromDir.children[name] = dst
+            toDir.children[newName] = src
+            if s.isDirectory { s.parent = newParent }
+            if d.isDirectory { d.parent = parent }
+            if s.isDirectory != d.isDirectory, parent != newParent {
+                if s.isDirectory { fromDir.nlink -= 1; toDir.nlink += 1 } else { toDir.nlink -= 1; fromDir.nlink += 1 }
+            }
+            return true
+        }
+        var replaced: Node?
+        if let dst {
+            if flags.contains(.noReplace) { throw FSError.exists }
+            if dst == src { return true }  // two names of one inode: rename does nothing
+            let d = try node(dst)
+            if s.isDirectory {
+                if !d.isDirectory { throw FSError.notDirectory }
+                if !d.children.isEmpty { throw FSError.notEmpty }
+            } else if d.isDirectory {
+                throw FSError.isDirectory
+            }
+            replaced = d
+        }
+        s.rec.ctimeNs = now
+        fromDir.rec.mtimeNs = now
+        fromDir.rec.ctimeNs = now
+        toDir.rec.mtimeNs = now
+        toDir.rec.ctimeNs = now
+        if let r = replaced { r.rec.ctimeNs = now }
+        let moved = subtree(src)
+        try persist { tx in
+            if replaced != nil { try tx.removeEntry(parent: newParent, name: newName) }
+            try tx.moveEntry(parent: parent, name: name, toParent: newParent, toName: newName)
+            try tx.upsert(s.rec)
+            try tx.upsert(fromDir.rec)
+            if newParent != parent { try tx.upsert(toDir.rec) }
+            if let r = replaced, !r.isDirectory, r.nlink > 1 { try tx.upsert(r.rec) }
+            for i in moved { try tx.enqueue(i) }
+        }
+        fromDir.children[name] = nil
+        toDir.children[newName] = src
+        if let r = replaced {
+            if r.isDirectory { r.nlink = 0; toDir.nlink -= 1 } else { r.nlink -= 1 }
+            reapIfUnreferenced(r)
+        }
+        if s.isDirectory {
+            s.parent = newParent
+            if parent != newParent { fromDir.nlink -= 1; toDir.nlink += 1 }
+        }
+        return true
+    }
+
+    // MARK: - Directories
+
+    /// Opens a directory, taking the listing that readdir will page through.
+    public func opendir(_ ino: UInt64) throws -> UInt64 {
+        try withLock {
+            let dir = try directory(ino)
+            let h = Handle(ino: ino, fd: -1, flags: O_RDONLY)
+            var list: [DirEntry] = [
+                DirEntry(name: [UInt8(ascii: ".")], ino: ino, type: UInt32(S_IFDIR), nextOffset: 1),
+                DirEntry(name: [UInt8(ascii: "."), UInt8(ascii: ".")], ino: dir.parent, type: UInt32(S_IFDIR), nextOffset: 2),
+            ]
+            list.reserveCapacity(dir.children.count + 2)
+            for (name, child) in dir.children {
+                let t = nodes[child]?.rec.type ?? UInt32(S_IFREG)
+                list.append(DirEntry(name: name, ino: child, type: t, nextOffset: Int64(list.count + 1)))
+            }
+            h.listing = list
+            let fh = nextHandle
+            nextHandle += 1
+            handles[fh] = h
+            return fh
+        }
+    }
+
+    /// Entries from `offset` on (0: from the start), at most `limit`.
+    public func readdir(_ fh: UInt64, offset: Int64, limit: Int = .max) throws -> [DirEntry] {
+        try withLock {
+            guard let h = handles[fh] else { throw FSError.badHandle }
+            let start = Int(max(0, offset))
+            if start >= h.listing.count { return [] }
+            return Array(h.listing[start ..< min(h.listing.count, start + min(limit, h.listing.count))])
+        }
+    }
+
+    /// For readdirplus: the attributes of a listed entry, counting a lookup.
+    /// Nil if it was removed since the listing was taken.
+    public func lookupListed(_ entry: DirEntry, in parent: UInt64) -> Attributes? {
+        withLock {
+            guard let n = nodes[entry.ino], n.nlink > 0 else { return nil }
+            n.lookups += 1
+            return attributes(n)
+        }
+    }
+
+    public func releasedir(_ fh: UInt64) {
+        _ = withLock { handles.removeValue(forKey: fh) }
+    }
+}

@@ -1,0 +1,204 @@
+import CFuse
+import Foundation
+import Logging
+import UbiqFS
+
+/// Kernel options ubiq negotiates. See docs/posix.md, "Kernel options".
+public struct FuseOptions: Sendable {
+    /// Largest read/write request (the kernel caps it at its own maximum).
+    public var maxWrite: UInt32 = 1 << 20
+    /// Seconds the kernel may cache attributes and names. Only this device
+    /// changes the tree while it is mounted, so a cached answer stays right.
+    public var attrTimeout: Double = 1.0
+    public var entryTimeout: Double = 1.0
+    /// Let the kernel buffer writes (FUSE writeback cache).
+    public var writebackCache = false
+    /// Extra `-o` mount options (e.g. allow_other).
+    public var mountOptions: [String] = []
+    public var maxThreads: UInt32 = 16
+    public init() {}
+}
+
+public enum FuseError: Error, CustomStringConvertible {
+    case sessionFailed
+    case mountFailed(String)
+    public var description: String {
+        switch self {
+        case .sessionFailed: return "could not start a FUSE session (bad mount options?)"
+        case .mountFailed(let m): return "could not mount at \(m) (is /dev/fuse usable and fusermount3 installed?)"
+        }
+    }
+}
+
+/// The FUSE binding: libfuse3 low-level operations ⇄ `FileSystem` calls.
+/// Thin by design: decode the request, call the core, reply, map the error.
+public final class FuseServer: @unchecked Sendable {
+    let fs: FileSystem
+    let logger: Logger
+    let options: FuseOptions
+    private var session: OpaquePointer?
+    private var mountpoint = ""
+
+    public init(fs: FileSystem, options: FuseOptions, logger: Logger) {
+        self.fs = fs
+        self.options = options
+        self.logger = logger
+    }
+
+    /// Creates the session and mounts it at `path`.
+    public func mount(at path: String, fsname: String) throws {
+        var ops = fuse_lowlevel_ops()
+        FuseOps.install(&ops)
+        var opts = ["default_permissions", "fsname=\(fsname.replacingOccurrences(of: ",", with: "_"))", "subtype=ubiq"]
+        opts += options.mountOptions
+        let argv = ["ubiq", "-o", opts.joined(separator: ",")]
+        var cargs = argv.map { strdup($0) }
+        defer { cargs.forEach { free($0) } }
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        guard let se = cargs.withUnsafeMutableBufferPointer({ buf in
+            ubiq_fuse_session_new(Int32(buf.count), buf.baseAddress, &ops, me)
+        }) else { throw FuseError.sessionFailed }
+        if fuse_session_mount(se, path) != 0 {
+            fuse_session_destroy(se)
+            throw FuseError.mountFailed(path)
+        }
+        session = se
+        mountpoint = path
+    }
+
+    /// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and every
+    /// thread it starts afterwards. Call first thing in the daemon: `run()`
+    /// unblocks them in the loop thread only, so libfuse's handler always
+    /// interrupts the thread that waits for the loop to end.
+    public static func blockTerminationSignals() {
+        var set = sigset_t()
+        sigemptyset(&set)
+        for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&set, s) }
+        pthread_sigmask(SIG_BLOCK, &set, nil)
+    }
+
+    /// Serves requests until unmounted or `exit()`; returns libfuse's status.
+    public func run() -> Int32 {
+        guard let se = session else { return -1 }
+        fuse_set_signal_handlers(se)
+        var set = sigset_t()
+        sigemptyset(&set)
+        for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&set, s) }
+        pthread_sigmask(SIG_UNBLOCK, &set, nil)
+        let r = ubiq_fuse_loop_mt(se, 4, options.maxThreads)
+        pthread_sigmask(SIG_BLOCK, &set, nil)
+        fuse_remove_signal_handlers(se)
+        return r
+    }
+
+    /// Asks the loop to end (safe from any thread).
+    public func exit() {
+        if let se = session { fuse_session_exit(se) }
+    }
+
+    public func unmount() {
+        guard let se = session else { return }
+        fuse_session_unmount(se)
+        fuse_session_destroy(se)
+        session = nil
+    }
+
+    static func from(_ req: fuse_req_t?) -> FuseServer {
+        Unmanaged<FuseServer>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+    }
+
+    // MARK: - Replies
+
+    func stat(_ a: Attributes) -> stat {
+        var st = Glibc.stat()
+        st.st_ino = UInt(a.ino)
+        st.st_mode = a.mode
+        st.st_nlink = UInt(a.nlink)
+        st.st_uid = a.uid
+        st.st_gid = a.gid
+        st.st_rdev = UInt(a.rdev)
+        st.st_size = Int(a.size)
+        st.st_blocks = Int(a.blocks)
+        st.st_blksize = 65536
+        ubiq_stat_set_times(&st, a.atime, a.mtime, a.ctime)
+        return st
+    }
+
+    func entry(_ a: Attributes) -> fuse_entry_param {
+        var e = fuse_entry_param()
+        e.ino = a.ino
+        e.generation = 1
+        e.attr = stat(a)
+        e.attr_timeout = options.attrTimeout
+        e.entry_timeout = options.entryTimeout
+        return e
+    }
+
+    func replyEntry(_ req: fuse_req_t?, _ body: () throws -> Attributes) {
+        do {
+            var e = entry(try body())
+            if fuse_reply_entry(req, &e) != 0 {
+                // The kernel did not take the reference (interrupted): undo the lookup count.
+                fs.forget(e.ino, 1)
+            }
+        } catch { replyError(req, error) }
+    }
+
+    func replyAttr(_ req: fuse_req_t?, _ body: () throws -> Attributes) {
+        do {
+            var st = stat(try body())
+            fuse_reply_attr(req, &st, options.attrTimeout)
+        } catch { replyError(req, error) }
+    }
+
+    func replyOK(_ req: fuse_req_t?, _ body: () throws -> Void) {
+        do {
+            try body()
+            fuse_reply_err(req, 0)
+        } catch { replyError(req, error) }
+    }
+
+    func replyError(_ req: fuse_req_t?, _ error: Error) {
+        let code = Self.errno(error)
+        if code == EIO || code == EBUSY { logger.warning("request failed: \(error)") }
+        fuse_reply_err(req, code)
+    }
+
+    /// The one place where core errors become errno values.
+    static func errno(_ error: Error) -> Int32 {
+        guard let e = error as? FSError else { return EIO }
+        switch e {
+        case .notFound: return ENOENT
+        case .exists: return EEXIST
+        case .notEmpty: return ENOTEMPTY
+        case .notDirectory: return ENOTDIR
+        case .isDirectory: return EISDIR
+        case .nameTooLong: return ENAMETOOLONG
+        case .invalid: return EINVAL
+        case .notPermitted: return EPERM
+        case .accessDenied: return EACCES
+        case .noAttribute: return ENODATA
+        case .notSupported: return EOPNOTSUPP
+        case .range: return ERANGE
+        case .busy: return EBUSY
+        case .noSpace: return ENOSPC
+        case .tooManyLinks: return EMLINK
+        case .badHandle: return EBADF
+        case .fileTooLarge: return EFBIG
+        // A claim that could not be had in time: the item is busy with sync work.
+        case .timedOut: return EBUSY
+        case .io: return EIO
+        case .system(let code): return code
+        }
+    }
+}
+
+func name(_ p: UnsafePointer<CChar>?) -> [UInt8] {
+    guard let p else { return [] }
+    return Array(UnsafeRawBufferPointer(start: p, count: strlen(p)))
+}
+
+func caller(_ req: fuse_req_t?) -> Caller {
+    guard let ctx = fuse_req_ctx(req) else { return .root }
+    return Caller(uid: ctx.pointee.uid, gid: ctx.pointee.gid, pid: ctx.pointee.pid)
+}

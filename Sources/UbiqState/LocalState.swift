@@ -1,0 +1,403 @@
+import Foundation
+import GRDB
+
+/// One inode as the device remembers it.
+public struct InodeRecord: Sendable, Equatable {
+    public var ino: UInt64
+    /// File type, as `st_mode & S_IFMT`.
+    public var type: UInt32
+    /// Permission bits, the low 12 bits of `st_mode`.
+    public var perm: UInt32
+    public var uid: UInt32
+    public var gid: UInt32
+    public var size: Int64
+    public var atimeNs: Int64
+    public var mtimeNs: Int64
+    public var ctimeNs: Int64
+    public var rdev: UInt64
+    public var target: [UInt8]?
+    /// The content is in the cache (false: a placeholder).
+    public var present: Bool
+    /// Bumped on every content change; the upload records the one it sent.
+    public var contentGen: Int64
+    /// Bumped on every metadata change (mode, owner, times, xattrs).
+    public var metaGen: Int64
+
+    public init(ino: UInt64, type: UInt32, perm: UInt32, uid: UInt32, gid: UInt32, size: Int64 = 0,
+                atimeNs: Int64, mtimeNs: Int64, ctimeNs: Int64, rdev: UInt64 = 0, target: [UInt8]? = nil,
+                present: Bool = true, contentGen: Int64 = 1, metaGen: Int64 = 1) {
+        self.ino = ino; self.type = type; self.perm = perm; self.uid = uid; self.gid = gid
+        self.size = size; self.atimeNs = atimeNs; self.mtimeNs = mtimeNs; self.ctimeNs = ctimeNs
+        self.rdev = rdev; self.target = target; self.present = present
+        self.contentGen = contentGen; self.metaGen = metaGen
+    }
+}
+
+/// One name of an inode in a directory, and where it lives in the store.
+public struct EntryRecord: Sendable, Equatable {
+    public var id: Int64
+    public var parent: UInt64
+    public var name: [UInt8]
+    public var ino: UInt64
+    /// The key this entry's object has in the store (nil: never uploaded).
+    public var remoteKey: String?
+    public var remoteVersion: String?
+}
+
+/// What the uploader has yet to do for an inode.
+public struct UploadState: Sendable, Equatable {
+    public var uploadedContentGen: Int64
+    public var uploadedMetaGen: Int64
+    public var error: String?
+}
+
+public enum StateError: Error, CustomStringConvertible {
+    case database(String)
+    public var description: String {
+        switch self { case .database(let s): return "state database: \(s)" }
+    }
+}
+
+/// The device's truth: a SQLite database (WAL) of inodes, names, xattrs,
+/// the outbox and cursors. `synchronous = NORMAL` makes every commit survive
+/// a killed process; `syncToDisk()` makes everything committed so far survive
+/// a power loss too (it fsyncs the WAL), and is called by close/fsync.
+public final class LocalState: Sendable {
+    public let path: String
+    private let dbQueue: DatabaseQueue
+    private let walFD: Int32
+
+    /// Opens (creating and migrating) the database at `path`.
+    public init(path: String) throws {
+        self.path = path
+        var config = Configuration()
+        config.busyMode = .timeout(5)
+        config.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+        }
+        do {
+            dbQueue = try DatabaseQueue(path: path, configuration: config)
+            try dbQueue.writeWithoutTransaction { db in
+                _ = try String.fetchOne(db, sql: "PRAGMA journal_mode = WAL")
+            }
+            try Self.migrator.migrate(dbQueue)
+        } catch {
+            throw StateError.database("cannot open \(path): \(error)")
+        }
+        walFD = open(path + "-wal", O_RDONLY | O_CLOEXEC)
+        chmod(path, 0o600)
+    }
+
+    deinit { if walFD >= 0 { close(walFD) } }
+
+    /// An in-memory database, for tests.
+    public init() throws {
+        path = ":memory:"
+        dbQueue = try DatabaseQueue()
+        try Self.migrator.migrate(dbQueue)
+        walFD = -1
+    }
+
+    static var migrator: DatabaseMigrator {
+        var m = DatabaseMigrator()
+        m.registerMigration("v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+                CREATE TABLE inodes (
+                  ino INTEGER PRIMARY KEY, type INTEGER NOT NULL, perm INTEGER NOT NULL,
+                  uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL,
+                  atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL,
+                  rdev INTEGER NOT NULL, target BLOB, present INTEGER NOT NULL,
+                  content_gen INTEGER NOT NULL, meta_gen INTEGER NOT NULL,
+                  uploaded_content_gen INTEGER NOT NULL DEFAULT 0,
+                  uploaded_meta_gen INTEGER NOT NULL DEFAULT 0,
+                  upload_error TEXT);
+                CREATE TABLE entries (
+                  id INTEGER PRIMARY KEY, parent INTEGER NOT NULL, name BLOB NOT NULL,
+                  ino INTEGER NOT NULL, remote_key TEXT, remote_version TEXT,
+                  UNIQUE (parent, name));
+                CREATE INDEX entries_ino ON entries (ino);
+                CREATE INDEX entries_remote ON entries (remote_key);
+                CREATE TABLE xattrs (ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
+                  PRIMARY KEY (ino, name));
+                CREATE TABLE outbox (ino INTEGER PRIMARY KEY, seq INTEGER NOT NULL,
+                  not_before REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0);
+                CREATE TABLE tombstones (id INTEGER PRIMARY KEY, remote_key TEXT NOT NULL,
+                  remote_version TEXT);
+                """)
+        }
+        return m
+    }
+
+    // MARK: - Transactions
+
+    /// Runs `body` in one write transaction.
+    public func write<T>(_ body: (StateTransaction) throws -> T) throws -> T {
+        do {
+            return try dbQueue.write { db in try body(StateTransaction(db: db)) }
+        } catch let e as StateError { throw e } catch {
+            throw StateError.database("\(error)")
+        }
+    }
+
+    public func read<T>(_ body: (StateTransaction) throws -> T) throws -> T {
+        do {
+            return try dbQueue.read { db in try body(StateTransaction(db: db)) }
+        } catch let e as StateError { throw e } catch {
+            throw StateError.database("\(error)")
+        }
+    }
+
+    /// Makes every committed transaction durable against power loss.
+    public func syncToDisk() {
+        if walFD >= 0 { _ = fsync(walFD) }
+    }
+
+    /// Checks the database file's integrity (PRAGMA integrity_check).
+    public func integrityCheck() throws -> Bool {
+        try read { tx in try String.fetchOne(tx.db, sql: "PRAGMA integrity_check") == "ok" }
+    }
+}
+
+/// The statements of one transaction.
+public struct StateTransaction {
+    public let db: Database
+
+    // MARK: meta
+
+    public func meta(_ key: String) throws -> String? {
+        try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = ?", arguments: [key])
+    }
+
+    public func setMeta(_ key: String, _ value: String) throws {
+        try db.execute(sql: "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", arguments: [key, value])
+    }
+
+    // MARK: inodes
+
+    public func upsert(_ r: InodeRecord) throws {
+        try db.cachedStatement(sql: """
+            INSERT INTO inodes (ino, type, perm, uid, gid, size, atime, mtime, ctime, rdev, target, present,
+                                content_gen, meta_gen)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (ino) DO UPDATE SET type = excluded.type, perm = excluded.perm, uid = excluded.uid,
+              gid = excluded.gid, size = excluded.size, atime = excluded.atime, mtime = excluded.mtime,
+              ctime = excluded.ctime, rdev = excluded.rdev, target = excluded.target,
+              present = excluded.present, content_gen = excluded.content_gen, meta_gen = excluded.meta_gen
+            """).execute(arguments: [Int64(bitPattern: r.ino), r.type, r.perm, r.uid, r.gid, r.size, r.atimeNs,
+                                     r.mtimeNs, r.ctimeNs, Int64(bitPattern: r.rdev), r.target.map { Data($0) },
+                                     r.present, r.contentGen, r.metaGen])
+    }
+
+    public func deleteInode(_ ino: UInt64) throws {
+        let i = Int64(bitPattern: ino)
+        try db.execute(sql: "DELETE FROM inodes WHERE ino = ?", arguments: [i])
+        try db.execute(sql: "DELETE FROM xattrs WHERE ino = ?", arguments: [i])
+        try db.execute(sql: "DELETE FROM outbox WHERE ino = ?", arguments: [i])
+    }
+
+    public func inode(_ ino: UInt64) throws -> InodeRecord? {
+        try Row.fetchOne(db, sql: "SELECT * FROM inodes WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
+            .map(Self.inodeRecord)
+    }
+
+    public func allInodes() throws -> [InodeRecord] {
+        try Row.fetchAll(db, sql: "SELECT * FROM inodes").map(Self.inodeRecord)
+    }
+
+    static func inodeRecord(_ r: Row) -> InodeRecord {
+        InodeRecord(ino: UInt64(bitPattern: r["ino"]), type: r["type"], perm: r["perm"], uid: r["uid"],
+                    gid: r["gid"], size: r["size"], atimeNs: r["atime"], mtimeNs: r["mtime"],
+                    ctimeNs: r["ctime"], rdev: UInt64(bitPattern: r["rdev"]),
+                    target: (r["target"] as Data?).map { [UInt8]($0) }, present: r["present"],
+                    contentGen: r["content_gen"], metaGen: r["meta_gen"])
+    }
+
+    public func uploadState(_ ino: UInt64) throws -> UploadState? {
+        try Row.fetchOne(db, sql: "SELECT uploaded_content_gen, uploaded_meta_gen, upload_error FROM inodes WHERE ino = ?",
+                         arguments: [Int64(bitPattern: ino)]).map {
+            UploadState(uploadedContentGen: $0[0], uploadedMetaGen: $0[1], error: $0[2])
+        }
+    }
+
+    public func markUploaded(_ ino: UInt64, contentGen: Int64, metaGen: Int64) throws {
+        try db.execute(sql: """
+            UPDATE inodes SET uploaded_content_gen = max(uploaded_content_gen, ?),
+              uploaded_meta_gen = max(uploaded_meta_gen, ?), upload_error = NULL WHERE ino = ?
+            """, arguments: [contentGen, metaGen, Int64(bitPattern: ino)])
+    }
+
+    public func setUploadError(_ ino: UInt64, _ error: String?) throws {
+        try db.execute(sql: "UPDATE inodes SET upload_error = ? WHERE ino = ?", arguments: [error, Int64(bitPattern: ino)])
+    }
+
+    public func maxInode() throws -> Int64 {
+        try Int64.fetchOne(db, sql: "SELECT coalesce(max(ino), 1) FROM inodes") ?? 1
+    }
+
+    public func setNextInode(_ next: UInt64) throws { try setMeta("next_ino", String(next)) }
+
+    // MARK: entries
+
+    public func insertEntry(parent: UInt64, name: [UInt8], ino: UInt64,
+                            remoteKey: String? = nil, remoteVersion: String? = nil) throws {
+        try db.cachedStatement(sql: """
+            INSERT INTO entries (parent, name, ino, remote_key, remote_version) VALUES (?, ?, ?, ?, ?)
+            """).execute(arguments: [Int64(bitPattern: parent), Data(name), Int64(bitPattern: ino), remoteKey, remoteVersion])
+    }
+
+    /// Removes an entry; if its object is in the store, records a tombstone so
+    /// the uploader deletes it there.
+    public func removeEntry(parent: UInt64, name: [UInt8]) throws {
+        let args: StatementArguments = [Int64(bitPattern: parent), Data(name)]
+        try db.cachedStatement(sql: """
+            INSERT INTO tombstones (remote_key, remote_version)
+            SELECT remote_key, remote_version FROM entries WHERE parent = ? AND name = ? AND remote_key IS NOT NULL
+            """).execute(arguments: args)
+        try db.cachedStatement(sql: "DELETE FROM entries WHERE parent = ? AND name = ?").execute(arguments: args)
+    }
+
+    public func moveEntry(parent: UInt64, name: [UInt8], toParent: UInt64, toName: [UInt8]) throws {
+        try db.cachedStatement(sql: "UPDATE entries SET parent = ?, name = ? WHERE parent = ? AND name = ?")
+            .execute(arguments: [Int64(bitPattern: toParent), Data(toName), Int64(bitPattern: parent), Data(name)])
+    }
+
+    /// Swaps the inodes (and store mappings) of two entries, for RENAME_EXCHANGE.
+    public func exchangeEntries(_ a: (UInt64, [UInt8]), _ b: (UInt64, [UInt8])) throws {
+        // Move a out of the way through a name no real entry can have (contains '/').
+        let tmp: [UInt8] = Array("/exchange".utf8)
+        try moveEntry(parent: a.0, name: a.1, toParent: a.0, toName: tmp)
+        try moveEntry(parent: b.0, name: b.1, toParent: a.0, toName: a.1)
+        try moveEntry(parent: a.0, name: tmp, toParent: b.0, toName: b.1)
+    }
+
+    public func allEntries() throws -> [EntryRecord] {
+        try Row.fetchAll(db, sql: "SELECT * FROM entries").map(Self.entryRecord)
+    }
+
+    public func entries(of ino: UInt64) throws -> [EntryRecord] {
+        try Row.fetchAll(db, sql: "SELECT * FROM entries WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
+            .map(Self.entryRecord)
+    }
+
+    public func entry(parent: UInt64, name: [UInt8]) throws -> EntryRecord? {
+        try Row.fetchOne(db, sql: "SELECT * FROM entries WHERE parent = ? AND name = ?",
+                         arguments: [Int64(bitPattern: parent), Data(name)]).map(Self.entryRecord)
+    }
+
+    /// The entry (if any) whose object sits at `key` in the store.
+    public func entries(remoteKey key: String) throws -> [EntryRecord] {
+        try Row.fetchAll(db, sql: "SELECT * FROM entries WHERE remote_key = ?", arguments: [key]).map(Self.entryRecord)
+    }
+
+    public func children(of parent: UInt64) throws -> [EntryRecord] {
+        try Row.fetchAll(db, sql: "SELECT * FROM entries WHERE parent = ?", arguments: [Int64(bitPattern: parent)])
+            .map(Self.entryRecord)
+    }
+
+    public func setRemote(entryID: Int64, key: String?, version: String?) throws {
+        try db.execute(sql: "UPDATE entries SET remote_key = ?, remote_version = ? WHERE id = ?",
+                       arguments: [key, version, entryID])
+    }
+
+    /// Records that entry `entryID`'s object now sits at `key`@`version`. If the
+    /// entry was removed meanwhile, the object is an orphan: a tombstone deletes it.
+    public func recordRemote(entryID: Int64, key: String, version: String) throws {
+        try db.execute(sql: "UPDATE entries SET remote_key = ?, remote_version = ? WHERE id = ?",
+                       arguments: [key, version, entryID])
+        if db.changesCount == 0 { try addTombstone(key: key, version: version) }
+    }
+
+    public func addTombstone(key: String, version: String?) throws {
+        try db.execute(sql: "INSERT INTO tombstones (remote_key, remote_version) VALUES (?, ?)", arguments: [key, version])
+    }
+
+    public func tombstoneKeys() throws -> Set<String> {
+        Set(try String.fetchAll(db, sql: "SELECT remote_key FROM tombstones"))
+    }
+
+    public func remoteKeys() throws -> Set<String> {
+        Set(try String.fetchAll(db, sql: "SELECT remote_key FROM entries WHERE remote_key IS NOT NULL"))
+    }
+
+    static func entryRecord(_ r: Row) -> EntryRecord {
+        EntryRecord(id: r["id"], parent: UInt64(bitPattern: r["parent"]), name: [UInt8](r["name"] as Data),
+                    ino: UInt64(bitPattern: r["ino"]), remoteKey: r["remote_key"], remoteVersion: r["remote_version"])
+    }
+
+    // MARK: xattrs
+
+    public func setXattr(_ ino: UInt64, name: [UInt8], value: [UInt8]) throws {
+        try db.execute(sql: "INSERT OR REPLACE INTO xattrs (ino, name, value) VALUES (?, ?, ?)",
+                       arguments: [Int64(bitPattern: ino), Data(name), Data(value)])
+    }
+
+    public func removeXattr(_ ino: UInt64, name: [UInt8]) throws {
+        try db.execute(sql: "DELETE FROM xattrs WHERE ino = ? AND name = ?", arguments: [Int64(bitPattern: ino), Data(name)])
+    }
+
+    public func xattrs(_ ino: UInt64) throws -> [[UInt8]: [UInt8]] {
+        var out: [[UInt8]: [UInt8]] = [:]
+        for r in try Row.fetchAll(db, sql: "SELECT name, value FROM xattrs WHERE ino = ?", arguments: [Int64(bitPattern: ino)]) {
+            out[[UInt8](r["name"] as Data)] = [UInt8](r["value"] as Data)
+        }
+        return out
+    }
+
+    public func allXattrs() throws -> [UInt64: [[UInt8]: [UInt8]]] {
+        var out: [UInt64: [[UInt8]: [UInt8]]] = [:]
+        for r in try Row.fetchAll(db, sql: "SELECT ino, name, value FROM xattrs") {
+            out[UInt64(bitPattern: r["ino"]), default: [:]][[UInt8](r["name"] as Data)] = [UInt8](r["value"] as Data)
+        }
+        return out
+    }
+
+    // MARK: outbox
+
+    /// Queues `ino` for upload (coalesced: one row per inode), not before `delay` seconds.
+    public func enqueue(_ ino: UInt64, delay: TimeInterval = 0) throws {
+        try db.cachedStatement(sql: """
+            INSERT INTO outbox (ino, seq, not_before) VALUES (?, (SELECT coalesce(max(seq), 0) + 1 FROM outbox), ?)
+            ON CONFLICT (ino) DO UPDATE SET seq = excluded.seq, not_before = max(outbox.not_before, excluded.not_before)
+            """).execute(arguments: [Int64(bitPattern: ino), Date().timeIntervalSince1970 + delay])
+    }
+
+    public struct OutboxItem: Sendable { public var ino: UInt64; public var seq: Int64; public var attempts: Int }
+
+    /// Items due now, oldest first.
+    public func dueOutbox(limit: Int, asOf now: Date = Date()) throws -> [OutboxItem] {
+        try Row.fetchAll(db, sql: "SELECT ino, seq, attempts FROM outbox WHERE not_before <= ? ORDER BY seq LIMIT ?",
+                         arguments: [now.timeIntervalSince1970, limit]).map {
+            OutboxItem(ino: UInt64(bitPattern: $0[0]), seq: $0[1], attempts: $0[2])
+        }
+    }
+
+    /// Removes the row only if it was not re-queued since `seq` was read.
+    public func completeOutbox(_ ino: UInt64, seq: Int64) throws {
+        try db.execute(sql: "DELETE FROM outbox WHERE ino = ? AND seq = ?", arguments: [Int64(bitPattern: ino), seq])
+    }
+
+    public func retryOutbox(_ ino: UInt64, after delay: TimeInterval) throws {
+        try db.execute(sql: """
+            UPDATE outbox SET attempts = attempts + 1, not_before = ?,
+              seq = (SELECT coalesce(max(seq), 0) + 1 FROM outbox) WHERE ino = ?
+            """, arguments: [Date().timeIntervalSince1970 + delay, Int64(bitPattern: ino)])
+    }
+
+    public func outboxCount() throws -> Int {
+        try Int.fetchOne(db, sql: "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM tombstones)") ?? 0
+    }
+
+    // MARK: tombstones
+
+    public struct Tombstone: Sendable { public var id: Int64; public var key: String; public var version: String? }
+
+    public func tombstones(limit: Int) throws -> [Tombstone] {
+        try Row.fetchAll(db, sql: "SELECT id, remote_key, remote_version FROM tombstones ORDER BY id LIMIT ?",
+                         arguments: [limit]).map { Tombstone(id: $0[0], key: $0[1], version: $0[2]) }
+    }
+
+    public func removeTombstone(_ id: Int64) throws {
+        try db.execute(sql: "DELETE FROM tombstones WHERE id = ?", arguments: [id])
+    }
+}

@@ -1,0 +1,166 @@
+import Foundation
+
+/// The kind of filesystem object a store object stands for.
+public enum ObjectKind: String, Codable, Sendable {
+    case file, directory, symlink, fifo, socket, charDevice, blockDevice
+}
+
+/// What a store keeps beside an object's bytes: enough to rebuild the
+/// file on another device (mode, owner, times, link target, user xattrs).
+public struct ObjectMetadata: Codable, Sendable, Equatable {
+    public var kind: ObjectKind
+    /// Permission bits including setuid/setgid/sticky (the low 12 bits of st_mode).
+    public var mode: UInt32
+    public var uid: UInt32
+    public var gid: UInt32
+    /// Modification time, nanoseconds since the epoch.
+    public var mtimeNs: Int64
+    public var rdev: UInt64
+    /// Symlink target (raw bytes, base64 in JSON).
+    public var target: Data?
+    /// `user.*` extended attributes, name without the `user.` prefix kept as given.
+    public var xattrs: [String: Data]
+    /// Who wrote this version: "<device>:<ino>:<generation>". Lets a device
+    /// recognise its own upload after a crash instead of calling it a conflict.
+    public var origin: String?
+
+    public init(kind: ObjectKind, mode: UInt32 = 0o644, uid: UInt32 = 0, gid: UInt32 = 0,
+                mtimeNs: Int64 = 0, rdev: UInt64 = 0, target: Data? = nil,
+                xattrs: [String: Data] = [:], origin: String? = nil) {
+        self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
+        self.mtimeNs = mtimeNs; self.rdev = rdev; self.target = target
+        self.xattrs = xattrs; self.origin = origin
+    }
+}
+
+/// One version of one object, as the store describes it.
+public struct ObjectInfo: Sendable, Equatable {
+    public var key: String
+    public var version: String
+    public var size: Int64
+    public var metadata: ObjectMetadata
+    public init(key: String, version: String, size: Int64, metadata: ObjectMetadata) {
+        self.key = key; self.version = version; self.size = size; self.metadata = metadata
+    }
+}
+
+/// When a write may happen.
+public enum WriteCondition: Sendable, Equatable {
+    /// Unconditionally.
+    case always
+    /// Only if no object exists at the key (create).
+    case ifAbsent
+    /// Only if the current version is this one (update from a known version).
+    case ifMatch(String)
+}
+
+/// One entry of the store's change feed.
+public struct StoreChange: Sendable, Equatable {
+    public enum Kind: String, Sendable { case put, delete }
+    public var kind: Kind
+    public var key: String
+    /// The version written; nil for deletes.
+    public var version: String?
+}
+
+public struct ChangeBatch: Sendable {
+    public var changes: [StoreChange]
+    /// Pass this to the next `changes(since:)` call.
+    public var cursor: String
+    /// True when the store could not answer from the cursor (too old):
+    /// the caller must fall back to a full listing.
+    public var reset: Bool
+}
+
+/// What a store said (answers) and how reaching it failed (failures).
+public enum StoreError: Error, Equatable, CustomStringConvertible {
+    // Answers.
+    case notFound(key: String)
+    case preconditionFailed(key: String, current: String?)
+    case invalidKey(String, reason: String)
+    case quotaExceeded(key: String)
+    // Failures worth retrying.
+    case unavailable(String)
+    // Failures not worth retrying.
+    case failed(String)
+
+    public var isTransient: Bool {
+        if case .unavailable = self { return true }
+        return false
+    }
+
+    public var description: String {
+        switch self {
+        case .notFound(let k): return "no object at \(k)"
+        case .preconditionFailed(let k, let cur): return "\(k) changed in the store (now \(cur ?? "absent"))"
+        case .invalidKey(let k, let why): return "invalid key \(k.debugDescription): \(why)"
+        case .quotaExceeded(let k): return "store quota exceeded writing \(k)"
+        case .unavailable(let why): return "store unavailable: \(why)"
+        case .failed(let why): return "store error: \(why)"
+        }
+    }
+}
+
+/// A cloud object store as ubiq needs it: versioned objects under
+/// slash-separated keys, conditional writes, ranged reads pinned to a
+/// version, server-side copy, and a change feed.
+///
+/// Keys: files are `a/b/c`; directories are marker objects `a/b/` (trailing
+/// slash). Every segment is non-empty UTF-8, not `.` or `..`, without NUL,
+/// at most 255 bytes (see `StoreKey.validate`).
+public protocol CloudStore: Sendable {
+    /// The current version of `key`. Throws `notFound`.
+    func head(_ key: String) async throws -> ObjectInfo
+
+    /// Every current object whose key starts with `prefix` (recursive), in key order.
+    func list(prefix: String) async throws -> [ObjectInfo]
+
+    /// Bytes `range` (clamped to the object) of `version` of `key`.
+    /// Throws `notFound` when that version is gone: a read never mixes versions.
+    func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data
+
+    /// Writes the file at `source` (nil: empty content) as a new version of
+    /// `key` if `condition` holds; throws `preconditionFailed` otherwise.
+    func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
+             condition: WriteCondition) async throws -> ObjectInfo
+
+    /// Server-side copy of `version` of `source` to `destination`, optionally
+    /// with new metadata (copy onto itself updates metadata only).
+    func copy(from source: String, version: String, to destination: String,
+              metadata: ObjectMetadata?, condition: WriteCondition) async throws -> ObjectInfo
+
+    /// Deletes `key` if `condition` holds. Deleting an absent key with
+    /// `.always` succeeds.
+    func delete(_ key: String, condition: WriteCondition) async throws
+
+    /// Changes after `cursor` (nil: from the beginning of the feed), at most `limit`.
+    func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch
+
+    /// Prior and current versions of `key`, newest first.
+    func versions(of key: String) async throws -> [ObjectInfo]
+}
+
+public enum StoreKey {
+    public static let maxSegmentBytes = 255
+    public static let maxKeyBytes = 4096
+
+    /// Throws `invalidKey` unless `key` is a well-formed file or directory key.
+    public static func validate(_ key: String) throws {
+        let body = key.hasSuffix("/") ? String(key.dropLast()) : key
+        if body.isEmpty { throw StoreError.invalidKey(key, reason: "empty") }
+        if key.utf8.count > maxKeyBytes { throw StoreError.invalidKey(key, reason: "too long") }
+        if key.utf8.contains(0) { throw StoreError.invalidKey(key, reason: "contains NUL") }
+        for seg in body.split(separator: "/", omittingEmptySubsequences: false) {
+            if seg.isEmpty { throw StoreError.invalidKey(key, reason: "empty segment") }
+            if seg == "." || seg == ".." { throw StoreError.invalidKey(key, reason: "dot segment") }
+            if seg.utf8.count > maxSegmentBytes { throw StoreError.invalidKey(key, reason: "segment too long") }
+        }
+    }
+
+    /// Splits a validated-or-not key into its segments and whether it names a directory.
+    public static func segments(_ key: String) -> (parts: [String], isDirectory: Bool) {
+        let dir = key.hasSuffix("/")
+        let body = dir ? String(key.dropLast()) : key
+        return (body.split(separator: "/", omittingEmptySubsequences: false).map(String.init), dir)
+    }
+}

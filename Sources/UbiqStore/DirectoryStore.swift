@@ -1,0 +1,352 @@
+import Foundation
+import GRDB
+import CUbiq
+
+/// The embedded default store: a directory that behaves like a cloud service.
+///
+/// Layout under `root`:
+/// - `store.db`: SQLite (WAL) index of current objects, prior versions and
+///   the change journal; shared safely by several processes (devices).
+/// - `blobs/<xx>/<version>`: one immutable file per version.
+/// - `tmp/`: uploads in progress (renamed into `blobs/` once complete).
+///
+/// Writes are transactions: a conditional put checks the precondition and
+/// installs the new version atomically, so two devices racing on one key
+/// see one winner and one `preconditionFailed`.
+public final class DirectoryStore: CloudStore, @unchecked Sendable {
+    public let root: URL
+    /// Prior versions kept per key (the current one is extra).
+    public let keptVersions: Int
+    private let db: DatabasePool
+
+    public init(root: URL, keptVersions: Int = 10) throws {
+        self.root = root
+        self.keptVersions = keptVersions
+        let fm = FileManager.default
+        do {
+            try fm.createDirectory(at: root.appendingPathComponent("blobs"), withIntermediateDirectories: true)
+            try fm.createDirectory(at: root.appendingPathComponent("tmp"), withIntermediateDirectories: true)
+        } catch {
+            throw StoreError.failed("cannot create store at \(root.path): \(error.localizedDescription)")
+        }
+        var config = Configuration()
+        config.busyMode = .timeout(30)
+        do {
+            db = try DatabasePool(path: root.appendingPathComponent("store.db").path, configuration: config)
+            try Self.migrator.migrate(db)
+        } catch {
+            throw StoreError.failed("cannot open store index at \(root.path): \(error)")
+        }
+    }
+
+    private static var migrator: DatabaseMigrator {
+        var m = DatabaseMigrator()
+        m.registerMigration("v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE objects (
+                  key TEXT PRIMARY KEY, version TEXT NOT NULL, size INTEGER NOT NULL,
+                  meta BLOB NOT NULL, blob TEXT NOT NULL, modified REAL NOT NULL);
+                CREATE TABLE versions (
+                  key TEXT NOT NULL, version TEXT NOT NULL, size INTEGER NOT NULL,
+                  meta BLOB NOT NULL, blob TEXT NOT NULL, modified REAL NOT NULL,
+                  PRIMARY KEY (key, version));
+                CREATE TABLE journal (
+                  seq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL,
+                  key TEXT NOT NULL, version TEXT);
+                """)
+        }
+        return m
+    }
+
+    // MARK: - CloudStore
+
+    public func head(_ key: String) async throws -> ObjectInfo {
+        try StoreKey.validate(key)
+        guard let info = try dbRead({ db in try Self.current(db, key) }) else {
+            throw StoreError.notFound(key: key)
+        }
+        return info.info
+    }
+
+    public func list(prefix: String) async throws -> [ObjectInfo] {
+        try dbRead { db in
+            let rows = try Row.fetchAll(db, sql: """
+                SELECT key, version, size, meta FROM objects
+                WHERE substr(key, 1, length(?)) = ? ORDER BY key
+                """, arguments: [prefix, prefix])
+            return try rows.map { try Self.info($0) }
+        }
+    }
+
+    public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        try StoreKey.validate(key)
+        let found: (blob: String, size: Int64)? = try dbRead { db in
+            let row = try Row.fetchOne(db, sql: "SELECT blob, size FROM objects WHERE key = ? AND version = ?",
+                                       arguments: [key, version])
+                ?? Row.fetchOne(db, sql: "SELECT blob, size FROM versions WHERE key = ? AND version = ?",
+                                arguments: [key, version])
+            return row.map { ($0["blob"], $0["size"]) }
+        }
+        guard let found else { throw StoreError.notFound(key: key) }
+        let lower = max(0, min(range.lowerBound, found.size))
+        let upper = max(lower, min(range.upperBound, found.size))
+        if upper == lower { return Data() }
+        let fd = open(blobURL(found.blob).path, O_RDONLY | O_CLOEXEC)
+        if fd < 0 { throw StoreError.failed("blob of \(key)@\(version) missing: errno \(errno)") }
+        defer { close(fd) }
+        var data = Data(count: Int(upper - lower))
+        var done = 0
+        let want = data.count
+        let err: Int32 = data.withUnsafeMutableBytes { buf in
+            while done < want {
+                let n = pread(fd, buf.baseAddress! + done, want - done, off_t(lower) + off_t(done))
+                if n < 0 { if errno == EINTR { continue }; return errno }
+                if n == 0 { return EIO }
+                done += n
+            }
+            return 0
+        }
+        if err != 0 { throw StoreError.failed("reading blob of \(key): errno \(err)") }
+        return data
+    }
+
+    public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
+                    condition: WriteCondition) async throws -> ObjectInfo {
+        try StoreKey.validate(key)
+        let version = Self.newVersion()
+        let size = try stageBlob(version: version, from: source)
+        return try install(key: key, version: version, size: size, metadata: metadata,
+                           blob: version, condition: condition)
+    }
+
+    public func copy(from source: String, version: String, to destination: String,
+                     metadata: ObjectMetadata?, condition: WriteCondition) async throws -> ObjectInfo {
+        try StoreKey.validate(source)
+        try StoreKey.validate(destination)
+        let src: (blob: String, size: Int64, meta: ObjectMetadata)? = try dbRead { db in
+            let row = try Row.fetchOne(db, sql: "SELECT blob, size, meta FROM objects WHERE key = ? AND version = ?",
+                                       arguments: [source, version])
+                ?? Row.fetchOne(db, sql: "SELECT blob, size, meta FROM versions WHERE key = ? AND version = ?",
+                                arguments: [source, version])
+            guard let row else { return nil }
+            return (row["blob"], row["size"], try Self.decodeMeta(row["meta"]))
+        }
+        guard let src else { throw StoreError.notFound(key: source) }
+        // Blobs are immutable and shared between versions by hard link-free reference:
+        // a copy records the same blob under a new version id.
+        return try install(key: destination, version: Self.newVersion(), size: src.size,
+                           metadata: metadata ?? src.meta, blob: src.blob, condition: condition)
+    }
+
+    public func delete(_ key: String, condition: WriteCondition) async throws {
+        try StoreKey.validate(key)
+        var orphans: [String] = []
+        try dbWrite { db in
+            let cur = try Self.current(db, key)
+            try Self.check(condition, key: key, current: cur?.info.version)
+            guard let cur else { return }
+            try Self.archive(db, key: key)
+            try db.execute(sql: "DELETE FROM objects WHERE key = ?", arguments: [key])
+            try db.execute(sql: "INSERT INTO journal (op, key, version) VALUES ('delete', ?, NULL)", arguments: [key])
+            _ = cur
+            orphans = try self.prune(db, key: key)
+        }
+        removeBlobs(orphans)
+    }
+
+    public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+        let after = Int64(cursor ?? "0") ?? 0
+        return try dbRead { db in
+            let rows = try Row.fetchAll(db, sql: "SELECT seq, op, key, version FROM journal WHERE seq > ? ORDER BY seq LIMIT ?",
+                                        arguments: [after, limit])
+            let changes = rows.map { r in
+                StoreChange(kind: (r["op"] as String) == "put" ? .put : .delete, key: r["key"], version: r["version"])
+            }
+            let last: Int64 = rows.last?["seq"] ?? after
+            return ChangeBatch(changes: changes, cursor: String(last), reset: false)
+        }
+    }
+
+    public func versions(of key: String) async throws -> [ObjectInfo] {
+        try StoreKey.validate(key)
+        return try dbRead { db in
+            var out: [ObjectInfo] = []
+            if let cur = try Self.current(db, key) { out.append(cur.info) }
+            let rows = try Row.fetchAll(db, sql: "SELECT key, version, size, meta FROM versions WHERE key = ? ORDER BY modified DESC",
+                                        arguments: [key])
+            out += try rows.map { try Self.info($0) }
+            return out
+        }
+    }
+
+    // MARK: - Internals
+
+    private func install(key: String, version: String, size: Int64, metadata: ObjectMetadata,
+                         blob: String, condition: WriteCondition) throws -> ObjectInfo {
+        var orphans: [String] = []
+        do {
+            try dbWrite { db in
+                let cur = try Self.current(db, key)
+                try Self.check(condition, key: key, current: cur?.info.version)
+                if cur != nil { try Self.archive(db, key: key) }
+                try db.execute(sql: """
+                    INSERT OR REPLACE INTO objects (key, version, size, meta, blob, modified)
+                    VALUES (?, ?, ?, ?, ?, ?)
+                    """, arguments: [key, version, size, try Self.encodeMeta(metadata), blob,
+                                     Date().timeIntervalSince1970])
+                try db.execute(sql: "INSERT INTO journal (op, key, version) VALUES ('put', ?, ?)", arguments: [key, version])
+                orphans = try self.prune(db, key: key)
+            }
+        } catch {
+            if blob == version { removeBlobs([blob]) }
+            throw error
+        }
+        removeBlobs(orphans)
+        return ObjectInfo(key: key, version: version, size: size, metadata: metadata)
+    }
+
+    /// Moves the current version of `key` into `versions`.
+    private static func archive(_ db: Database, key: String) throws {
+        try db.execute(sql: """
+            INSERT OR REPLACE INTO versions (key, version, size, meta, blob, modified)
+            SELECT key, version, size, meta, blob, ? FROM objects WHERE key = ?
+            """, arguments: [Date().timeIntervalSince1970, key])
+    }
+
+    /// Drops versions beyond `keptVersions`; returns blobs no longer referenced.
+    private func prune(_ db: Database, key: String) throws -> [String] {
+        let old = try Row.fetchAll(db, sql: """
+            SELECT version, blob FROM versions WHERE key = ? ORDER BY modified DESC LIMIT -1 OFFSET ?
+            """, arguments: [key, keptVersions])
+        var orphans: [String] = []
+        for r in old {
+            let blob: String = r["blob"]
+            try db.execute(sql: "DELETE FROM versions WHERE key = ? AND version = ?", arguments: [key, r["version"] as String])
+            let refs = try Int.fetchOne(db, sql: """
+                SELECT (SELECT count(*) FROM objects WHERE blob = ?) + (SELECT count(*) FROM versions WHERE blob = ?)
+                """, arguments: [blob, blob]) ?? 0
+            if refs == 0 { orphans.append(blob) }
+        }
+        return orphans
+    }
+
+    private static func check(_ condition: WriteCondition, key: String, current: String?) throws {
+        switch condition {
+        case .always: return
+        case .ifAbsent:
+            if current != nil { throw StoreError.preconditionFailed(key: key, current: current) }
+        case .ifMatch(let v):
+            if current != v { throw StoreError.preconditionFailed(key: key, current: current) }
+        }
+    }
+
+    private struct Current { var info: ObjectInfo; var blob: String }
+
+    private static func current(_ db: Database, _ key: String) throws -> Current? {
+        guard let row = try Row.fetchOne(db, sql: "SELECT key, version, size, meta, blob FROM objects WHERE key = ?",
+                                         arguments: [key]) else { return nil }
+        return Current(info: try info(row), blob: row["blob"])
+    }
+
+    private static func info(_ row: Row) throws -> ObjectInfo {
+        ObjectInfo(key: row["key"], version: row["version"], size: row["size"], metadata: try decodeMeta(row["meta"]))
+    }
+
+    private static func encodeMeta(_ m: ObjectMetadata) throws -> Data { try JSONEncoder().encode(m) }
+    private static func decodeMeta(_ d: Data) throws -> ObjectMetadata {
+        do { return try JSONDecoder().decode(ObjectMetadata.self, from: d) } catch {
+            throw StoreError.failed("corrupt metadata in store index: \(error)")
+        }
+    }
+
+    private static func newVersion() -> String {
+        // Time-ordered prefix keeps versions sortable; the random part makes them unique across devices.
+        let t = UInt64(Date().timeIntervalSince1970 * 1_000_000)
+        let r = UInt32.random(in: 0 ... .max)
+        return String(format: "%014llx%08x", t, r)
+    }
+
+    private func blobURL(_ blob: String) -> URL {
+        root.appendingPathComponent("blobs").appendingPathComponent(String(blob.suffix(2)))
+            .appendingPathComponent(blob)
+    }
+
+    /// Copies `source` into a new immutable blob; returns its size.
+    private func stageBlob(version: String, from source: URL?) throws -> Int64 {
+        let tmp = root.appendingPathComponent("tmp").appendingPathComponent(version)
+        let dst = blobURL(version)
+        let out = open(tmp.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        if out < 0 { throw Self.ioError("creating \(tmp.path)", errno) }
+        var size: Int64 = 0
+        do {
+            defer { close(out) }
+            if let source {
+                let inp = open(source.path, O_RDONLY | O_CLOEXEC)
+                if inp < 0 { throw Self.ioError("opening \(source.path)", errno) }
+                defer { close(inp) }
+                size = try FileCopy.copy(from: inp, to: out)
+            }
+            if fsync(out) != 0 { throw Self.ioError("fsync \(tmp.path)", errno) }
+        } catch {
+            unlink(tmp.path)
+            throw error
+        }
+        try? FileManager.default.createDirectory(at: dst.deletingLastPathComponent(), withIntermediateDirectories: true)
+        if rename(tmp.path, dst.path) != 0 {
+            let e = errno
+            unlink(tmp.path)
+            throw Self.ioError("installing blob", e)
+        }
+        return size
+    }
+
+    private static func ioError(_ what: String, _ e: Int32) -> StoreError {
+        if e == ENOSPC || e == EDQUOT { return .quotaExceeded(key: what) }
+        return .failed("\(what): \(String(cString: strerror(e)))")
+    }
+
+    private func removeBlobs(_ blobs: [String]) {
+        for b in blobs { unlink(blobURL(b).path) }
+    }
+
+    private func dbRead<T>(_ body: (Database) throws -> T) throws -> T {
+        do { return try db.read(body) } catch let e as StoreError { throw e } catch {
+            throw StoreError.unavailable("store index: \(error)")
+        }
+    }
+
+    private func dbWrite(_ body: (Database) throws -> Void) throws {
+        do { try db.write(body) } catch let e as StoreError { throw e } catch {
+            throw StoreError.unavailable("store index: \(error)")
+        }
+    }
+}
+
+/// Kernel-side file copy (copy_file_range), falling back to read/write.
+public enum FileCopy {
+    /// Copies everything from the current offset of `inp` to `out`; returns bytes copied.
+    public static func copy(from inp: Int32, to out: Int32) throws -> Int64 {
+        var total: Int64 = 0
+        while true {
+            let n = cubiq_copy_file_range(inp, out, 1 << 30)
+            if n > 0 { total += Int64(n); continue }
+            if n == 0 { return total }
+            if errno == EINTR { continue }
+            if errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP { break }
+            throw StoreError.failed("copy: \(String(cString: strerror(errno)))")
+        }
+        var buf = [UInt8](repeating: 0, count: 1 << 20)
+        while true {
+            let n = buf.withUnsafeMutableBytes { read(inp, $0.baseAddress, $0.count) }
+            if n < 0 { if errno == EINTR { continue }; throw StoreError.failed("read: \(String(cString: strerror(errno)))") }
+            if n == 0 { return total }
+            var off = 0
+            while off < n {
+                let w = buf.withUnsafeBytes { write(out, $0.baseAddress! + off, n - off) }
+                if w < 0 { if errno == EINTR { continue }; throw StoreError.failed("write: \(String(cString: strerror(errno)))") }
+                off += w
+            }
+            total += Int64(n)
+        }
+    }
+}

@@ -1,0 +1,33 @@
+import Foundation
+
+private final class ResultBox<T>: @unchecked Sendable {
+    var result: Result<T, Error>?
+}
+
+/// Runs store work off Swift's cooperative pool. A thread that blocks on
+/// store work (a libfuse thread, the uploader, a test) must not wait for a
+/// job that needs a cooperative thread: with two cores there are two, and
+/// two blocked callers would deadlock the process.
+final class StoreExecutor: TaskExecutor, @unchecked Sendable {
+    static let shared = StoreExecutor()
+    private let queue = DispatchQueue(label: "ubiq.store", attributes: .concurrent)
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let unowned = UnownedJob(job)
+        let executor = asUnownedTaskExecutor()
+        queue.async { unowned.runSynchronously(on: executor) }
+    }
+}
+
+/// Runs async store work from a thread that may block (a libfuse thread or
+/// the uploader's thread) and waits for its result.
+public func runBlocking<T>(_ op: @escaping @Sendable () async throws -> T) throws -> T {
+    let box = ResultBox<T>()
+    let done = DispatchSemaphore(value: 0)
+    Task(executorPreference: StoreExecutor.shared) {
+        do { box.result = .success(try await op()) } catch { box.result = .failure(error) }
+        done.signal()
+    }
+    done.wait()
+    return try box.result!.get()
+}

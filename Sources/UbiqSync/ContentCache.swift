@@ -1,0 +1,69 @@
+import Foundation
+import UbiqStore
+
+/// The local content of files: one cache file per inode, named by inode
+/// number (never by a store name, so no store name can reach outside it).
+/// Directory mode 0700, files 0600.
+public final class ContentCache: Sendable {
+    public let directory: URL
+    public let staging: URL
+
+    public init(directory: URL) throws {
+        self.directory = directory
+        self.staging = directory.appendingPathComponent(".staging")
+        try FileManager.default.createDirectory(at: staging, withIntermediateDirectories: true,
+                                                attributes: [.posixPermissions: 0o700])
+        chmod(directory.path, 0o700)
+        // Staging copies are only for uploads in flight; a new run starts clean.
+        for f in (try? FileManager.default.contentsOfDirectory(atPath: staging.path)) ?? [] {
+            unlink(staging.appendingPathComponent(f).path)
+        }
+    }
+
+    public func path(_ ino: UInt64) -> String { directory.path + "/" + String(ino) }
+
+    /// Opens the cache file of `ino`; returns the fd or -1 with errno set.
+    public func open(_ ino: UInt64, writable: Bool) -> Int32 {
+        Glibc.open(path(ino), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC)
+    }
+
+    public func createEmpty(_ ino: UInt64) throws {
+        let fd = Glibc.open(path(ino), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        if fd < 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        close(fd)
+    }
+
+    /// Size of the cache file, or nil if there is none.
+    public func size(of ino: UInt64) -> Int64? {
+        var st = stat()
+        return stat(path(ino), &st) == 0 ? Int64(st.st_size) : nil
+    }
+
+    public func truncate(_ ino: UInt64, to size: Int64) -> Int32 {
+        Glibc.truncate(path(ino), off_t(size))
+    }
+
+    public func remove(_ ino: UInt64) { unlink(path(ino)) }
+
+    /// Installs a fully downloaded file as the content of `ino` (atomic rename).
+    public func install(_ tmp: String, as ino: UInt64) throws {
+        if rename(tmp, path(ino)) != 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+    }
+
+    /// A new file in the cache directory for a download in progress.
+    public func temporaryPath(for ino: UInt64) -> String { directory.path + "/.part-" + String(ino) }
+
+    /// Copies the content of `ino` to a staging file for upload; returns its path.
+    public func stage(_ ino: UInt64, generation: Int64) throws -> URL {
+        let dst = staging.appendingPathComponent("\(ino)-\(generation)")
+        let inp = Glibc.open(path(ino), O_RDONLY | O_CLOEXEC)
+        if inp < 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        defer { close(inp) }
+        let out = Glibc.open(dst.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        if out < 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        defer { close(out) }
+        _ = try FileCopy.copy(from: inp, to: out)
+        return dst
+    }
+}
+

@@ -1,0 +1,138 @@
+import Foundation
+import Logging
+import UbiqState
+import UbiqStore
+
+/// Brings what the store holds into the device's state as placeholders:
+/// true name, type, size, mode and times, no bytes. Runs at mount, before
+/// the filesystem loads. Keys the device already knows (as a name's remote
+/// key, or as a pending delete) are left alone; names from the store are
+/// validated, and keys that are not valid paths are skipped with a warning.
+public struct Importer {
+    let store: any CloudStore
+    let state: LocalState
+    let cache: ContentCache
+    let logger: Logger
+
+    public init(store: any CloudStore, state: LocalState, cache: ContentCache, logger: Logger) {
+        self.store = store; self.state = state; self.cache = cache; self.logger = logger
+    }
+
+    public struct Report: Sendable, Equatable {
+        public var added = 0
+        public var skipped = 0
+    }
+
+    @discardableResult
+    public func run() throws -> Report {
+        let store = self.store
+        let objects = try runBlocking { try await store.list(prefix: "") }
+        var report = Report()
+        try state.write { tx in
+            let known = try tx.remoteKeys()
+            let doomed = try tx.tombstoneKeys()
+            var nextIno = max(UInt64(try tx.meta("next_ino") ?? "") ?? 2,
+                              (try UInt64.fetchOneMax(tx)) + 1, 2)
+            let now = nowNanosSync()
+            // Directories first (shorter keys first), so parents exist before children.
+            let sorted = objects.sorted { a, b in
+                let da = a.key.split(separator: "/").count, db = b.key.split(separator: "/").count
+                return da != db ? da < db : a.key < b.key
+            }
+            for obj in sorted where !known.contains(obj.key) && !doomed.contains(obj.key) {
+                do { try StoreKey.validate(obj.key) } catch {
+                    logger.warning("skipping store key \(obj.key.debugDescription): \(error)")
+                    report.skipped += 1
+                    continue
+                }
+                let (parts, isDir) = StoreKey.segments(obj.key)
+                var parent: UInt64 = 1
+                var ok = true
+                // Ensure every folder on the way exists.
+                for seg in parts.dropLast() {
+                    let name = Array(seg.utf8)
+                    if let e = try tx.entry(parent: parent, name: name) {
+                        guard let r = try tx.inode(e.ino), r.type == UInt32(S_IFDIR) else { ok = false; break }
+                        parent = e.ino
+                    } else {
+                        let ino = nextIno; nextIno += 1
+                        try tx.upsert(InodeRecord(ino: ino, type: UInt32(S_IFDIR), perm: 0o755, uid: getuid(), gid: getgid(),
+                                                  atimeNs: now, mtimeNs: now, ctimeNs: now))
+                        try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
+                        try tx.insertEntry(parent: parent, name: name, ino: ino)
+                        parent = ino
+                    }
+                }
+                let name = Array(parts.last!.utf8)
+                if !ok {
+                    logger.warning("skipping \(obj.key): a file stands where its folder would be")
+                    report.skipped += 1
+                    continue
+                }
+                let m = obj.metadata
+                if let e = try tx.entry(parent: parent, name: name) {
+                    // A folder created implicitly above, now with its marker: adopt it.
+                    if isDir, e.remoteKey == nil, let r = try tx.inode(e.ino), r.type == UInt32(S_IFDIR) {
+                        var r = r
+                        r.perm = m.mode & 0o7777; r.uid = m.uid; r.gid = m.gid; r.mtimeNs = m.mtimeNs
+                        try tx.upsert(r)
+                        try tx.recordRemote(entryID: e.id, key: obj.key, version: obj.version)
+                        try importXattrs(tx, e.ino, m)
+                        report.added += 1
+                    } else {
+                        logger.warning("skipping \(obj.key): a local item has that name")
+                        report.skipped += 1
+                    }
+                    continue
+                }
+                let type = Self.type(isDir ? .directory : m.kind)
+                let ino = nextIno; nextIno += 1
+                let present = type != UInt32(S_IFREG) || obj.size == 0
+                if type == UInt32(S_IFREG) && obj.size == 0 { try cache.createEmpty(ino) }
+                try tx.upsert(InodeRecord(ino: ino, type: type, perm: m.mode & 0o7777, uid: m.uid, gid: m.gid,
+                                          size: type == UInt32(S_IFREG) ? obj.size : 0,
+                                          atimeNs: m.mtimeNs, mtimeNs: m.mtimeNs, ctimeNs: now, rdev: m.rdev,
+                                          target: m.target.map { [UInt8]($0) }, present: present))
+                try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
+                try tx.insertEntry(parent: parent, name: name, ino: ino, remoteKey: obj.key, remoteVersion: obj.version)
+                try importXattrs(tx, ino, m)
+                report.added += 1
+            }
+            try tx.setNextInode(nextIno)
+        }
+        if report.added > 0 || report.skipped > 0 {
+            logger.info("imported \(report.added) items from the store, skipped \(report.skipped)")
+        }
+        return report
+    }
+
+    private func importXattrs(_ tx: StateTransaction, _ ino: UInt64, _ m: ObjectMetadata) throws {
+        for (k, v) in m.xattrs where k.hasPrefix("user.") || k.hasPrefix("trusted.") || k.hasPrefix("security.") {
+            try tx.setXattr(ino, name: Array(k.utf8), value: [UInt8](v))
+        }
+    }
+
+    static func type(_ k: ObjectKind) -> UInt32 {
+        switch k {
+        case .file: return UInt32(S_IFREG)
+        case .directory: return UInt32(S_IFDIR)
+        case .symlink: return UInt32(S_IFLNK)
+        case .fifo: return UInt32(S_IFIFO)
+        case .socket: return UInt32(S_IFSOCK)
+        case .charDevice: return UInt32(S_IFCHR)
+        case .blockDevice: return UInt32(S_IFBLK)
+        }
+    }
+}
+
+func nowNanosSync() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
+}
+
+private extension UInt64 {
+    static func fetchOneMax(_ tx: StateTransaction) throws -> UInt64 {
+        UInt64(try tx.maxInode())
+    }
+}

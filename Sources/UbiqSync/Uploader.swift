@@ -1,0 +1,351 @@
+import Foundation
+import Logging
+import UbiqCoordinator
+import UbiqState
+import UbiqStore
+
+/// Pushes local changes from the crash-safe outbox to the store.
+///
+/// The outbox holds one row per inode (repeated saves coalesce) plus
+/// tombstones for objects to delete. For an inode the uploader compares what
+/// the device has (names, content generation, metadata generation) with what
+/// the store has (each name's remote key and version) and does what closes
+/// the gap: put new content, server-side copy for a move or a metadata
+/// change, delete the old key. Every write is conditional on the version the
+/// edit started from; losing that race is a conflict, recorded, never an
+/// overwrite. Content is snapshotted under an `upload` claim, so no write
+/// lands half-way into what is sent.
+public final class Uploader: @unchecked Sendable {
+    let state: LocalState
+    let store: any CloudStore
+    let coordinator: Coordinator
+    let cache: ContentCache
+    let deviceID: String
+    let logger: Logger
+
+    // Guarded by `cond`.
+    private let cond = NSCondition()
+    private var running = false
+    private var kicked = false
+    private var thread: Thread?
+    private var stopped = true
+    private var busyCheck: @Sendable (UInt64) -> Bool = { _ in false }
+
+    public init(state: LocalState, store: any CloudStore, coordinator: Coordinator, cache: ContentCache,
+                deviceID: String, logger: Logger) {
+        self.state = state; self.store = store; self.coordinator = coordinator; self.cache = cache
+        self.deviceID = deviceID; self.logger = logger
+    }
+
+    /// `check(ino)` says whether the file is still being written (then it waits).
+    public func setBusyCheck(_ check: @escaping @Sendable (UInt64) -> Bool) {
+        cond.lock(); busyCheck = check; cond.unlock()
+    }
+
+    public func start() {
+        cond.lock()
+        defer { cond.unlock() }
+        guard !running else { return }
+        running = true
+        stopped = false
+        let t = Thread { [self] in loop() }
+        t.name = "ubiq-uploader"
+        thread = t
+        t.start()
+    }
+
+    /// Stops the background thread (after the round in progress).
+    public func stop() {
+        cond.lock()
+        running = false
+        cond.broadcast()
+        while !stopped { cond.wait() }
+        cond.unlock()
+    }
+
+    /// Something was queued: look now rather than at the next tick.
+    public func kick() {
+        cond.lock(); kicked = true; cond.signal(); cond.unlock()
+    }
+
+    private func loop() {
+        while true {
+            cond.lock()
+            if !running { stopped = true; cond.broadcast(); cond.unlock(); return }
+            cond.unlock()
+            let n = processRound(ignoringDelay: false)
+            cond.lock()
+            if n == 0 && running && !kicked { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.25)) }
+            kicked = false
+            cond.unlock()
+        }
+    }
+
+    /// Uploads until the outbox is empty or `timeout` passes; true when empty.
+    /// Delays meant to coalesce saves are ignored.
+    public func drain(timeout: TimeInterval) -> Bool {
+        let deadline = Date(timeIntervalSinceNow: timeout)
+        while Date() < deadline {
+            let pending = (try? state.read { try $0.outboxCount() }) ?? 1
+            if pending == 0 { return true }
+            if processRound(ignoringDelay: true) == 0 { Thread.sleep(forTimeInterval: 0.05) }
+        }
+        return ((try? state.read { try $0.outboxCount() }) ?? 1) == 0
+    }
+
+    public var pendingCount: Int { (try? state.read { try $0.outboxCount() }) ?? -1 }
+
+    // MARK: - One round
+
+    private enum Outcome { case done, retry(String), deferred, conflict(String), permanent(String) }
+
+    /// Processes what is due; returns how many items were handled.
+    @discardableResult
+    public func processRound(ignoringDelay: Bool) -> Int {
+        var handled = 0
+        // Deletes first: a key freed by a delete may be taken by a new upload.
+        let graves = (try? state.read { try $0.tombstones(limit: 256) }) ?? []
+        for t in graves {
+            do {
+                let cond: WriteCondition = t.version.map { .ifMatch($0) } ?? .always
+                let store = self.store
+                try runBlocking { try await store.delete(t.key, condition: cond) }
+            } catch StoreError.notFound {
+            } catch StoreError.preconditionFailed {
+                // Changed in the store since we last saw it: an edit elsewhere beats our delete.
+                logger.info("not deleting \(t.key): it changed in the store")
+            } catch {
+                logger.warning("delete of \(t.key) failed, will retry: \(error)")
+                return handled
+            }
+            try? state.write { try $0.removeTombstone(t.id) }
+            handled += 1
+        }
+        let asOf = ignoringDelay ? Date.distantFuture : Date()
+        let due = (try? state.read { try $0.dueOutbox(limit: 64, asOf: asOf) }) ?? []
+        for item in due {
+            let outcome: Outcome
+            cond.lock(); let busy = busyCheck; cond.unlock()
+            if busy(item.ino) {
+                outcome = .deferred
+            } else {
+                do { outcome = try upload(item.ino) } catch let e as StoreError where e.isTransient {
+                    outcome = .retry("\(e)")
+                } catch let e as StoreError {
+                    outcome = .permanent("\(e)")
+                } catch {
+                    outcome = .retry("\(error)")
+                }
+            }
+            do {
+                try state.write { tx in
+                    switch outcome {
+                    case .done:
+                        try tx.completeOutbox(item.ino, seq: item.seq)
+                    case .deferred:
+                        try tx.retryOutbox(item.ino, after: 0.5)
+                    case .retry(let why):
+                        try tx.setUploadError(item.ino, why)
+                        try tx.retryOutbox(item.ino, after: min(60, 0.5 * pow(2, Double(min(item.attempts, 7)))))
+                    case .conflict(let why), .permanent(let why):
+                        try tx.setUploadError(item.ino, why)
+                        try tx.completeOutbox(item.ino, seq: item.seq)
+                    }
+                }
+            } catch {
+                logger.error("outbox update failed: \(error)")
+            }
+            switch outcome {
+            case .retry(let why): logger.warning("upload of inode \(item.ino) failed, will retry: \(why)")
+            case .conflict(let why), .permanent(let why): logger.error("upload of inode \(item.ino): \(why)")
+            default: break
+            }
+            handled += 1
+        }
+        return handled
+    }
+
+    private struct Snapshot {
+        var rec: InodeRecord
+        var upload: UploadState
+        var entries: [(EntryRecord, String?)]
+        var xattrs: [[UInt8]: [UInt8]]
+        var tombstoned: Set<String>
+    }
+
+    private func snapshot(_ ino: UInt64) throws -> Snapshot? {
+        try state.read { tx in
+            guard let rec = try tx.inode(ino), let up = try tx.uploadState(ino) else { return nil }
+            let entries = try tx.entries(of: ino).map { ($0, try Self.path(of: $0, tx)) }
+            return Snapshot(rec: rec, upload: up, entries: entries, xattrs: try tx.xattrs(ino),
+                            tombstoned: try tx.tombstoneKeys())
+        }
+    }
+
+    /// The store key of an entry (nil when a name is not valid UTF-8 or the entry is detached).
+    static func path(of entry: EntryRecord, _ tx: StateTransaction) throws -> String? {
+        var names = [entry.name]
+        var parent = entry.parent
+        var depth = 0
+        while parent != 1 {
+            guard let up = try tx.entries(of: parent).first, depth < 4096 else { return nil }
+            names.append(up.name)
+            parent = up.parent
+            depth += 1
+        }
+        var parts: [String] = []
+        for n in names.reversed() {
+            guard let s = String(validating: n, as: UTF8.self) else { return nil }
+            parts.append(s)
+        }
+        return parts.joined(separator: "/")
+    }
+
+    private func metadata(_ s: Snapshot, generation: Int64) -> ObjectMetadata {
+        var x: [String: Data] = [:]
+        for (k, v) in s.xattrs {
+            if let name = String(validating: k, as: UTF8.self) { x[name] = Data(v) }
+        }
+        return ObjectMetadata(kind: Self.kind(s.rec.type), mode: s.rec.perm, uid: s.rec.uid, gid: s.rec.gid,
+                              mtimeNs: s.rec.mtimeNs, rdev: s.rec.rdev, target: s.rec.target.map { Data($0) },
+                              xattrs: x, origin: origin(s.rec.ino, generation))
+    }
+
+    private func origin(_ ino: UInt64, _ generation: Int64) -> String { "\(deviceID):\(ino):\(generation)" }
+
+    static func kind(_ type: UInt32) -> ObjectKind {
+        switch type {
+        case S_IFDIR: return .directory
+        case S_IFLNK: return .symlink
+        case S_IFIFO: return .fifo
+        case S_IFSOCK: return .socket
+        case S_IFCHR: return .charDevice
+        case S_IFBLK: return .blockDevice
+        default: return .file
+        }
+    }
+
+    private func upload(_ ino: UInt64) throws -> Outcome {
+        guard var s = try snapshot(ino) else { return .done }
+        if s.entries.isEmpty { return .done }  // removed: its tombstones do the rest
+        let isDir = s.rec.type == UInt32(S_IFDIR)
+        let isRegular = s.rec.type == UInt32(S_IFREG)
+        let contentDirty = s.rec.contentGen > s.upload.uploadedContentGen
+        let metaDirty = s.rec.metaGen > s.upload.uploadedMetaGen
+        var staged: URL?
+        defer { if let staged { unlink(staged.path) } }
+        let store = self.store
+
+        for (entry, path) in s.entries {
+            guard let path else {
+                return .permanent("a name on the way to inode \(ino) is not valid UTF-8: kept on this device only")
+            }
+            let key = isDir ? path + "/" : path
+            let needsPut = entry.remoteKey == nil || (!isDir && contentDirty)
+            if needsPut {
+                if isRegular && staged == nil && s.rec.present {
+                    // Snapshot under an upload claim: writers wait, readers go on.
+                    let claim: Claim
+                    do { claim = try coordinator.claim(ino, .upload) } catch { return .retry("\(error)") }
+                    defer { coordinator.release(claim) }
+                    guard let fresh = try snapshot(ino) else { return .done }
+                    s = fresh
+                    staged = try cache.stage(ino, generation: s.rec.contentGen)
+                }
+                if isRegular && !s.rec.present && entry.remoteKey != nil {
+                    // A placeholder whose content is in the store already: a move/metadata case, below.
+                } else {
+                    let condition: WriteCondition = (entry.remoteKey == key && entry.remoteVersion != nil)
+                        ? .ifMatch(entry.remoteVersion!) : .ifAbsent
+                    let meta = metadata(s, generation: s.rec.contentGen)
+                    let source = staged
+                    let info: ObjectInfo
+                    do {
+                        info = try runBlocking { try await store.put(key, contentsOf: source, metadata: meta, condition: condition) }
+                    } catch StoreError.preconditionFailed(_, let current) {
+                        switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
+                                                 condition: condition, current: current) {
+                        case .adopt(let v):
+                            try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: v) }
+                            continue
+                        case .wait: return .deferred
+                        case .conflict(let why): return .conflict(why)
+                        }
+                    }
+                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version) }
+                    try removeOld(entry, newKey: key)
+                    continue
+                }
+            }
+            guard let oldKey = entry.remoteKey, let oldVersion = entry.remoteVersion else { continue }
+            if oldKey != key {
+                // Moved: server-side copy, then drop the old key. No content leaves the store.
+                let meta = metadata(s, generation: s.rec.contentGen)
+                let info: ObjectInfo
+                do {
+                    info = try runBlocking {
+                        try await store.copy(from: oldKey, version: oldVersion, to: key, metadata: meta, condition: .ifAbsent)
+                    }
+                } catch StoreError.preconditionFailed(_, let current) {
+                    switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
+                                             condition: .ifAbsent, current: current) {
+                    case .adopt(let v):
+                        try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: v) }
+                        try removeOld(entry, newKey: key)
+                        continue
+                    case .wait: return .deferred
+                    case .conflict(let why): return .conflict(why)
+                    }
+                }
+                try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version) }
+                try removeOld(entry, newKey: key)
+            } else if metaDirty {
+                let meta = metadata(s, generation: s.rec.contentGen)
+                do {
+                    let info = try runBlocking {
+                        try await store.copy(from: key, version: oldVersion, to: key, metadata: meta, condition: .ifMatch(oldVersion))
+                    }
+                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version) }
+                } catch StoreError.preconditionFailed {
+                    return .conflict("\(key) changed in the store since this device last saw it")
+                }
+            }
+        }
+        try state.write { try $0.markUploaded(ino, contentGen: s.rec.contentGen, metaGen: s.rec.metaGen) }
+        return .done
+    }
+
+    /// After an entry's object was written at `newKey`, delete where it was before.
+    private func removeOld(_ entry: EntryRecord, newKey: String) throws {
+        guard let old = entry.remoteKey, old != newKey else { return }
+        let version = entry.remoteVersion
+        let store = self.store
+        do {
+            try runBlocking { try await store.delete(old, condition: version.map { .ifMatch($0) } ?? .always) }
+        } catch StoreError.notFound {
+        } catch StoreError.preconditionFailed {
+            logger.info("left \(old) in the store: it changed there since")
+        }
+    }
+
+    private enum Taken { case adopt(String), wait, conflict(String) }
+
+    /// A conditional write found the key taken. Decide whose it is.
+    private func resolveTaken(key: String, entryID: Int64, ino: UInt64, generation: Int64, isDir: Bool,
+                              condition: WriteCondition, current: String?) throws -> Taken {
+        let store = self.store
+        guard let info = try? runBlocking({ try await store.head(key) }) else { return .wait }
+        // Our own upload from before a crash, recorded in the store but not here.
+        if info.metadata.origin == origin(ino, generation) { return .adopt(info.version) }
+        // Folders merge: the same folder made on two devices is one folder.
+        if isDir && info.metadata.kind == .directory && condition == .ifAbsent { return .adopt(info.version) }
+        // Another name of ours still sits there and is about to move away (or be deleted).
+        if condition == .ifAbsent {
+            let held = try state.read { tx in
+                try tx.entries(remoteKey: key).contains { $0.id != entryID } || tx.tombstoneKeys().contains(key)
+            }
+            if held { return .wait }
+        }
+        return .conflict("\(key) changed in the store since this device last saw it (now \(current ?? "?"))")
+    }
+}

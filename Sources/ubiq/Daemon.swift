@@ -1,0 +1,113 @@
+import Foundation
+import Logging
+import UbiqCoordinator
+import UbiqFS
+import UbiqFuse
+import UbiqState
+import UbiqStore
+import UbiqSync
+
+/// The mounted daemon: wires every layer together and owns the process.
+struct Daemon {
+    let plan: MountPlan
+    let echo: Bool
+    /// Report readiness (or the error) on standard output, for the parent `ubiq mount`.
+    let notify: Bool
+
+    func run() -> Never {
+        FuseServer.blockTerminationSignals()
+        let sink = FileLogHandler.Sink(path: plan.stateDir + "/ubiq.log", echo: echo)
+        let logger = Logger(label: "ubiq") { label in FileLogHandler(sink: sink, label: label) }
+        func die(_ message: String) -> Never {
+            logger.error("\(message)")
+            if notify { say("error: \(message)") }
+            fail(message)
+        }
+        guard let lockFD = StateLock.acquire(plan.stateDir) else {
+            die("state directory \(plan.stateDir) is in use by another ubiq daemon (pid \(StateLock.holder(plan.stateDir) ?? -1))")
+        }
+        _ = lockFD
+        if notify { setsid() }
+        let store: any CloudStore
+        let state: LocalState
+        let cache: ContentCache
+        do {
+            store = try DirectoryStore(root: URL(fileURLWithPath: plan.storePath))
+            state = try LocalState(path: plan.stateDir + "/state.db")
+            cache = try ContentCache(directory: URL(fileURLWithPath: plan.stateDir + "/cache"))
+        } catch {
+            die("\(error)")
+        }
+        let deviceID: String
+        do {
+            deviceID = try state.write { tx in
+                if let id = try tx.meta("device_id") { return id }
+                let id = UUID().uuidString.lowercased()
+                try tx.setMeta("device_id", id)
+                return id
+            }
+        } catch { die("\(error)") }
+        do {
+            try Importer(store: store, state: state, cache: cache, logger: logger).run()
+        } catch {
+            logger.warning("could not list the store (\(error)); showing what this device knew")
+        }
+        let coordinator = Coordinator()
+        let uploader = Uploader(state: state, store: store, coordinator: coordinator, cache: cache,
+                                deviceID: deviceID, logger: logger)
+        let materializer = Materializer(store: store, state: state, cache: cache, logger: logger)
+        let fs: FileSystem
+        do {
+            fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
+                                uploader: uploader, logger: logger)
+        } catch { die("\(error)") }
+        let server = FuseServer(fs: fs, options: plan.fuseOptions, logger: logger)
+        do { try server.mount(at: plan.mountpoint, fsname: "ubiq:" + plan.storePath) } catch { die("\(error)") }
+        let record = MountRecord(pid: getpid(), mountpoint: plan.mountpoint, state: plan.stateDir, store: plan.storeURL)
+        let registry = Paths.registry(for: plan.mountpoint)
+        try? FileManager.default.createDirectory(atPath: (registry as NSString).deletingLastPathComponent,
+                                                 withIntermediateDirectories: true)
+        try? JSONEncoder().encode(record).write(to: URL(fileURLWithPath: registry))
+        uploader.start()
+        logger.info("mounted \(plan.storeURL) at \(plan.mountpoint) (device \(deviceID), \(fs.inodeCount) items)")
+        if notify {
+            say("ready")
+            // From here on, nothing goes to the parent's pipe.
+            let null = open("/dev/null", O_RDWR)
+            dup2(null, 1)
+            dup2(null, 2)
+        }
+        let status = server.run()
+        logger.info("unmounting (loop ended with \(status))")
+        server.unmount()
+        uploader.stop()
+        let timeout = Self.requestedDrainTimeout(plan)
+        let pending = uploader.pendingCount
+        if pending > 0 {
+            logger.info("uploading \(pending) pending changes (up to \(Int(timeout)) s)")
+            if !uploader.drain(timeout: timeout) {
+                logger.warning("\(uploader.pendingCount) changes not yet uploaded; they upload at the next mount")
+            }
+        }
+        state.syncToDisk()
+        try? FileManager.default.removeItem(atPath: registry)
+        try? FileManager.default.removeItem(atPath: plan.stateDir + "/unmount-request")
+        logger.info("stopped")
+        exit(0)
+    }
+
+    /// `ubiq unmount --timeout S` leaves its wish in the state directory.
+    static func requestedDrainTimeout(_ plan: MountPlan) -> Double {
+        if let s = try? String(contentsOfFile: plan.stateDir + "/unmount-request", encoding: .utf8),
+           let t = Double(s.trimmingCharacters(in: .whitespacesAndNewlines)) {
+            return t
+        }
+        return plan.drainTimeout
+    }
+}
+
+/// Writes a line straight to standard output (unbuffered: the parent is waiting for it).
+func say(_ line: String) {
+    let bytes = Array((line + "\n").utf8)
+    _ = bytes.withUnsafeBytes { write(1, $0.baseAddress, $0.count) }
+}

@@ -1,0 +1,210 @@
+import ArgumentParser
+import Foundation
+import Logging
+import UbiqCoordinator
+import UbiqFS
+import UbiqFuse
+import UbiqState
+import UbiqStore
+import UbiqSync
+
+struct Mount: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Mount a store at MOUNTPOINT (returns once the mount is ready).",
+        discussion: """
+            Store URLs: dir:/path (or a plain path) for the embedded store.
+            Default store: ~/.local/share/ubiq/store. Default state: ~/.local/state/ubiq/<mount id>,
+            one per mount point, so two mount points of one store are two devices.
+
+            Examples:
+              ubiq mount ~/Ubiquity
+              ubiq mount --store dir:/srv/team-store --state /var/tmp/ubiq-state ~/Team
+              ubiq mount --foreground -o allow_other /mnt/cloud
+            """)
+
+    @Option(help: "Store URL: dir:PATH or PATH.")
+    var store: String?
+
+    @Option(help: "State directory (database, content cache, log).")
+    var state: String?
+
+    @Flag(help: "Stay in the foreground (logs to the terminal too).")
+    var foreground = false
+
+    @Option(name: .customShort("o"), help: "Extra FUSE mount options, comma-separated (allow_other, ro, ...).")
+    var options: [String] = []
+
+    @Option(help: "Seconds `ubiq unmount` waits for pending uploads by default.")
+    var drainTimeout: Double = 30
+
+    @Flag(help: "Let the kernel buffer writes (FUSE writeback cache).")
+    var writebackCache = false
+
+    @Flag(help: .hidden)
+    var notifyReady = false
+
+    @Argument(help: "Where to mount (an existing, empty directory).")
+    var mountpoint: String
+
+    func run() throws {
+        let plan: MountPlan
+        do { plan = try MountPlan.check(self) } catch { fail("\(error)") }
+        if foreground {
+            Daemon(plan: plan, echo: isatty(2) != 0 && !notifyReady, notify: notifyReady).run()
+        } else {
+            spawnDaemon(plan)
+        }
+    }
+
+    /// Starts `ubiq mount --foreground` detached and waits until it says it is ready.
+    private func spawnDaemon(_ plan: MountPlan) {
+        let exe = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        let p = Process()
+        p.executableURL = exe
+        var args = ["mount", "--foreground", "--notify-ready", "--store", plan.storeURL, "--state", plan.stateDir,
+                    "--drain-timeout", String(drainTimeout)]
+        for o in options { args += ["-o", o] }
+        if writebackCache { args.append("--writeback-cache") }
+        args.append(plan.mountpoint)
+        p.arguments = args
+        let pipe = Pipe()
+        p.standardOutput = pipe
+        p.standardError = FileHandle.nullDevice
+        p.standardInput = FileHandle.nullDevice
+        do { try p.run() } catch { fail("cannot start the daemon: \(error)") }
+        var line = ""
+        let h = pipe.fileHandleForReading
+        while true {
+            let d = h.availableData
+            if d.isEmpty { break }
+            line += String(decoding: d, as: UTF8.self)
+            if line.contains("\n") { break }
+        }
+        let first = line.split(separator: "\n").first.map(String.init) ?? ""
+        if first == "ready" {
+            print("Mounted \(plan.storeURL) at \(plan.mountpoint). Unmount with: ubiq unmount \(plan.mountpoint)")
+            return
+        }
+        if first.hasPrefix("error: ") { fail(String(first.dropFirst(7))) }
+        fail("the daemon exited before the mount was ready; see \(plan.stateDir)/ubiq.log")
+    }
+}
+
+/// Everything `mount` checked, resolved to absolute paths.
+struct MountPlan {
+    var mountpoint: String
+    var storeURL: String
+    var storePath: String
+    var stateDir: String
+    var fuseOptions: FuseOptions
+    var drainTimeout: Double
+
+    static func check(_ m: Mount) throws -> MountPlan {
+        let mp = Paths.absolute(m.mountpoint)
+        var isDir: ObjCBool = false
+        if let e = Mounts.entry(at: mp) {
+            let alive = Mounts.record(for: mp).map { Mounts.isAlive($0.pid) } ?? false
+            if e.type == "fuse.ubiq" && !alive {
+                // A daemon that died (killed) left its mount behind: clear it.
+                _ = Mounts.fusermount(["-u", "-z", mp])
+                if Mounts.entry(at: mp) != nil { throw UserError("\(mp) has a dead ubiq mount that could not be cleared: run fusermount3 -u -z \(mp)") }
+            } else {
+                throw UserError("\(mp) is already a mount point (\(e.type))")
+            }
+        }
+        guard FileManager.default.fileExists(atPath: mp, isDirectory: &isDir) else {
+            throw UserError("mount point \(mp) does not exist")
+        }
+        guard isDir.boolValue else { throw UserError("mount point \(mp) is not a directory") }
+        let allowNonEmpty = m.options.contains { $0.split(separator: ",").contains("nonempty") }
+        if !allowNonEmpty, let items = try? FileManager.default.contentsOfDirectory(atPath: mp), !items.isEmpty {
+            throw UserError("mount point \(mp) is not empty")
+        }
+        if access("/dev/fuse", R_OK | W_OK) != 0 {
+            throw UserError("cannot use /dev/fuse (\(String(cString: strerror(errno)))): is the fuse module loaded?")
+        }
+        if getuid() != 0 && !Self.inPath("fusermount3") {
+            throw UserError("fusermount3 is not installed (Debian: apt-get install fuse3)")
+        }
+        // The store.
+        let url = m.store ?? "dir:" + Paths.defaultStore
+        let storePath: String
+        if url.hasPrefix("dir:") {
+            storePath = Paths.absolute(String(url.dropFirst(4)))
+        } else if url.contains("://") {
+            throw UserError("unsupported store URL \(url): use dir:PATH")
+        } else {
+            storePath = Paths.absolute(url)
+        }
+        if storePath == mp || storePath.hasPrefix(mp + "/") { throw UserError("the store cannot be inside the mount point") }
+        try Self.checkDirectory(storePath, what: "store")
+        // The state.
+        let stateDir = m.state.map(Paths.absolute) ?? Paths.defaultState(for: mp)
+        if stateDir == mp || stateDir.hasPrefix(mp + "/") { throw UserError("the state directory cannot be inside the mount point") }
+        try Self.checkDirectory(stateDir, what: "state directory")
+        if let holder = StateLock.holder(stateDir) {
+            throw UserError("state directory \(stateDir) is in use by another ubiq daemon (pid \(holder))")
+        }
+        // Every check passed: only now create what is missing.
+        try Self.createDirectory(storePath, what: "store", mode: 0o755)
+        try Self.createDirectory(stateDir, what: "state directory", mode: 0o700)
+        var fo = FuseOptions()
+        fo.writebackCache = m.writebackCache
+        fo.mountOptions = m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" }
+        return MountPlan(mountpoint: mp, storeURL: "dir:" + storePath, storePath: storePath, stateDir: stateDir,
+                         fuseOptions: fo, drainTimeout: m.drainTimeout)
+    }
+
+    static func inPath(_ tool: String) -> Bool {
+        let dirs = (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin").split(separator: ":")
+        return dirs.contains { access("\($0)/\(tool)", X_OK) == 0 }
+    }
+
+    /// Fails unless `path` is a writable directory, or could be created as one.
+    static func checkDirectory(_ path: String, what: String) throws {
+        var isDir: ObjCBool = false
+        var probe = path
+        while !FileManager.default.fileExists(atPath: probe, isDirectory: &isDir) {
+            probe = (probe as NSString).deletingLastPathComponent
+        }
+        guard isDir.boolValue else {
+            throw UserError(probe == path ? "\(what) \(path) is not a directory" : "cannot create \(what) \(path): \(probe) is not a directory")
+        }
+        if access(probe, W_OK | X_OK) != 0 {
+            throw UserError("\(what) \(path) is not writable (\(probe): \(String(cString: strerror(errno))))")
+        }
+    }
+
+    static func createDirectory(_ path: String, what: String, mode: Int) throws {
+        if FileManager.default.fileExists(atPath: path) { return }
+        do {
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true,
+                                                    attributes: [.posixPermissions: mode])
+        } catch {
+            throw UserError("cannot create \(what) \(path): \(error.localizedDescription)")
+        }
+    }
+}
+
+/// One daemon per state directory: an flock on `<state>/lock` holding the pid.
+enum StateLock {
+    static func holder(_ dir: String) -> Int32? {
+        let fd = open(dir + "/lock", O_RDONLY | O_CLOEXEC)
+        if fd < 0 { return nil }
+        defer { close(fd) }
+        if flock(fd, LOCK_EX | LOCK_NB) == 0 { flock(fd, LOCK_UN); return nil }
+        let text = (try? String(contentsOfFile: dir + "/lock", encoding: .utf8)) ?? ""
+        return Int32(text.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+    }
+
+    /// Takes the lock for this process; returns the fd to keep open, or nil if held.
+    static func acquire(_ dir: String) -> Int32? {
+        let fd = open(dir + "/lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        if fd < 0 { return nil }
+        if flock(fd, LOCK_EX | LOCK_NB) != 0 { close(fd); return nil }
+        ftruncate(fd, 0)
+        let pid = "\(getpid())\n"
+        _ = pid.withCString { write(fd, $0, strlen($0)) }
+        return fd
+    }
+}

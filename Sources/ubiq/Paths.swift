@@ -1,0 +1,96 @@
+import Foundation
+
+/// Where things live by default (XDG base directories).
+enum Paths {
+    static var home: String { ProcessInfo.processInfo.environment["HOME"] ?? NSHomeDirectory() }
+
+    static var dataHome: String {
+        ProcessInfo.processInfo.environment["XDG_DATA_HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? home + "/.local/share"
+    }
+
+    static var stateHome: String {
+        ProcessInfo.processInfo.environment["XDG_STATE_HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? home + "/.local/state"
+    }
+
+    static var defaultStore: String { dataHome + "/ubiq/store" }
+
+    /// One state directory per mount point: two mount points of one store are two devices.
+    static func defaultState(for mountpoint: String) -> String {
+        stateHome + "/ubiq/" + mountID(mountpoint)
+    }
+
+    static func registry(for mountpoint: String) -> String {
+        stateHome + "/ubiq/mounts/" + mountID(mountpoint) + ".json"
+    }
+
+    static func mountID(_ mountpoint: String) -> String {
+        var h: UInt64 = 0xcbf29ce484222325
+        for b in mountpoint.utf8 { h = (h ^ UInt64(b)) &* 0x100000001b3 }
+        let readable = mountpoint.split(separator: "/").suffix(2).joined(separator: "-")
+            .map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." ? $0 : "_" }
+        return String(readable.prefix(60)) + "-" + String(h & 0xffff_ffff, radix: 16)
+    }
+
+    /// Absolute, with symlinks resolved where the path exists.
+    static func absolute(_ path: String) -> String {
+        let expanded = (path as NSString).expandingTildeInPath
+        let abs = expanded.hasPrefix("/") ? expanded : FileManager.default.currentDirectoryPath + "/" + expanded
+        if let r = realpath(abs, nil) {
+            defer { free(r) }
+            return String(cString: r)
+        }
+        return (abs as NSString).standardizingPath
+    }
+}
+
+/// What a running daemon leaves for `ubiq unmount` to find it.
+struct MountRecord: Codable {
+    var pid: Int32
+    var mountpoint: String
+    var state: String
+    var store: String
+}
+
+enum Mounts {
+    /// The mount table entry for `path`, if any: (fstype, source).
+    static func entry(at path: String) -> (type: String, source: String)? {
+        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
+        for line in text.split(separator: "\n") {
+            let f = line.split(separator: " ")
+            guard f.count > 9, let dash = f.firstIndex(of: "-"), dash + 2 < f.count else { continue }
+            if unescape(String(f[4])) == path { return (String(f[dash + 1]), String(f[dash + 2])) }
+        }
+        return nil
+    }
+
+    static func unescape(_ s: String) -> String {
+        var out = ""
+        var it = Array(s.utf8)[...]
+        var bytes: [UInt8] = []
+        while let c = it.first {
+            if c == UInt8(ascii: "\\"), it.count >= 4, let v = UInt8(String(decoding: it.dropFirst().prefix(3), as: UTF8.self), radix: 8) {
+                bytes.append(v); it = it.dropFirst(4)
+            } else { bytes.append(c); it = it.dropFirst() }
+        }
+        out = String(decoding: bytes, as: UTF8.self)
+        return out
+    }
+
+    static func record(for mountpoint: String) -> MountRecord? {
+        guard let d = FileManager.default.contents(atPath: Paths.registry(for: mountpoint)) else { return nil }
+        return try? JSONDecoder().decode(MountRecord.self, from: d)
+    }
+
+    static func isAlive(_ pid: Int32) -> Bool { kill(pid, 0) == 0 || errno == EPERM }
+
+    static func fusermount(_ args: [String]) -> Bool {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        p.arguments = ["fusermount3"] + args
+        p.standardError = FileHandle.nullDevice
+        p.standardOutput = FileHandle.nullDevice
+        do { try p.run() } catch { return false }
+        p.waitUntilExit()
+        return p.terminationStatus == 0
+    }
+}

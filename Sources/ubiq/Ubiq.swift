@@ -1,0 +1,30 @@
+import ArgumentParser
+import Foundation
+
+struct Ubiq: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ubiq",
+        abstract: "Mount a cloud store as a folder: every file visible at once, content on demand.",
+        discussion: """
+            Examples:
+              ubiq mount ~/Ubiquity                      mount the default store (~/.local/share/ubiq/store)
+              ubiq mount --store dir:/srv/store ~/Work   mount a store folder
+              ubiq unmount ~/Ubiquity                    upload what is pending, then unmount
+            """,
+        version: ubiqVersion,
+        subcommands: [Mount.self, Unmount.self])
+}
+
+let ubiqVersion = "0.1.0"
+
+/// A failure with one line for the user; exit status 1.
+struct UserError: Error, CustomStringConvertible {
+    let message: String
+    init(_ message: String) { self.message = message }
+    var description: String { message }
+}
+
+func fail(_ message: String) -> Never {
+    FileHandle.standardError.write(Data("ubiq: \(message)\n".utf8))
+    exit(1)
+}

@@ -1,0 +1,50 @@
+import ArgumentParser
+import Foundation
+import UbiqState
+
+struct Unmount: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Unmount, after uploading pending changes (bounded wait).",
+        discussion: """
+            Changes not uploaded within the timeout stay queued and upload at the next mount.
+
+            Examples:
+              ubiq unmount ~/Ubiquity
+              ubiq unmount --timeout 0 ~/Ubiquity     unmount now, upload later
+            """)
+
+    @Option(help: "Seconds to wait for pending uploads (default: the mount's --drain-timeout).")
+    var timeout: Double?
+
+    @Argument(help: "The mount point.")
+    var mountpoint: String
+
+    func run() throws {
+        let mp = Paths.absolute(mountpoint)
+        guard let entry = Mounts.entry(at: mp) else { fail("\(mp) is not mounted") }
+        guard entry.type == "fuse.ubiq" else { fail("\(mp) is not a ubiq mount (\(entry.type))") }
+        guard let rec = Mounts.record(for: mp), Mounts.isAlive(rec.pid) else {
+            // The daemon is gone (killed): only the kernel's mount is left.
+            if Mounts.fusermount(["-u", "-z", mp]) || umount2(mp, Int32(MNT_DETACH)) == 0 {
+                print("Unmounted \(mp) (its daemon had stopped; pending changes upload at the next mount).")
+                return
+            }
+            fail("cannot unmount \(mp)")
+        }
+        if let timeout {
+            try? String(timeout).write(toFile: rec.state + "/unmount-request", atomically: true, encoding: .utf8)
+        }
+        kill(rec.pid, SIGTERM)
+        let wait = (timeout ?? 30) + 30
+        let deadline = Date(timeIntervalSinceNow: wait)
+        while Mounts.isAlive(rec.pid) && Date() < deadline { usleep(50_000) }
+        if Mounts.isAlive(rec.pid) { fail("the daemon (pid \(rec.pid)) did not stop within \(Int(wait)) s") }
+        if Mounts.entry(at: mp) != nil { _ = Mounts.fusermount(["-u", mp]) }
+        let pending = (try? LocalState(path: rec.state + "/state.db").read { try $0.outboxCount() }) ?? 0
+        if pending == 0 {
+            print("Unmounted \(mp). All changes are in the store.")
+        } else {
+            print("Unmounted \(mp). \(pending) changes not yet uploaded; they upload at the next mount.")
+        }
+    }
+}

@@ -1,0 +1,120 @@
+import Foundation
+import Testing
+
+/// The package root, from this file's path (Tests/MountTests/Harness.swift).
+let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+    .deletingLastPathComponent()
+
+/// The `ubiq` binary under test: $UBIQ_BIN, or the debug build.
+let ubiqBinary: String = ProcessInfo.processInfo.environment["UBIQ_BIN"]
+    ?? packageRoot.appendingPathComponent(".build/debug/ubiq").path
+
+struct ShellResult {
+    var status: Int32
+    var out: String
+    var err: String
+}
+
+/// Runs `script` with bash, in `cwd`, with `env` added; waits at most `timeout` seconds.
+@discardableResult
+func shell(_ script: String, cwd: String? = nil, env: [String: String] = [:], timeout: TimeInterval = 300) -> ShellResult {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: "/bin/bash")
+    p.arguments = ["-c", "set -o pipefail\n" + script]
+    if let cwd { p.currentDirectoryURL = URL(fileURLWithPath: cwd) }
+    var e = ProcessInfo.processInfo.environment
+    for (k, v) in env { e[k] = v }
+    p.environment = e
+    let outURL = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-sh-\(UUID().uuidString)")
+    let errURL = outURL.appendingPathExtension("err")
+    FileManager.default.createFile(atPath: outURL.path, contents: nil)
+    FileManager.default.createFile(atPath: errURL.path, contents: nil)
+    defer { try? FileManager.default.removeItem(at: outURL); try? FileManager.default.removeItem(at: errURL) }
+    p.standardOutput = try? FileHandle(forWritingTo: outURL)
+    p.standardError = try? FileHandle(forWritingTo: errURL)
+    p.standardInput = FileHandle.nullDevice
+    do { try p.run() } catch { return ShellResult(status: -1, out: "", err: "\(error)") }
+    let deadline = Date(timeIntervalSinceNow: timeout)
+    while p.isRunning && Date() < deadline { usleep(10_000) }
+    if p.isRunning { p.terminate(); usleep(100_000); kill(p.processIdentifier, SIGKILL) }
+    p.waitUntilExit()
+    let out = (try? String(contentsOf: outURL, encoding: .utf8)) ?? ""
+    let err = (try? String(contentsOf: errURL, encoding: .utf8)) ?? ""
+    return ShellResult(status: p.terminationStatus, out: out, err: err)
+}
+
+/// A real ubiq mount in a temporary directory: store, state and mount point
+/// of its own. Always call `cleanup()` (in a `defer`): it unmounts even when
+/// the test failed half-way, and stops the daemon.
+final class MountFixture: @unchecked Sendable {
+    let base: String
+    let mnt: String
+    let store: String
+    let state: String
+    /// XDG dirs of the fixture, so tests never touch the user's own.
+    let env: [String: String]
+
+    /// Extra mount arguments (e.g. "-o allow_other").
+    let extra: String
+
+    init(store: String? = nil, name: String = "mnt", extra: String = "") throws {
+        self.extra = extra
+        base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-mt-\(UUID().uuidString.prefix(8))").path
+        mnt = base + "/" + name
+        self.store = store ?? base + "/store"
+        state = base + "/state"
+        env = ["XDG_STATE_HOME": base + "/xdg-state", "XDG_DATA_HOME": base + "/xdg-data"]
+        try FileManager.default.createDirectory(atPath: mnt, withIntermediateDirectories: true)
+        try mount()
+    }
+
+    func mount() throws {
+        let r = ubiq("mount --store dir:\(self.store) --state \(state) \(extra) \(mnt)")
+        if r.status != 0 {
+            cleanup()
+            throw FixtureError("mount failed: \(r.err)\(r.out)")
+        }
+    }
+
+    @discardableResult
+    func ubiq(_ args: String, timeout: TimeInterval = 120) -> ShellResult {
+        shell("\(ubiqBinary) \(args)", env: env, timeout: timeout)
+    }
+
+    /// Runs a script inside the mount.
+    @discardableResult
+    func sh(_ script: String, timeout: TimeInterval = 300) -> ShellResult {
+        shell(script, cwd: mnt, env: env, timeout: timeout)
+    }
+
+    func unmount() -> ShellResult { ubiq("unmount \(mnt)") }
+
+    var isMounted: Bool {
+        let info = (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8)) ?? ""
+        return info.split(separator: "\n").contains { $0.split(separator: " ").dropFirst(4).first.map(String.init) == mnt }
+    }
+
+    var daemonPID: Int32? {
+        guard let text = try? String(contentsOfFile: state + "/lock", encoding: .utf8) else { return nil }
+        return Int32(text.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    func cleanup() {
+        if isMounted { _ = unmount() }
+        if isMounted { shell("fusermount3 -u -z '\(mnt)' || umount -l '\(mnt)'") }
+        if let pid = daemonPID, kill(pid, 0) == 0 {
+            kill(pid, SIGKILL)
+        }
+        try? FileManager.default.removeItem(atPath: base)
+    }
+}
+
+struct FixtureError: Error, CustomStringConvertible {
+    let description: String
+    init(_ d: String) { description = d }
+}
+
+/// Checks a shell step and shows its output when it fails.
+func expectOK(_ r: ShellResult, _ what: String = "", sourceLocation: SourceLocation = #_sourceLocation) {
+    #expect(r.status == 0, "\(what) failed (\(r.status)): \(r.err)\(r.out)", sourceLocation: sourceLocation)
+}

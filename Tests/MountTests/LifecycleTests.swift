@@ -1,0 +1,96 @@
+import Foundation
+import Testing
+
+/// Mount, unmount, remount, second devices, crashes, and bad input.
+@Suite(.serialized) struct LifecycleTests {
+    @Test func remountAndASecondDeviceSeeTheSameTree() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        expectOK(m.sh("""
+            mkdir -p docs/sub && echo alpha > docs/a.txt && head -c 3000000 /dev/urandom > docs/sub/blob
+            ln -s a.txt docs/link && chmod 600 docs/a.txt && setfattr -n user.k -v v docs/a.txt
+            find . -printf '%p %y %m %s\\n' | sort > \(m.base)/listing && sha256sum docs/sub/blob > \(m.base)/sum
+            """))
+        let u = m.unmount()
+        expectOK(u, "unmount")
+        #expect(u.out.contains("All changes are in the store"))
+        #expect(!m.isMounted)
+        try m.mount()
+        expectOK(m.sh("find . -printf '%p %y %m %s\\n' | sort | diff - \(m.base)/listing && sha256sum -c \(m.base)/sum"), "after remount")
+        // Another device: same store, its own state.
+        let b = try MountFixture(store: m.store, name: "device-b")
+        defer { b.cleanup() }
+        expectOK(b.sh("find . -printf '%p %y %m %s\\n' | sort | diff - \(m.base)/listing"), "second device listing")
+        // The second device sees metadata before any content is here.
+        let du = b.sh("du -s --block-size=1 docs/sub/blob | cut -f1")
+        #expect(du.out == "0\n", "placeholder should hold no blocks: \(du.out)")
+        expectOK(b.sh("sha256sum -c \(m.base)/sum && [ \"$(getfattr -n user.k --only-values docs/a.txt)\" = v ] && [ \"$(readlink docs/link)\" = a.txt ]"), "second device content")
+    }
+
+    @Test func sigkillAfterFsyncLosesNothing() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        // Write and fsync, then kill the daemon at once: no clean unmount, no drain.
+        expectOK(m.sh("head -c 5000000 /dev/urandom > precious && sync precious && sha256sum precious > \(m.base)/sum && echo note > small"))
+        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); return }
+        kill(pid, SIGKILL)
+        var waited = 0
+        while kill(pid, 0) == 0 && waited < 200 { usleep(10_000); waited += 1 }
+        // The dead mount is still in the table; mount clears it and starts again on the same state.
+        try m.mount()
+        expectOK(m.sh("sha256sum -c \(m.base)/sum && [ \"$(cat small)\" = note ]"), "after SIGKILL")
+        let u = m.unmount()
+        expectOK(u)
+        #expect(u.out.contains("All changes are in the store"), "\(u.out)")
+        let b = try MountFixture(store: m.store, name: "other")
+        defer { b.cleanup() }
+        expectOK(b.sh("sha256sum -c \(m.base)/sum"), "uploaded bytes on another device")
+    }
+
+    @Test func sigtermUnmountsCleanly() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        expectOK(m.sh("echo bye > last"))
+        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); return }
+        kill(pid, SIGTERM)
+        var waited = 0
+        while kill(pid, 0) == 0 && waited < 1000 { usleep(10_000); waited += 1 }
+        #expect(kill(pid, 0) != 0, "daemon still running after SIGTERM")
+        #expect(!m.isMounted)
+        try m.mount()
+        #expect(m.sh("cat last").out == "bye\n")
+    }
+
+    @Test func badInputGetsOneClearLineAndChangesNothing() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let base = m.base
+        let cases: [(String, String)] = [
+            ("mount \(base)/does-not-exist", "does not exist"),
+            ("mount --store dir:\(base)/s2 --state \(base)/st2 \(m.mnt)", "already a mount point"),
+            ("mount --store dir:\(base)/s3 --state \(m.state) \(base)/free", "in use by another ubiq daemon"),
+            ("mount --store dir:\(base)/afile --state \(base)/st4 \(base)/free", "is not a directory"),
+            ("mount --store s3://bucket/x --state \(base)/st5 \(base)/free", "unsupported store URL"),
+            ("mount --store dir:\(base)/s6 --state \(base)/st6 \(base)/notempty", "is not empty"),
+            ("mount --store dir:\(base)/s7 --state \(base)/afile \(base)/free", "is not a directory"),
+            ("unmount \(base)/free", "is not mounted"),
+            ("mount", "Missing expected argument"),
+        ]
+        expectOK(shell("mkdir -p \(base)/free \(base)/notempty && touch \(base)/notempty/x \(base)/afile"))
+        for (args, message) in cases {
+            let r = m.ubiq(args)
+            #expect(r.status != 0, "\(args) should fail")
+            #expect(r.err.contains(message), "\(args): \(r.err)")
+            if !args.hasPrefix("mount --store s3") && args != "mount" {
+                #expect(r.err.split(separator: "\n").count == 1, "one line for \(args): \(r.err)")
+            }
+        }
+        // Nothing was created by the failed attempts, and the free mount point is still empty.
+        for path in ["s2", "st2", "s3", "st4", "st5", "s6", "st6"] {
+            #expect(!FileManager.default.fileExists(atPath: "\(base)/\(path)"), "\(path) was created")
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: "\(base)/free").isEmpty)
+        #expect(m.isMounted)
+        #expect(m.ubiq("--version").out == "0.1.0\n")
+    }
+}

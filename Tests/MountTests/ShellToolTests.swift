@@ -1,0 +1,176 @@
+import Foundation
+import Testing
+
+/// Real mounts, real shell tools. Serialized: each mounts its own store, and
+/// two cores are better spent on one at a time.
+@Suite(.serialized) struct ShellToolTests {
+    @Test func copyATreeWithLinksAndABigFileThenDiff() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let src = m.base + "/src"
+        expectOK(shell("""
+            mkdir -p \(src)/a/b/c \(src)/empty-dir
+            echo hello > \(src)/a/hello.txt
+            : > \(src)/a/empty
+            printf 'line1\\nline2\\n' > \(src)/a/b/c/deep.txt
+            ln -s hello.txt \(src)/a/link-to-hello
+            ln -s /nonexistent/target \(src)/dangling
+            ln \(src)/a/hello.txt \(src)/a/b/hard-hello
+            chmod 600 \(src)/a/b/c/deep.txt
+            chmod 750 \(src)/a/b
+            mkfifo \(src)/a/fifo
+            head -c 100M /dev/urandom > \(src)/big.bin
+            touch -d '2001-02-03 04:05:06' \(src)/a/hello.txt
+            """), "make source tree")
+        expectOK(m.sh("cp -a \(src)/. ."), "cp -a")
+        // diff cannot compare FIFOs (it reports them as different): they are checked by stat below.
+        expectOK(m.sh("diff -r --no-dereference -x fifo \(src) ."), "diff -r")
+        // Modes, times, link targets and hard links survived the copy.
+        let r = m.sh("stat -c '%n %a %F %Y' a/b a/b/c/deep.txt a/fifo a/hello.txt && readlink dangling && [ $(stat -c %i a/hello.txt) = $(stat -c %i a/b/hard-hello) ] && stat -c %h a/hello.txt")
+        expectOK(r)
+        #expect(r.out.contains("a/b 750 directory"))
+        #expect(r.out.contains("a/b/c/deep.txt 600 regular file"))
+        #expect(r.out.contains("a/fifo 644 fifo") || r.out.contains("fifo"))
+        #expect(r.out.contains("a/hello.txt 644 regular file 981173106"))
+        #expect(r.out.contains("/nonexistent/target"))
+        #expect(r.out.hasSuffix("2\n"))
+        let sums = shell("cd \(src) && sha256sum big.bin").out
+        #expect(m.sh("sha256sum big.bin").out == sums)
+    }
+
+    @Test func moveRemoveChmodTouchTruncateAppendSed() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        expectOK(m.sh("""
+            mkdir -p x/y z
+            echo one > x/y/f
+            mv x/y/f z/g
+            [ ! -e x/y/f ] && [ "$(cat z/g)" = one ]
+            mv x/y z/
+            [ -d z/y ] && [ ! -e x/y ]
+            echo two >> z/g
+            [ "$(cat z/g)" = "$(printf 'one\\ntwo')" ]
+            sed -i 's/two/TWO/' z/g
+            [ "$(tail -1 z/g)" = TWO ]
+            chmod 640 z/g && [ "$(stat -c %a z/g)" = 640 ]
+            touch -d '1999-12-31 23:59:59 UTC' z/g && [ "$(stat -c %Y z/g)" = 946684799 ]
+            truncate -s 3 z/g && [ "$(cat z/g)" = one ]
+            truncate -s 10000 z/g && [ "$(stat -c %s z/g)" = 10000 ]
+            mkdir -p deep/a/b/c && touch deep/a/b/c/file
+            rm -rf deep x
+            [ ! -e deep ] && [ "$(ls)" = z ]
+            """), "shell workload")
+    }
+
+    @Test func tarRoundTripKeepsEveryByte() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let src = m.base + "/tree"
+        expectOK(shell("""
+            mkdir -p \(src) && cd \(src)
+            for d in 1 2 3 4 5; do mkdir -p d$d/sub; for f in 1 2 3 4 5 6 7 8; do head -c $((RANDOM * 7)) /dev/urandom > d$d/sub/f$f; done; done
+            ln -s d1/sub/f1 sym
+            tar cf \(m.base)/t.tar .
+            find . -type f -print0 | sort -z | xargs -0 sha256sum > \(m.base)/sums
+            """), "make tree")
+        expectOK(m.sh("tar xpf \(m.base)/t.tar && find . -type f -print0 | sort -z | xargs -0 sha256sum > \(m.base)/sums2 && cmp \(m.base)/sums \(m.base)/sums2"), "tar x into mount")
+        expectOK(m.sh("tar cf - d1 d2 | (mkdir copy && cd copy && tar xf -) && diff -r d1 copy/d1 && diff -r d2 copy/d2"), "tar c | tar x inside the mount")
+    }
+
+    @Test func gitWorksInsideTheMount() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let r = m.sh("""
+            git init -q repo && cd repo
+            git config user.email t@example.com && git config user.name T
+            echo 'print(1)' > main.py && mkdir lib && echo x > lib/a
+            git add . && git commit -qm first
+            echo 'print(2)' >> main.py
+            git status --porcelain
+            git commit -qam second && git log --oneline | wc -l
+            git gc -q && git fsck --no-progress && git status --porcelain | wc -l
+            """)
+        expectOK(r, "git")
+        #expect(r.out.contains(" M main.py"))
+        #expect(r.out.hasSuffix("2\n0\n"))
+    }
+
+    @Test func extendedAttributesThroughGetfattrAndSetfattr() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let r = m.sh("""
+            echo data > f && mkdir d
+            setfattr -n user.color -v blue f
+            setfattr -n user.empty f
+            setfattr -n user.dir -v yes d
+            getfattr -n user.color --only-values f; echo
+            getfattr -d f | grep -c user.
+            getfattr -n user.dir --only-values d; echo
+            setfattr -x user.color f
+            { getfattr -n user.color f 2>&1 || true; } | grep -q 'No such attribute' && echo nodata-ok
+            { setfattr -x user.missing f 2>&1 || true; } | grep -q 'No such attribute' && echo remove-nodata-ok
+            { setfattr -n system.ubiqtest -v x f 2>&1 || true; } | grep -q 'Operation not supported' && echo enotsup-ok
+            """)
+        expectOK(r, "xattrs")
+        #expect(r.out == "blue\n2\nyes\nnodata-ok\nremove-nodata-ok\nenotsup-ok\n")
+    }
+
+    @Test func renameFlagsOpenUnlinkedFilesAndSpecialNodes() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let r = m.sh("""
+            echo A > a && echo B > b
+            python3 - <<'EOF'
+            import ctypes, os, errno
+            libc = ctypes.CDLL(None, use_errno=True)
+            AT = -100
+            def renameat2(a, b, flags):
+                r = libc.renameat2(AT, a.encode(), AT, b.encode(), flags)
+                return 0 if r == 0 else ctypes.get_errno()
+            print("noreplace", errno.errorcode.get(renameat2("a", "b", 1), "ok"))
+            print("exchange", renameat2("a", "b", 2) or "ok", open("a").read().strip(), open("b").read().strip())
+            print("exchange-missing", errno.errorcode.get(renameat2("a", "nope", 2), "ok"))
+            # open, unlink, keep using
+            fd = os.open("tmpfile", os.O_RDWR | os.O_CREAT, 0o600)
+            os.write(fd, b"still here")
+            os.unlink("tmpfile")
+            os.lseek(fd, 0, 0)
+            print("unlinked", os.read(fd, 100).decode(), os.path.exists("tmpfile"))
+            os.close(fd)
+            os.mkfifo("fifo")
+            os.mknod("chardev", 0o600 | 0o020000, os.makedev(1, 3))
+            st = os.lstat("chardev")
+            print("chardev", oct(st.st_mode), os.major(st.st_rdev), os.minor(st.st_rdev))
+            try:
+                os.rename("a", "a/x")
+            except OSError as e:
+                print("rename-into-file", errno.errorcode[e.errno])
+            EOF
+            """)
+        expectOK(r, "python checks")
+        #expect(r.out.contains("noreplace EEXIST"))
+        #expect(r.out.contains("exchange ok B A"))
+        #expect(r.out.contains("exchange-missing ENOENT"))
+        #expect(r.out.contains("unlinked still here False"))
+        #expect(r.out.contains("chardev 0o20600 1 3"))
+        #expect(r.out.contains("rename-into-file ENOTDIR"))
+    }
+
+    @Test func ownersAreTheCallers() throws {
+        // Other users reach the mount only with allow_other; permissions are then the kernel's to enforce.
+        let m = try MountFixture(extra: "-o allow_other")
+        defer { m.cleanup() }
+        let r = m.sh("""
+            chmod 777 .
+            setpriv --reuid=1234 --regid=2345 --clear-groups sh -c 'echo x > mine && mkdir mydir && ln -s mine mylink'
+            stat -c '%n %u %g' mine mydir
+            chown 42:43 mine && stat -c '%u %g' mine
+            { setpriv --reuid=1234 --regid=2345 --clear-groups sh -c 'chown 1:1 mydir' 2>&1 || true; } | grep -q 'Operation not permitted' && echo eperm-ok
+            """)
+        expectOK(r)
+        #expect(r.out.contains("mine 1234 2345"))
+        #expect(r.out.contains("mydir 1234 2345"))
+        #expect(r.out.contains("42 43"))
+        #expect(r.out.contains("eperm-ok"))
+    }
+}

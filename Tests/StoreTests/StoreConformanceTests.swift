@@ -1,0 +1,154 @@
+import Foundation
+import Testing
+@testable import UbiqStore
+
+/// Makes a fresh store of each kind. The S3 store joins this list when it exists.
+enum StoreKind: String, CaseIterable, CustomTestStringConvertible {
+    case directory
+    var testDescription: String { rawValue }
+
+    func make() throws -> (any CloudStore, cleanup: () -> Void) {
+        switch self {
+        case .directory:
+            let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-store-\(UUID().uuidString)")
+            return (try DirectoryStore(root: dir, keptVersions: 3), { try? FileManager.default.removeItem(at: dir) })
+        }
+    }
+}
+
+func tempFile(_ bytes: [UInt8]) throws -> URL {
+    let url = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-src-\(UUID().uuidString)")
+    try Data(bytes).write(to: url)
+    return url
+}
+
+let fileMeta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mtimeNs: 1_700_000_000_123_456_789,
+                              xattrs: ["user.color": Data("blue".utf8)])
+
+/// One conformance suite, run against every store.
+@Suite struct StoreConformanceTests {
+    @Test(arguments: StoreKind.allCases)
+    func putHeadReadRoundTrip(kind: StoreKind) async throws {
+        let (store, cleanup) = try kind.make()
+        defer { cleanup() }
+        let bytes = (0 ..< 100_000).map { UInt8($0 % 251) }
+        let src = try tempFile(bytes)
+        let info = try await store.put("a/b/c.bin", contentsOf: src, metadata: fileMeta, condition: .ifAbsent)
+        #expect(info.size == 100_000)
+        let head = try await store.head("a/b/c.bin")
+        #expect(head.version == info.version)
+        #expect(head.metadata == fileMeta)
+        let all = try await store.read("a/b/c.bin", version: info.version, range: 0 ..< 1_000_000)
+        #expect([UInt8](all) == bytes)
+        let part = try await store.read("a/b/c.bin", version: info.version, range: 99_990 ..< 100_010)
+        #expect([UInt8](part) == Array(bytes[99_990...]))
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func conditionalWrites(kind: StoreKind) async throws {
+        let (store, cleanup) = try kind.make()
+        defer { cleanup() }
+        let v1 = try await store.put("k", contentsOf: try tempFile([1]), metadata: fileMeta, condition: .ifAbsent)
+        await #expect(throws: StoreError.preconditionFailed(key: "k", current: v1.version)) {
+            try await store.put("k", contentsOf: try tempFile([2]), metadata: fileMeta, condition: .ifAbsent)
+        }
+        let v2 = try await store.put("k", contentsOf: try tempFile([2]), metadata: fileMeta, condition: .ifMatch(v1.version))
+        #expect(v2.version != v1.version)
+        // An edit that started from v1 loses against v2: that is a conflict, never an overwrite.
+        await #expect(throws: StoreError.self) {
+            try await store.put("k", contentsOf: try tempFile([3]), metadata: fileMeta, condition: .ifMatch(v1.version))
+        }
+        let now = try await store.read("k", version: v2.version, range: 0 ..< 10)
+        #expect([UInt8](now) == [2])
+        await #expect(throws: StoreError.self) { try await store.delete("k", condition: .ifMatch(v1.version)) }
+        try await store.delete("k", condition: .ifMatch(v2.version))
+        await #expect(throws: StoreError.notFound(key: "k")) { try await store.head("k") }
+        try await store.delete("k", condition: .always)  // absent: fine
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func readsArePinnedToAVersion(kind: StoreKind) async throws {
+        let (store, cleanup) = try kind.make()
+        defer { cleanup() }
+        let v1 = try await store.put("f", contentsOf: try tempFile([1, 1, 1]), metadata: fileMeta, condition: .always)
+        _ = try await store.put("f", contentsOf: try tempFile([2, 2, 2]), metadata: fileMeta, condition: .always)
+        // The old version is still readable as a prior version, never mixed with the new.
+        let old = try await store.read("f", version: v1.version, range: 0 ..< 3)
+        #expect([UInt8](old) == [1, 1, 1])
+        let versions = try await store.versions(of: "f")
+        #expect(versions.count == 2)
+        await #expect(throws: StoreError.notFound(key: "f")) { try await store.read("f", version: "nope", range: 0 ..< 1) }
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func priorVersionsAreBounded(kind: StoreKind) async throws {
+        let (store, cleanup) = try kind.make()
+        defer { cleanup() }
+        for i in 0 ..< 8 { _ = try await store.put("f", contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta, condition: .always) }
+        let versions = try await store.versions(of: "f")
+        #expect(versions.count == 4)  // current + keptVersions (3)
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func serverSideCopyAndMetadataUpdate(kind: StoreKind) async throws {
+        let (store, cleanup) = try kind.make()
+        defer { cleanup() }
+        let v = try await store.put("src", contentsOf: try tempFile([9, 8, 7]), metadata: fileMeta, condition: .ifAbsent)
+        let c = try await store.copy(from: "src", version: v.version, to: "dir/dst", metadata: nil, condition: .ifAbsent)
+        #expect(c.size == 3)
+        #expect([UInt8](try await store.read("dir/dst", version: c.version, range: 0 ..< 3)) == [9, 8, 7])
+        var m = fileMeta
+        m.mode = 0o600
+        let u = try await store.copy(from: "src", version: v.version, to: "src", metadata: m, condition: .ifMatch(v.version))
+        #expect(try await store.head("src").metadata.mode == 0o600)
+        #expect(u.version != v.version)
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func listingAndChangeFeed(kind: StoreKind) async throws {
+        let (store, cleanup) = try kind.make()
+        defer { cleanup() }
+        let start = try await store.changes(since: nil, limit: 1000)
+        _ = try await store.put("x/", contentsOf: nil, metadata: ObjectMetadata(kind: .directory), condition: .ifAbsent)
+        _ = try await store.put("x/1", contentsOf: try tempFile([1]), metadata: fileMeta, condition: .ifAbsent)
+        _ = try await store.put("y", contentsOf: try tempFile([1]), metadata: fileMeta, condition: .ifAbsent)
+        try await store.delete("y", condition: .always)
+        let listed = try await store.list(prefix: "x/").map(\.key)
+        #expect(listed == ["x/", "x/1"])
+        #expect(try await store.list(prefix: "").map(\.key) == ["x/", "x/1"])
+        let feed = try await store.changes(since: start.cursor, limit: 1000)
+        #expect(feed.changes.map(\.key) == ["x/", "x/1", "y", "y"])
+        #expect(feed.changes.last?.kind == .delete)
+        let after = try await store.changes(since: feed.cursor, limit: 1000)
+        #expect(after.changes.isEmpty)
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func hostileKeysAreRefused(kind: StoreKind) async throws {
+        let (store, cleanup) = try kind.make()
+        defer { cleanup() }
+        for key in ["", "/", "a//b", "../x", "a/../b", "a/./b", "a\0b", String(repeating: "n", count: 256)] {
+            await #expect(throws: StoreError.self, "key \(key.debugDescription)") {
+                try await store.put(key, contentsOf: nil, metadata: fileMeta, condition: .always)
+            }
+        }
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func racingCreatesHaveOneWinner(kind: StoreKind) async throws {
+        let (store, cleanup) = try kind.make()
+        defer { cleanup() }
+        let src = try tempFile([1, 2, 3])
+        let results = await withTaskGroup(of: Bool.self) { group in
+            for _ in 0 ..< 8 {
+                group.addTask {
+                    (try? await store.put("race", contentsOf: src, metadata: fileMeta, condition: .ifAbsent)) != nil
+                }
+            }
+            var wins = 0
+            for await ok in group where ok { wins += 1 }
+            return wins
+        }
+        #expect(results == 1)
+    }
+}
