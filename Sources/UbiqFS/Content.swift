@@ -8,9 +8,13 @@ extension FileSystem {
     /// Opens a file handle on a present regular file (with `lock` held).
     func openHandle(_ n: Node, flags: Int32) throws -> UInt64 {
         guard n.isRegular else { throw n.isDirectory ? FSError.isDirectory : FSError.invalid }
-        let h = Handle(ino: n.rec.ino, fd: -1, flags: flags)
-        let fd = cache.open(n.rec.ino, writable: h.canWrite)
+        let fd = cache.open(n.rec.ino, writable: (flags & O_ACCMODE) != O_RDONLY)
         if fd < 0 { throw FSError.fromErrno(errno) }
+        return adoptHandle(n, fd: fd, flags: flags)
+    }
+
+    /// Registers a handle over an already open cache file descriptor (with `lock` held).
+    func adoptHandle(_ n: Node, fd: Int32, flags: Int32) -> UInt64 {
         let handle = Handle(ino: n.rec.ino, fd: fd, flags: flags)
         let fh = nextHandle
         nextHandle += 1
@@ -131,7 +135,10 @@ extension FileSystem {
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
         guard withLock({ nodes[ino]?.unpersisted ?? false }) else { return }
-        if fd >= 0, Glibc.fsync(fd) != 0 { throw FSError.fromErrno(errno) }
+        // Commit the new size first, then sync the cache file and the database
+        // concurrently: ext4 can serve both with one journal commit. Both are
+        // on disk before we return. (If only the commit survived a power loss,
+        // recovery takes the size from the cache file.)
         let delay = uploadDelay
         try withLock {
             guard let n = nodes[ino] else { return }
@@ -143,7 +150,15 @@ extension FileSystem {
             }
             n.unpersisted = false
         }
-        state.syncToDisk()
+        let walSynced = DispatchSemaphore(value: 0)
+        let state = self.state
+        DispatchQueue.global().async { state.syncToDisk(); walSynced.signal() }
+        let failed = fd >= 0 && fdatasync(fd) != 0 ? errno : 0
+        walSynced.wait()
+        if failed != 0 {
+            withLock { nodes[ino]?.unpersisted = true }
+            throw FSError.fromErrno(failed)
+        }
         kickUploader()
     }
 
@@ -210,10 +225,11 @@ extension FileSystem {
         return a
     }
 
-    /// fallocate(2): mode 0 and FALLOC_FL_KEEP_SIZE allocate; PUNCH_HOLE|KEEP_SIZE frees.
+    /// fallocate(2): every mode the disk under the cache supports (allocate,
+    /// KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE, COLLAPSE_RANGE, INSERT_RANGE); the
+    /// new size is read back from the cache file, so each mode's effect on
+    /// the size is the disk's own.
     public func fallocate(_ fh: UInt64, mode: Int32, offset: Int64, length: Int64) throws {
-        let keepSize: Int32 = 0x01, punchHole: Int32 = 0x02
-        guard mode == 0 || mode == keepSize || mode == (punchHole | keepSize) else { throw FSError.notSupported }
         if offset < 0 || length <= 0 { throw FSError.invalid }
         let (ino, fd, canWrite) = try withLock { () -> (UInt64, Int32, Bool) in
             guard let h = handles[fh] else { throw FSError.badHandle }
@@ -222,11 +238,16 @@ extension FileSystem {
         guard canWrite else { throw FSError.badHandle }
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
-        if cubiq_fallocate(fd, mode, offset, length) != 0 { throw FSError.fromErrno(errno) }
+        if cubiq_fallocate(fd, mode, offset, length) != 0 {
+            let e = cubiq_errno()
+            throw e == EOPNOTSUPP ? FSError.notSupported : FSError.fromErrno(e)
+        }
+        var st = stat()
+        if fstat(fd, &st) != 0 { throw FSError.fromErrno(errno) }
         withLock {
             guard let n = nodes[ino] else { return }
             let now = nowNanos()
-            if mode & keepSize == 0 { n.rec.size = max(n.rec.size, offset + length) }
+            n.rec.size = Int64(st.st_size)
             n.rec.mtimeNs = now
             n.rec.ctimeNs = now
             n.rec.contentGen += 1

@@ -131,8 +131,8 @@ public final class FileSystem: @unchecked Sendable {
                     repairs.append(node.rec)
                 }
             }
-            let stored = UInt64(try tx.meta("next_ino") ?? "") ?? 0
-            nextIno = max(stored, (nodes.keys.max() ?? 1) + 1)
+            // Numbers are never reused within a run; one freed before a restart may be.
+            nextIno = (nodes.keys.max() ?? 1) + 1
         }
         for ino in dropped { cache.remove(ino) }
         for r in repairs { logger.warning("recovered size of inode \(r.ino) from its cache file: \(r.size) bytes") }

@@ -5,8 +5,9 @@ import UbiqState
 /// Names: create, mkdir, mknod, symlink, link, unlink, rmdir, rename, readdir.
 extension FileSystem {
     /// Creates a node named `name` in `parent` (with `lock` held and the parent claimed).
+    /// For a regular file, `openFD` receives its new cache file, open read-write.
     private func makeNode(in dir: Node, name: [UInt8], type: UInt32, perm: UInt32, caller: Caller,
-                          rdev: UInt64 = 0, target: [UInt8]? = nil) throws -> Node {
+                          rdev: UInt64 = 0, target: [UInt8]? = nil, openFD: UnsafeMutablePointer<Int32>? = nil) throws -> Node {
         try Self.validate(name: name)
         if dir.children[name] != nil { throw FSError.exists }
         if dir.nlink == 0 { throw FSError.notFound }  // directory removed while we waited
@@ -20,9 +21,11 @@ extension FileSystem {
         let ino = nextIno
         let rec = InodeRecord(ino: ino, type: type, perm: perm, uid: caller.uid, gid: gid, size: 0,
                               atimeNs: now, mtimeNs: now, ctimeNs: now, rdev: rdev, target: target)
+        var fd: Int32 = -1
         if type == UInt32(S_IFREG) {
-            do { try cache.createEmpty(ino) } catch { throw FSError.fromErrno(errno) }
+            do { fd = try cache.createAndOpen(ino) } catch { throw FSError.fromErrno(errno) }
         }
+        defer { if let openFD { openFD.pointee = fd } else if fd >= 0 { close(fd) } }
         dir.rec.mtimeNs = now
         dir.rec.ctimeNs = now
         let delay = uploadDelay
@@ -30,7 +33,6 @@ extension FileSystem {
             try tx.upsert(rec)
             try tx.insertEntry(parent: dir.rec.ino, name: name, ino: ino)
             try tx.upsert(dir.rec)
-            try tx.setNextInode(ino + 1)
             try tx.enqueue(ino, delay: delay)
         }
         nextIno = ino + 1
@@ -100,19 +102,14 @@ extension FileSystem {
                     existing = ino
                     return nil
                 }
-                let n = try makeNode(in: dir, name: name, type: UInt32(S_IFREG), perm: mode, caller: caller)
+                var fd: Int32 = -1
+                let n = try makeNode(in: dir, name: name, type: UInt32(S_IFREG), perm: mode, caller: caller, openFD: &fd)
                 n.unpersisted = true  // the first close makes the new file durable
-                do {
-                    let fh = try openHandle(n, flags: flags & ~(O_TRUNC | O_CREAT | O_EXCL))
-                    return (attributes(n), fh)
-                } catch {
-                    return (attributes(n), 0)
-                }
+                return (attributes(n), adoptHandle(n, fd: fd, flags: flags & ~(O_TRUNC | O_CREAT | O_EXCL)))
             }
         }()
         if let made {
             kickUploader()
-            if made.1 == 0 { throw FSError.io("cannot open new cache file") }
             return made
         }
         // Opening an existing file through create: count the lookup as the kernel will.

@@ -14,195 +14,259 @@ enum FuseOps {
             ubiq_conn_configure(conn, s.options.maxWrite, s.options.writebackCache ? 1 : 0)
         }
         ops.lookup = { req, parent, n in
-            FuseServer.from(req).replyEntryOrNegative(req) { try $0.fs.lookup(parent, name(n)) }
+            OpStats.measure("lookup") {
+                FuseServer.from(req).replyEntryOrNegative(req) { try $0.fs.lookup(parent, name(n)) }
+            }
         }
         ops.forget = { req, ino, count in
-            FuseServer.from(req).fs.forget(ino, count)
-            fuse_reply_none(req)
+            OpStats.measure("forget") {
+                FuseServer.from(req).fs.forget(ino, count)
+                fuse_reply_none(req)
+            }
         }
         ops.forget_multi = { req, count, forgets in
-            let fs = FuseServer.from(req).fs
-            for i in 0 ..< count { fs.forget(forgets![i].ino, forgets![i].nlookup) }
-            fuse_reply_none(req)
+            OpStats.measure("forget_multi") {
+                let fs = FuseServer.from(req).fs
+                for i in 0 ..< count { fs.forget(forgets![i].ino, forgets![i].nlookup) }
+                fuse_reply_none(req)
+            }
         }
         ops.getattr = { req, ino, _ in
-            let s = FuseServer.from(req)
-            s.replyAttr(req) { try s.fs.getattr(ino) }
+            OpStats.measure("getattr") {
+                let s = FuseServer.from(req)
+                s.replyAttr(req) { try s.fs.getattr(ino) }
+            }
         }
         ops.setattr = { req, ino, attr, toSet, fi in
-            let s = FuseServer.from(req)
-            s.replyAttr(req) {
-                let st = attr!.pointee
-                var ch = AttributeChanges()
-                if toSet & setMode != 0 { ch.mode = st.st_mode }
-                if toSet & setUID != 0 { ch.uid = st.st_uid }
-                if toSet & setGID != 0 { ch.gid = st.st_gid }
-                if toSet & setSize != 0 { ch.size = Int64(st.st_size) }
-                if toSet & setATimeNow != 0 { ch.atime = .now } else if toSet & setATime != 0 {
-                    ch.atime = .at(withUnsafePointer(to: st) { ubiq_stat_atime($0) })
+            OpStats.measure("setattr") {
+                let s = FuseServer.from(req)
+                s.replyAttr(req) {
+                    let st = attr!.pointee
+                    var ch = AttributeChanges()
+                    if toSet & setMode != 0 { ch.mode = st.st_mode }
+                    if toSet & setUID != 0 { ch.uid = st.st_uid }
+                    if toSet & setGID != 0 { ch.gid = st.st_gid }
+                    if toSet & setSize != 0 { ch.size = Int64(st.st_size) }
+                    if toSet & setATimeNow != 0 { ch.atime = .now } else if toSet & setATime != 0 {
+                        ch.atime = .at(withUnsafePointer(to: st) { ubiq_stat_atime($0) })
+                    }
+                    if toSet & setMTimeNow != 0 { ch.mtime = .now } else if toSet & setMTime != 0 {
+                        ch.mtime = .at(withUnsafePointer(to: st) { ubiq_stat_mtime($0) })
+                    }
+                    return try s.fs.setattr(ino, ch, fh: fi?.pointee.fh, caller: caller(req))
                 }
-                if toSet & setMTimeNow != 0 { ch.mtime = .now } else if toSet & setMTime != 0 {
-                    ch.mtime = .at(withUnsafePointer(to: st) { ubiq_stat_mtime($0) })
-                }
-                return try s.fs.setattr(ino, ch, fh: fi?.pointee.fh, caller: caller(req))
             }
         }
         ops.readlink = { req, ino in
-            let s = FuseServer.from(req)
-            do {
-                var t = try s.fs.readlink(ino)
-                t.append(0)
-                t.withUnsafeBufferPointer { b in
-                    b.withMemoryRebound(to: CChar.self) { _ = fuse_reply_readlink(req, $0.baseAddress) }
-                }
-            } catch { s.replyError(req, error) }
+            OpStats.measure("readlink") {
+                let s = FuseServer.from(req)
+                do {
+                    var t = try s.fs.readlink(ino)
+                    t.append(0)
+                    t.withUnsafeBufferPointer { b in
+                        b.withMemoryRebound(to: CChar.self) { _ = fuse_reply_readlink(req, $0.baseAddress) }
+                    }
+                } catch { s.replyError(req, error) }
+            }
         }
         ops.mknod = { req, parent, n, mode, rdev in
-            let s = FuseServer.from(req)
-            s.replyEntry(req) { try s.fs.mknod(parent, name(n), mode: mode, rdev: UInt64(rdev), caller: caller(req)) }
+            OpStats.measure("mknod") {
+                let s = FuseServer.from(req)
+                s.replyEntry(req) { try s.fs.mknod(parent, name(n), mode: mode, rdev: UInt64(rdev), caller: caller(req)) }
+            }
         }
         ops.mkdir = { req, parent, n, mode in
-            let s = FuseServer.from(req)
-            s.replyEntry(req) { try s.fs.mkdir(parent, name(n), mode: mode, caller: caller(req)) }
+            OpStats.measure("mkdir") {
+                let s = FuseServer.from(req)
+                s.replyEntry(req) { try s.fs.mkdir(parent, name(n), mode: mode, caller: caller(req)) }
+            }
         }
         ops.unlink = { req, parent, n in
-            let s = FuseServer.from(req)
-            s.replyOK(req) { try s.fs.unlink(parent, name(n)) }
+            OpStats.measure("unlink") {
+                let s = FuseServer.from(req)
+                s.replyOK(req) { try s.fs.unlink(parent, name(n)) }
+            }
         }
         ops.rmdir = { req, parent, n in
-            let s = FuseServer.from(req)
-            s.replyOK(req) { try s.fs.rmdir(parent, name(n)) }
+            OpStats.measure("rmdir") {
+                let s = FuseServer.from(req)
+                s.replyOK(req) { try s.fs.rmdir(parent, name(n)) }
+            }
         }
         ops.symlink = { req, link, parent, n in
-            let s = FuseServer.from(req)
-            s.replyEntry(req) { try s.fs.symlink(name(link), parent, name(n), caller: caller(req)) }
+            OpStats.measure("symlink") {
+                let s = FuseServer.from(req)
+                s.replyEntry(req) { try s.fs.symlink(name(link), parent, name(n), caller: caller(req)) }
+            }
         }
         ops.rename = { req, parent, n, newParent, newName, flags in
-            let s = FuseServer.from(req)
-            s.replyOK(req) { try s.fs.rename(parent, name(n), newParent, name(newName), flags: RenameFlags(rawValue: flags)) }
+            OpStats.measure("rename") {
+                let s = FuseServer.from(req)
+                s.replyOK(req) { try s.fs.rename(parent, name(n), newParent, name(newName), flags: RenameFlags(rawValue: flags)) }
+            }
         }
         ops.link = { req, ino, newParent, newName in
-            let s = FuseServer.from(req)
-            s.replyEntry(req) { try s.fs.link(ino, newParent, name(newName)) }
+            OpStats.measure("link") {
+                let s = FuseServer.from(req)
+                s.replyEntry(req) { try s.fs.link(ino, newParent, name(newName)) }
+            }
         }
         ops.open = { req, ino, fi in
-            let s = FuseServer.from(req)
-            do {
-                let fh = try s.fs.open(ino, flags: ubiq_fi_flags(fi))
-                fi!.pointee.fh = fh
-                ubiq_fi_set_keep_cache(fi, 1)
-                if fuse_reply_open(req, fi) != 0 { s.fs.release(fh) }
-            } catch { s.replyError(req, error) }
+            OpStats.measure("open") {
+                let s = FuseServer.from(req)
+                do {
+                    let fh = try s.fs.open(ino, flags: ubiq_fi_flags(fi))
+                    fi!.pointee.fh = fh
+                    ubiq_fi_set_keep_cache(fi, 1)
+                    if fuse_reply_open(req, fi) != 0 { s.fs.release(fh) }
+                } catch { s.replyError(req, error) }
+            }
         }
         ops.create = { req, parent, n, mode, fi in
-            let s = FuseServer.from(req)
-            do {
-                let (a, fh) = try s.fs.create(parent, name(n), mode: mode, flags: ubiq_fi_flags(fi), caller: caller(req))
-                fi!.pointee.fh = fh
-                ubiq_fi_set_keep_cache(fi, 1)
-                var e = s.entry(a)
-                if fuse_reply_create(req, &e, fi) != 0 {
-                    s.fs.release(fh)
-                    s.fs.forget(a.ino, 1)
-                }
-            } catch { s.replyError(req, error) }
+            OpStats.measure("create") {
+                let s = FuseServer.from(req)
+                do {
+                    let (a, fh) = try s.fs.create(parent, name(n), mode: mode, flags: ubiq_fi_flags(fi), caller: caller(req))
+                    fi!.pointee.fh = fh
+                    ubiq_fi_set_keep_cache(fi, 1)
+                    var e = s.entry(a)
+                    if fuse_reply_create(req, &e, fi) != 0 {
+                        s.fs.release(fh)
+                        s.fs.forget(a.ino, 1)
+                    }
+                } catch { s.replyError(req, error) }
+            }
         }
         ops.read = { req, _, size, off, fi in
-            let s = FuseServer.from(req)
-            let buf = malloc(max(size, 1))!
-            defer { free(buf) }
-            do {
-                let n = try s.fs.read(fi!.pointee.fh, offset: Int64(off), count: size, into: buf)
-                fuse_reply_buf(req, buf.assumingMemoryBound(to: CChar.self), n)
-            } catch { s.replyError(req, error) }
+            OpStats.measure("read") {
+                let s = FuseServer.from(req)
+                let buf = malloc(max(size, 1))!
+                defer { free(buf) }
+                do {
+                    let n = try s.fs.read(fi!.pointee.fh, offset: Int64(off), count: size, into: buf)
+                    fuse_reply_buf(req, buf.assumingMemoryBound(to: CChar.self), n)
+                } catch { s.replyError(req, error) }
+            }
         }
         ops.write = { req, _, data, size, off, fi in
-            let s = FuseServer.from(req)
-            do {
-                let n = try s.fs.write(fi!.pointee.fh, offset: Int64(off), count: size, from: UnsafeRawPointer(data!))
-                fuse_reply_write(req, n)
-            } catch { s.replyError(req, error) }
+            OpStats.measure("write") {
+                let s = FuseServer.from(req)
+                do {
+                    let n = try s.fs.write(fi!.pointee.fh, offset: Int64(off), count: size, from: UnsafeRawPointer(data!))
+                    fuse_reply_write(req, n)
+                } catch { s.replyError(req, error) }
+            }
         }
         ops.flush = { req, _, fi in
-            let s = FuseServer.from(req)
-            s.replyOK(req) { try s.fs.flush(fi!.pointee.fh) }
+            OpStats.measure("flush") {
+                let s = FuseServer.from(req)
+                s.replyOK(req) { try s.fs.flush(fi!.pointee.fh) }
+            }
         }
         ops.release = { req, _, fi in
-            FuseServer.from(req).fs.release(fi!.pointee.fh)
-            fuse_reply_err(req, 0)
+            OpStats.measure("release") {
+                FuseServer.from(req).fs.release(fi!.pointee.fh)
+                fuse_reply_err(req, 0)
+            }
         }
         ops.fsync = { req, _, datasync, fi in
-            let s = FuseServer.from(req)
-            s.replyOK(req) { try s.fs.fsync(fi!.pointee.fh, dataOnly: datasync != 0) }
+            OpStats.measure("fsync") {
+                let s = FuseServer.from(req)
+                s.replyOK(req) { try s.fs.fsync(fi!.pointee.fh, dataOnly: datasync != 0) }
+            }
         }
         ops.opendir = { req, ino, fi in
-            let s = FuseServer.from(req)
-            do {
-                fi!.pointee.fh = try s.fs.opendir(ino)
-                fuse_reply_open(req, fi)
-            } catch { s.replyError(req, error) }
+            OpStats.measure("opendir") {
+                let s = FuseServer.from(req)
+                do {
+                    fi!.pointee.fh = try s.fs.opendir(ino)
+                    fuse_reply_open(req, fi)
+                } catch { s.replyError(req, error) }
+            }
         }
         ops.readdir = { req, ino, size, off, fi in
-            FuseServer.from(req).readdir(req, ino, size, off, fi!.pointee.fh, plus: false)
+            OpStats.measure("readdir") {
+                FuseServer.from(req).readdir(req, ino, size, off, fi!.pointee.fh, plus: false)
+            }
         }
         ops.readdirplus = { req, ino, size, off, fi in
-            FuseServer.from(req).readdir(req, ino, size, off, fi!.pointee.fh, plus: true)
+            OpStats.measure("readdirplus") {
+                FuseServer.from(req).readdir(req, ino, size, off, fi!.pointee.fh, plus: true)
+            }
         }
         ops.releasedir = { req, _, fi in
-            FuseServer.from(req).fs.releasedir(fi!.pointee.fh)
-            fuse_reply_err(req, 0)
+            OpStats.measure("releasedir") {
+                FuseServer.from(req).fs.releasedir(fi!.pointee.fh)
+                fuse_reply_err(req, 0)
+            }
         }
         ops.fsyncdir = { req, _, _, _ in
-            let s = FuseServer.from(req)
-            s.fs.syncState()
-            fuse_reply_err(req, 0)
+            OpStats.measure("fsyncdir") {
+                let s = FuseServer.from(req)
+                s.fs.syncState()
+                fuse_reply_err(req, 0)
+            }
         }
         ops.statfs = { req, _ in
-            let s = FuseServer.from(req)
-            let st = s.fs.statfs()
-            var v = statvfs()
-            v.f_bsize = UInt(st.blockSize)
-            v.f_frsize = UInt(st.blockSize)
-            v.f_blocks = UInt(st.blocks)
-            v.f_bfree = UInt(st.blocksFree)
-            v.f_bavail = UInt(st.blocksAvailable)
-            v.f_files = UInt(st.files)
-            v.f_ffree = UInt(st.filesFree)
-            v.f_favail = UInt(st.filesFree)
-            v.f_namemax = UInt(st.nameMax)
-            fuse_reply_statfs(req, &v)
+            OpStats.measure("statfs") {
+                let s = FuseServer.from(req)
+                let st = s.fs.statfs()
+                var v = statvfs()
+                v.f_bsize = UInt(st.blockSize)
+                v.f_frsize = UInt(st.blockSize)
+                v.f_blocks = UInt(st.blocks)
+                v.f_bfree = UInt(st.blocksFree)
+                v.f_bavail = UInt(st.blocksAvailable)
+                v.f_files = UInt(st.files)
+                v.f_ffree = UInt(st.filesFree)
+                v.f_favail = UInt(st.filesFree)
+                v.f_namemax = UInt(st.nameMax)
+                fuse_reply_statfs(req, &v)
+            }
         }
         ops.setxattr = { req, ino, n, value, size, flags in
-            let s = FuseServer.from(req)
-            s.replyOK(req) {
-                let v = size > 0 ? Array(UnsafeRawBufferPointer(start: value, count: size)) : []
-                let mode: XattrSetMode = flags & 1 != 0 ? .create : (flags & 2 != 0 ? .replace : .any)
-                try s.fs.setxattr(ino, name(n), v, mode: mode)
+            OpStats.measure("setxattr") {
+                let s = FuseServer.from(req)
+                s.replyOK(req) {
+                    let v = size > 0 ? Array(UnsafeRawBufferPointer(start: value, count: size)) : []
+                    let mode: XattrSetMode = flags & 1 != 0 ? .create : (flags & 2 != 0 ? .replace : .any)
+                    try s.fs.setxattr(ino, name(n), v, mode: mode)
+                }
             }
         }
         ops.getxattr = { req, ino, n, size in
-            let s = FuseServer.from(req)
-            do { s.replyXattr(req, try s.fs.getxattr(ino, name(n)), size) } catch { s.replyError(req, error) }
+            OpStats.measure("getxattr") {
+                let s = FuseServer.from(req)
+                do { s.replyXattr(req, try s.fs.getxattr(ino, name(n)), size) } catch { s.replyError(req, error) }
+            }
         }
         ops.listxattr = { req, ino, size in
-            let s = FuseServer.from(req)
-            do {
-                var out: [UInt8] = []
-                for n in try s.fs.listxattr(ino) { out += n; out.append(0) }
-                s.replyXattr(req, out, size)
-            } catch { s.replyError(req, error) }
+            OpStats.measure("listxattr") {
+                let s = FuseServer.from(req)
+                do {
+                    var out: [UInt8] = []
+                    for n in try s.fs.listxattr(ino) { out += n; out.append(0) }
+                    s.replyXattr(req, out, size)
+                } catch { s.replyError(req, error) }
+            }
         }
         ops.removexattr = { req, ino, n in
-            let s = FuseServer.from(req)
-            s.replyOK(req) { try s.fs.removexattr(ino, name(n)) }
+            OpStats.measure("removexattr") {
+                let s = FuseServer.from(req)
+                s.replyOK(req) { try s.fs.removexattr(ino, name(n)) }
+            }
         }
         ops.access = { req, ino, mask in
-            let s = FuseServer.from(req)
-            s.replyOK(req) { try s.fs.access(ino, mask: mask, caller: caller(req)) }
+            OpStats.measure("access") {
+                let s = FuseServer.from(req)
+                s.replyOK(req) { try s.fs.access(ino, mask: mask, caller: caller(req)) }
+            }
         }
         ops.fallocate = { req, _, mode, off, len, fi in
-            let s = FuseServer.from(req)
-            s.replyOK(req) { try s.fs.fallocate(fi!.pointee.fh, mode: mode, offset: Int64(off), length: Int64(len)) }
+            OpStats.measure("fallocate") {
+                let s = FuseServer.from(req)
+                s.replyOK(req) { try s.fs.fallocate(fi!.pointee.fh, mode: mode, offset: Int64(off), length: Int64(len)) }
+            }
         }
     }
 }

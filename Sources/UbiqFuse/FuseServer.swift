@@ -103,6 +103,9 @@ public final class FuseServer: @unchecked Sendable {
         session = nil
     }
 
+    /// Per-operation counts and times, when UBIQ_OP_STATS=1.
+    public var operationStats: String? { OpStats.enabled ? OpStats.shared.report() : nil }
+
     static func from(_ req: fuse_req_t?) -> FuseServer {
         Unmanaged<FuseServer>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
     }

@@ -67,13 +67,17 @@ public final class LocalState: Sendable {
     private let dbQueue: DatabaseQueue
     private let walFD: Int32
 
-    /// Opens (creating and migrating) the database at `path`.
-    public init(path: String) throws {
+    /// Opens (creating and migrating) the database at `path`. `exclusive`: this
+    /// process is the only one to open it until it closes it (the daemon).
+    public init(path: String, exclusive: Bool = false) throws {
         self.path = path
         var config = Configuration()
         config.busyMode = .timeout(5)
         config.prepareDatabase { db in
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
+            // Only the daemon holding the state lock opens this database: no need for
+            // SQLite's per-transaction file locks.
+            if exclusive { _ = try String.fetchOne(db, sql: "PRAGMA locking_mode = EXCLUSIVE") }
         }
         do {
             dbQueue = try DatabaseQueue(path: path, configuration: config)
@@ -126,6 +130,13 @@ public final class LocalState: Sendable {
                   remote_version TEXT);
                 """)
         }
+        m.registerMigration("v2: indexes for tombstones and outbox order") { db in
+            try db.execute(sql: """
+                CREATE INDEX tombstones_key ON tombstones (remote_key);
+                CREATE INDEX outbox_seq ON outbox (seq);
+                DROP INDEX entries_remote;
+                """)
+        }
         return m
     }
 
@@ -150,7 +161,7 @@ public final class LocalState: Sendable {
 
     /// Makes every committed transaction durable against power loss.
     public func syncToDisk() {
-        if walFD >= 0 { _ = fsync(walFD) }
+        if walFD >= 0 { _ = fdatasync(walFD) }
     }
 
     /// Checks the database file's integrity (PRAGMA integrity_check).
@@ -235,7 +246,6 @@ public struct StateTransaction {
         try Int64.fetchOne(db, sql: "SELECT coalesce(max(ino), 1) FROM inodes") ?? 1
     }
 
-    public func setNextInode(_ next: UInt64) throws { try setMeta("next_ino", String(next)) }
 
     // MARK: entries
 
@@ -310,6 +320,10 @@ public struct StateTransaction {
 
     public func addTombstone(key: String, version: String?) throws {
         try db.execute(sql: "INSERT INTO tombstones (remote_key, remote_version) VALUES (?, ?)", arguments: [key, version])
+    }
+
+    public func hasTombstone(key: String) throws -> Bool {
+        try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM tombstones WHERE remote_key = ?)", arguments: [key]) ?? false
     }
 
     public func tombstoneKeys() throws -> Set<String> {

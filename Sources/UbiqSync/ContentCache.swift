@@ -28,9 +28,14 @@ public final class ContentCache: Sendable {
     }
 
     public func createEmpty(_ ino: UInt64) throws {
-        let fd = Glibc.open(path(ino), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        close(try createAndOpen(ino))
+    }
+
+    /// Creates an empty cache file for `ino` and returns it open for reading and writing.
+    public func createAndOpen(_ ino: UInt64) throws -> Int32 {
+        let fd = Glibc.open(path(ino), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         if fd < 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
-        close(fd)
+        return fd
     }
 
     /// Size of the cache file, or nil if there is none.

@@ -31,8 +31,7 @@ public struct Importer {
         try state.write { tx in
             let known = try tx.remoteKeys()
             let doomed = try tx.tombstoneKeys()
-            var nextIno = max(UInt64(try tx.meta("next_ino") ?? "") ?? 2,
-                              (try UInt64.fetchOneMax(tx)) + 1, 2)
+            var nextIno = max(UInt64(try tx.maxInode()) + 1, 2)
             let now = nowNanosSync()
             // Directories first (shorter keys first), so parents exist before children.
             let sorted = objects.sorted { a, b in
@@ -98,7 +97,6 @@ public struct Importer {
                 try importXattrs(tx, ino, m)
                 report.added += 1
             }
-            try tx.setNextInode(nextIno)
         }
         if report.added > 0 || report.skipped > 0 {
             logger.info("imported \(report.added) items from the store, skipped \(report.skipped)")
@@ -129,10 +127,4 @@ func nowNanosSync() -> Int64 {
     var ts = timespec()
     clock_gettime(CLOCK_REALTIME, &ts)
     return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
-}
-
-private extension UInt64 {
-    static func fetchOneMax(_ tx: StateTransaction) throws -> UInt64 {
-        UInt64(try tx.maxInode())
-    }
 }

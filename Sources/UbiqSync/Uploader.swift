@@ -170,15 +170,13 @@ public final class Uploader: @unchecked Sendable {
         var upload: UploadState
         var entries: [(EntryRecord, String?)]
         var xattrs: [[UInt8]: [UInt8]]
-        var tombstoned: Set<String>
     }
 
     private func snapshot(_ ino: UInt64) throws -> Snapshot? {
         try state.read { tx in
             guard let rec = try tx.inode(ino), let up = try tx.uploadState(ino) else { return nil }
             let entries = try tx.entries(of: ino).map { ($0, try Self.path(of: $0, tx)) }
-            return Snapshot(rec: rec, upload: up, entries: entries, xattrs: try tx.xattrs(ino),
-                            tombstoned: try tx.tombstoneKeys())
+            return Snapshot(rec: rec, upload: up, entries: entries, xattrs: try tx.xattrs(ino))
         }
     }
 
@@ -342,7 +340,7 @@ public final class Uploader: @unchecked Sendable {
         // Another name of ours still sits there and is about to move away (or be deleted).
         if condition == .ifAbsent {
             let held = try state.read { tx in
-                try tx.entries(remoteKey: key).contains { $0.id != entryID } || tx.tombstoneKeys().contains(key)
+                try tx.entries(remoteKey: key).contains { $0.id != entryID } || tx.hasTombstone(key: key)
             }
             if held { return .wait }
         }

@@ -33,7 +33,7 @@ struct Daemon {
         let cache: ContentCache
         do {
             store = try DirectoryStore(root: URL(fileURLWithPath: plan.storePath))
-            state = try LocalState(path: plan.stateDir + "/state.db")
+            state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true)
             cache = try ContentCache(directory: URL(fileURLWithPath: plan.stateDir + "/cache"))
         } catch {
             die("\(error)")
@@ -59,7 +59,7 @@ struct Daemon {
         let fs: FileSystem
         do {
             fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
-                                uploader: uploader, logger: logger)
+                                uploader: uploader, logger: logger, uploadDelay: plan.uploadDelay)
         } catch { die("\(error)") }
         let server = FuseServer(fs: fs, options: plan.fuseOptions, logger: logger)
         do { try server.mount(at: plan.mountpoint, fsname: "ubiq:" + plan.storePath) } catch { die("\(error)") }
@@ -79,6 +79,7 @@ struct Daemon {
         }
         let status = server.run()
         logger.info("unmounting (loop ended with \(status))")
+        if let stats = server.operationStats { logger.info("operation times: \(stats)") }
         server.unmount()
         uploader.stop()
         let timeout = Self.requestedDrainTimeout(plan)

@@ -37,6 +37,9 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds `ubiq unmount` waits for pending uploads by default.")
     var drainTimeout: Double = 30
 
+    @Option(help: "Seconds an upload waits after the last change to a file (coalesces bursts of saves).")
+    var uploadDelay: Double = 2
+
     @Flag(help: "Let the kernel buffer writes (FUSE writeback cache).")
     var writebackCache = false
 
@@ -62,7 +65,7 @@ struct Mount: ParsableCommand {
         let p = Process()
         p.executableURL = exe
         var args = ["mount", "--foreground", "--notify-ready", "--store", plan.storeURL, "--state", plan.stateDir,
-                    "--drain-timeout", String(drainTimeout)]
+                    "--drain-timeout", String(drainTimeout), "--upload-delay", String(uploadDelay)]
         for o in options { args += ["-o", o] }
         if writebackCache { args.append("--writeback-cache") }
         args.append(plan.mountpoint)
@@ -98,6 +101,7 @@ struct MountPlan {
     var stateDir: String
     var fuseOptions: FuseOptions
     var drainTimeout: Double
+    var uploadDelay: Double
 
     static func check(_ m: Mount) throws -> MountPlan {
         let mp = Paths.absolute(m.mountpoint)
@@ -152,7 +156,7 @@ struct MountPlan {
         fo.writebackCache = m.writebackCache
         fo.mountOptions = m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" }
         return MountPlan(mountpoint: mp, storeURL: "dir:" + storePath, storePath: storePath, stateDir: stateDir,
-                         fuseOptions: fo, drainTimeout: m.drainTimeout)
+                         fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay))
     }
 
     static func inPath(_ tool: String) -> Bool {

@@ -173,4 +173,29 @@ import Testing
         #expect(r.out.contains("42 43"))
         #expect(r.out.contains("eperm-ok"))
     }
+
+    /// The same fallocate modes on the mount and on the local disk give the same bytes and sizes.
+    @Test func fallocateModesMatchTheLocalDisk() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let local = m.base + "/local"
+        expectOK(shell("mkdir -p \(local) && head -c 65536 /dev/urandom > \(local)/seed"))
+        // The modes FUSE passes on (collapse and insert range stop in the kernel with EOPNOTSUPP).
+        let script = """
+            set -e
+            cp \(local)/seed f
+            fallocate -l 131072 f
+            fallocate -n -o 200000 -l 4096 f
+            fallocate -p -o 4096 -l 8192 f
+            fallocate -z -o 16384 -l 4096 f
+            fallocate -z -o 120000 -l 20000 f
+            stat -c %s f
+            """
+        let ref = shell(script, cwd: local)
+        expectOK(ref, "on the local disk")
+        let got = m.sh(script)
+        expectOK(got, "on the mount")
+        #expect(got.out == ref.out)
+        expectOK(m.sh("cmp f \(local)/f"), "bytes after every mode")
+    }
 }
