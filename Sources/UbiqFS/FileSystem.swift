@@ -95,9 +95,10 @@ public final class FileSystem: @unchecked Sendable {
                 try tx.upsert(root)
                 nodes[rootIno] = Node(root)
             }
-            let root = nodes[rootIno]!
-            root.parent = rootIno
-            root.nlink = 2
+            nodes[rootIno]!.parent = rootIno
+            // Every directory starts at 2 ("." and its name); entries are read in no
+            // particular order, so subdirectories add to it whenever they come.
+            for n in nodes.values where n.isDirectory { n.nlink = 2 }
             for e in try tx.allEntries() {
                 guard let dir = nodes[e.parent], dir.isDirectory, let child = nodes[e.ino] else {
                     try tx.removeEntry(parent: e.parent, name: e.name)
@@ -106,7 +107,6 @@ public final class FileSystem: @unchecked Sendable {
                 dir.children[e.name] = e.ino
                 if child.isDirectory {
                     child.parent = e.parent
-                    child.nlink = 2
                     dir.nlink += 1
                 } else {
                     child.nlink += 1
@@ -114,7 +114,9 @@ public final class FileSystem: @unchecked Sendable {
             }
             for (ino, attrs) in try tx.allXattrs() { nodes[ino]?.xattrs = attrs }
             // Inodes with no name left were open-unlinked when the last run ended: gone now.
-            for (ino, node) in nodes where ino != rootIno && node.nlink == 0 {
+            var named: Set<UInt64> = [rootIno]
+            for n in nodes.values { named.formUnion(n.children.values) }
+            for (ino, _) in nodes where !named.contains(ino) {
                 try tx.deleteInode(ino)
                 dropped.append(ino)
             }
