@@ -44,7 +44,10 @@ let package = Package(
         ]),
         .testTarget(name: "CoordinatorTests", dependencies: ["UbiqCoordinator"]),
         .testTarget(name: "StoreTests", dependencies: ["UbiqStore"]),
-        .testTarget(name: "FileSystemTests", dependencies: ["UbiqFS", "UbiqStore", "UbiqState", "UbiqSync", "UbiqCoordinator"]),
+        .testTarget(name: "FileSystemTests", dependencies: [
+            "UbiqFS", "UbiqStore", "UbiqState", "UbiqSync", "UbiqCoordinator",
+            .product(name: "GRDB", package: "GRDB.swift"),
+        ]),
         .testTarget(name: "MountTests", dependencies: []),
     ]
 )

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Logging
 import UbiqCoordinator
 import UbiqState
@@ -66,6 +67,8 @@ public final class FileSystem: @unchecked Sendable {
     var handles: [UInt64: Handle] = [:]
     var nextHandle: UInt64 = 1
     var nextIno: UInt64 = 2
+    /// When the last local change happened (uptime ns); its own lock, read by the uploader.
+    let lastChange = Mutex<UInt64>(0)
 
     public init(state: LocalState, coordinator: Coordinator, cache: ContentCache, materializer: Materializer,
                 uploader: Uploader?, logger: Logger, rootOwner: Caller = Caller(uid: getuid(), gid: getgid()),
@@ -79,6 +82,7 @@ public final class FileSystem: @unchecked Sendable {
         self.uploadDelay = uploadDelay
         try load(rootOwner: rootOwner)
         uploader?.setBusyCheck { [weak self] ino in self?.isOpenForWriting(ino) ?? false }
+        uploader?.setQuietCheck { [weak self] in self?.secondsSinceLastChange ?? .infinity }
     }
 
     // MARK: - Loading and recovery
@@ -214,7 +218,15 @@ public final class FileSystem: @unchecked Sendable {
         withLock { (nodes[ino]?.writers ?? 0) > 0 || (nodes[ino]?.unpersisted ?? false) }
     }
 
-    func kickUploader() { uploader?.kick() }
+    /// Every local change ends here: notes the time (the uploader waits for quiet) and wakes the uploader.
+    func kickUploader() {
+        lastChange.withLock { $0 = DispatchTime.now().uptimeNanoseconds }
+        uploader?.kick()
+    }
+
+    var secondsSinceLastChange: TimeInterval {
+        Double(DispatchTime.now().uptimeNanoseconds - lastChange.withLock { $0 }) / 1e9
+    }
 
     // MARK: - Queries
 

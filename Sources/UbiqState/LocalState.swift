@@ -398,6 +398,11 @@ public struct StateTransaction {
             """, arguments: [Date().timeIntervalSince1970 + delay, Int64(bitPattern: ino)])
     }
 
+    /// Inodes whose last upload attempt failed (kept locally, with the reason).
+    public func uploadErrorCount() throws -> Int {
+        try Int.fetchOne(db, sql: "SELECT count(*) FROM inodes WHERE upload_error IS NOT NULL") ?? 0
+    }
+
     public func outboxCount() throws -> Int {
         try Int.fetchOne(db, sql: "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM tombstones)") ?? 0
     }

@@ -68,13 +68,22 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         return info.info
     }
 
+    /// Keys are read as bytes: one that is not exactly representable as a
+    /// key (invalid UTF-8, a NUL, a malformed path) is left out of the listing,
+    /// never turned into a similar-looking name.
     public func list(prefix: String) async throws -> [ObjectInfo] {
         try dbRead { db in
             let rows = try Row.fetchAll(db, sql: """
-                SELECT key, version, size, meta FROM objects
+                SELECT CAST(key AS BLOB) AS rawkey, version, size, meta FROM objects
                 WHERE substr(key, 1, length(?)) = ? ORDER BY key
                 """, arguments: [prefix, prefix])
-            return try rows.map { try Self.info($0) }
+            return try rows.compactMap { row -> ObjectInfo? in
+                guard let raw = row["rawkey"] as Data?, !raw.contains(0),
+                      let key = String(validating: raw, as: UTF8.self),
+                      (try? StoreKey.validate(key)) != nil else { return nil }
+                return ObjectInfo(key: key, version: row["version"], size: row["size"],
+                                  metadata: try Self.decodeMeta(row["meta"]))
+            }
         }
     }
 

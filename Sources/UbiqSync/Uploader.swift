@@ -30,6 +30,13 @@ public final class Uploader: @unchecked Sendable {
     private var thread: Thread?
     private var stopped = true
     private var busyCheck: @Sendable (UInt64) -> Bool = { _ in false }
+    private var quietCheck: @Sendable () -> TimeInterval = { .infinity }
+    private var waitingSince: Date?
+
+    /// Uploads wait while local changes are still arriving (a `tar x`, a `cp -a`) so they
+    /// do not compete with them for the disk, for at most `maxDeferral` seconds.
+    public var quietPeriod: TimeInterval = 0.5
+    public var maxDeferral: TimeInterval = 30
 
     public init(state: LocalState, store: any CloudStore, coordinator: Coordinator, cache: ContentCache,
                 deviceID: String, logger: Logger) {
@@ -40,6 +47,21 @@ public final class Uploader: @unchecked Sendable {
     /// `check(ino)` says whether the file is still being written (then it waits).
     public func setBusyCheck(_ check: @escaping @Sendable (UInt64) -> Bool) {
         cond.lock(); busyCheck = check; cond.unlock()
+    }
+
+    /// `check()` gives the seconds since the last local change.
+    public func setQuietCheck(_ check: @escaping @Sendable () -> TimeInterval) {
+        cond.lock(); quietCheck = check; cond.unlock()
+    }
+
+    /// True when uploads should wait for local activity to settle.
+    private func shouldYield() -> Bool {
+        cond.lock(); let quiet = quietCheck; cond.unlock()
+        if quiet() >= quietPeriod { waitingSince = nil; return false }
+        let since = waitingSince ?? Date()
+        waitingSince = since
+        if Date().timeIntervalSince(since) >= maxDeferral { waitingSince = nil; return false }
+        return true
     }
 
     public func start() {
@@ -73,9 +95,10 @@ public final class Uploader: @unchecked Sendable {
             cond.lock()
             if !running { stopped = true; cond.broadcast(); cond.unlock(); return }
             cond.unlock()
-            let n = processRound(ignoringDelay: false)
+            let n = shouldYield() ? 0 : processRound(ignoringDelay: false)
             cond.lock()
             if n == 0 && running && !kicked { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.25)) }
+            if n == 0 && kicked { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.05)) }
             kicked = false
             cond.unlock()
         }

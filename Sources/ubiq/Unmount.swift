@@ -40,11 +40,16 @@ struct Unmount: ParsableCommand {
         while Mounts.isAlive(rec.pid) && Date() < deadline { usleep(50_000) }
         if Mounts.isAlive(rec.pid) { fail("the daemon (pid \(rec.pid)) did not stop within \(Int(wait)) s") }
         if Mounts.entry(at: mp) != nil { _ = Mounts.fusermount(["-u", mp]) }
-        let pending = (try? LocalState(path: rec.state + "/state.db").read { try $0.outboxCount() }) ?? 0
-        if pending == 0 {
-            print("Unmounted \(mp). All changes are in the store.")
-        } else {
-            print("Unmounted \(mp). \(pending) changes not yet uploaded; they upload at the next mount.")
+        let counts = try? LocalState(path: rec.state + "/state.db").read { tx in
+            (try tx.outboxCount(), try tx.uploadErrorCount())
         }
+        let (pending, failed) = counts ?? (0, 0)
+        var message = "Unmounted \(mp)."
+        if pending == 0 && failed == 0 { message += " All changes are in the store." }
+        if pending > 0 { message += " \(pending) changes not yet uploaded; they upload at the next mount." }
+        if failed > 0 {
+            message += " \(failed) items could not be uploaded and are kept on this device only (see \(rec.state)/ubiq.log)."
+        }
+        print(message)
     }
 }

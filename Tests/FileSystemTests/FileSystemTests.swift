@@ -6,6 +6,7 @@ import Testing
 @testable import UbiqState
 @testable import UbiqStore
 @testable import UbiqSync
+import GRDB
 
 /// One device on a store, without a mount: the core as the FUSE binding drives it.
 final class Device: @unchecked Sendable {
@@ -348,6 +349,31 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         let b = try Device(store: store)
         #expect(try b.read("x") == "second")
         #expect(try b.read("y") == "first")
+    }
+
+    /// A store written by something else (or tampered with) can hold any key. Plant them
+    /// in the index directly: none may become a name, and the rest still imports.
+    @Test func hostileKeysInAStoreNeverBecomeNames() throws {
+        let store = try newStore()
+        _ = try runBlocking { try await store.put("fine/ok.txt", contentsOf: nil, metadata: ObjectMetadata(kind: .file), condition: .always) }
+        let meta = String(decoding: try JSONEncoder().encode(ObjectMetadata(kind: .file)), as: UTF8.self)
+        let db = try DatabaseQueue(path: store.root.appendingPathComponent("store.db").path)
+        let hostile = ["../escape", "a/../../b", "/abs", "a//b", "./x", "fine/..", String(repeating: "n", count: 300),
+                       "dir/\(String(repeating: "m", count: 256))"]
+        try db.write { db in
+            for k in hostile {
+                try db.execute(sql: "INSERT INTO objects VALUES (?, 'v', 0, CAST(? AS BLOB), 'none', 0)", arguments: [k, meta])
+            }
+            // A NUL inside, and bytes that are not UTF-8.
+            try db.execute(sql: "INSERT INTO objects VALUES ('nul' || char(0) || 'x', 'v', 0, CAST(? AS BLOB), 'none', 0)", arguments: [meta])
+            try db.execute(sql: "INSERT INTO objects VALUES (CAST(x'66ff6f' AS TEXT), 'v', 0, CAST(? AS BLOB), 'none', 0)", arguments: [meta])
+        }
+        let d = try Device(store: store)
+        let top = try d.names("")
+        #expect(top == ["fine"], "\(top.map(\.debugDescription))")
+        #expect(try d.names("fine") == ["ok.txt"])
+        // Nothing outside the device's own directories was created.
+        #expect(!FileManager.default.fileExists(atPath: d.dir.deletingLastPathComponent().appendingPathComponent("escape").path))
     }
 
     @Test func hostileStoreNamesAreSkipped() throws {

@@ -47,6 +47,27 @@ import Testing
         expectOK(b.sh("sha256sum -c \(m.base)/sum"), "uploaded bytes on another device")
     }
 
+    /// A name that is not UTF-8 works locally but cannot be a store key: it stays on this
+    /// device, and unmount says so instead of claiming everything is uploaded.
+    @Test func nonUTF8NamesStayLocalAndAreReported() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        expectOK(m.sh("""
+            python3 -c "open(b'caf\\xe9.txt', 'wb').write(b'latin-1 name')"
+            echo fine > ok.txt
+            python3 -c "import os; assert open(b'caf\\xe9.txt', 'rb').read() == b'latin-1 name'"
+            """))
+        let u = m.unmount()
+        expectOK(u)
+        #expect(u.out.contains("1 items could not be uploaded"), "\(u.out)")
+        #expect(!u.out.contains("All changes are in the store"))
+        try m.mount()
+        expectOK(m.sh("python3 -c \"import os; assert open(b'caf\\\\xe9.txt', 'rb').read() == b'latin-1 name'\""), "still local after remount")
+        let b = try MountFixture(store: m.store, name: "device-b")
+        defer { b.cleanup() }
+        #expect(b.sh("ls").out == "ok.txt\n")
+    }
+
     @Test func sigtermUnmountsCleanly() throws {
         let m = try MountFixture()
         defer { m.cleanup() }
