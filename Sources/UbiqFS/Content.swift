@@ -24,6 +24,14 @@ extension FileSystem {
         return fh
     }
 
+    /// What an open file handle refers to (takes `lock`).
+    private func handle(_ fh: UInt64) throws -> (ino: UInt64, fd: Int32, canWrite: Bool) {
+        try withLock {
+            guard let h = handles[fh] else { throw FSError.badHandle }
+            return (h.ino, h.fd, h.canWrite)
+        }
+    }
+
     /// Brings a placeholder's content into the cache (call holding an exclusive claim, without `lock`).
     private func materialize(_ ino: UInt64) throws {
         let needed = try withLock { () -> Bool in
@@ -63,10 +71,7 @@ extension FileSystem {
 
     /// Reads up to `count` bytes at `offset` into `buffer`; returns how many (0 at end of file).
     public func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: UnsafeMutableRawPointer) throws -> Int {
-        let (ino, fd) = try withLock { () -> (UInt64, Int32) in
-            guard let h = handles[fh] else { throw FSError.badHandle }
-            return (h.ino, h.fd)
-        }
+        let (ino, fd, _) = try handle(fh)
         let c = try claim([ino], .read)
         defer { coordinator.release(c) }
         var done = 0
@@ -84,10 +89,7 @@ extension FileSystem {
 
     /// Writes `count` bytes from `data` at `offset`; returns how many were written.
     public func write(_ fh: UInt64, offset: Int64, count: Int, from data: UnsafeRawPointer) throws -> Int {
-        let (ino, fd, canWrite) = try withLock { () -> (UInt64, Int32, Bool) in
-            guard let h = handles[fh] else { throw FSError.badHandle }
-            return (h.ino, h.fd, h.canWrite)
-        }
+        let (ino, fd, canWrite) = try handle(fh)
         guard canWrite else { throw FSError.badHandle }
         if offset < 0 { throw FSError.invalid }
         let c = try claim([ino], .write)
@@ -118,10 +120,7 @@ extension FileSystem {
     /// and times are committed, the upload is queued, and the commit reaches
     /// the disk. close(2) (flush) and fsync(2) both come here.
     public func flush(_ fh: UInt64) throws {
-        let (ino, fd) = try withLock { () -> (UInt64, Int32) in
-            guard let h = handles[fh] else { throw FSError.badHandle }
-            return (h.ino, h.fd)
-        }
+        let (ino, fd, _) = try handle(fh)
         try makeDurable(ino, fd: fd)
     }
 
@@ -231,10 +230,7 @@ extension FileSystem {
     /// the size is the disk's own.
     public func fallocate(_ fh: UInt64, mode: Int32, offset: Int64, length: Int64) throws {
         if offset < 0 || length <= 0 { throw FSError.invalid }
-        let (ino, fd, canWrite) = try withLock { () -> (UInt64, Int32, Bool) in
-            guard let h = handles[fh] else { throw FSError.badHandle }
-            return (h.ino, h.fd, h.canWrite)
-        }
+        let (ino, fd, canWrite) = try handle(fh)
         guard canWrite else { throw FSError.badHandle }
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }

@@ -71,12 +71,6 @@ public struct Caller: Sendable {
 /// A point in time, nanoseconds since the epoch.
 public typealias Nanos = Int64
 
-public func nowNanos() -> Nanos {
-    var ts = timespec()
-    clock_gettime(CLOCK_REALTIME, &ts)
-    return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
-}
-
 /// What `stat` shows.
 public struct Attributes: Sendable, Equatable {
     public var ino: UInt64

@@ -1,6 +1,13 @@
 import Foundation
 import GRDB
 
+/// The wall clock, nanoseconds since the epoch (file times).
+public func nowNanos() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
+}
+
 /// One inode as the device remembers it.
 public struct InodeRecord: Sendable, Equatable {
     public var ino: UInt64

@@ -153,11 +153,10 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         try dbWrite { db in
             let cur = try Self.current(db, key)
             try Self.check(condition, key: key, current: cur?.info.version)
-            guard let cur else { return }
+            guard cur != nil else { return }
             try Self.archive(db, key: key)
             try db.execute(sql: "DELETE FROM objects WHERE key = ?", arguments: [key])
             try db.execute(sql: "INSERT INTO journal (op, key, version) VALUES ('delete', ?, NULL)", arguments: [key])
-            _ = cur
             orphans = try self.prune(db, key: key)
         }
         removeBlobs(orphans)

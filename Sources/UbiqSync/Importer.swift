@@ -32,7 +32,7 @@ public struct Importer {
             let known = try tx.remoteKeys()
             let doomed = try tx.tombstoneKeys()
             var nextIno = max(UInt64(try tx.maxInode()) + 1, 2)
-            let now = nowNanosSync()
+            let now = nowNanos()
             // Directories first (shorter keys first), so parents exist before children.
             let sorted = objects.sorted { a, b in
                 let da = a.key.split(separator: "/").count, db = b.key.split(separator: "/").count
@@ -123,8 +123,3 @@ public struct Importer {
     }
 }
 
-func nowNanosSync() -> Int64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_REALTIME, &ts)
-    return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
-}

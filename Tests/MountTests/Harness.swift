@@ -99,6 +99,16 @@ final class MountFixture: @unchecked Sendable {
         return Int32(text.trimmingCharacters(in: .whitespacesAndNewlines))
     }
 
+    /// Sends `signal` to the daemon and waits up to `seconds` for it to exit; true if it did.
+    @discardableResult
+    func signalDaemon(_ signal: Int32, waitSeconds seconds: Double = 10) -> Bool {
+        guard let pid = daemonPID else { return false }
+        kill(pid, signal)
+        let deadline = Date(timeIntervalSinceNow: seconds)
+        while kill(pid, 0) == 0 && Date() < deadline { usleep(10_000) }
+        return kill(pid, 0) != 0
+    }
+
     func cleanup() {
         if isMounted { _ = unmount() }
         if isMounted { shell("fusermount3 -u -z '\(mnt)' || umount -l '\(mnt)'") }

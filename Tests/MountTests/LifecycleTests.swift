@@ -32,10 +32,7 @@ import Testing
         defer { m.cleanup() }
         // Write and fsync, then kill the daemon at once: no clean unmount, no drain.
         expectOK(m.sh("head -c 5000000 /dev/urandom > precious && sync precious && sha256sum precious > \(m.base)/sum && echo note > small"))
-        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); return }
-        kill(pid, SIGKILL)
-        var waited = 0
-        while kill(pid, 0) == 0 && waited < 200 { usleep(10_000); waited += 1 }
+        #expect(m.signalDaemon(SIGKILL), "daemon survived SIGKILL")
         // The dead mount is still in the table; mount clears it and starts again on the same state.
         try m.mount()
         expectOK(m.sh("sha256sum -c \(m.base)/sum && [ \"$(cat small)\" = note ]"), "after SIGKILL")
@@ -72,11 +69,7 @@ import Testing
         let m = try MountFixture()
         defer { m.cleanup() }
         expectOK(m.sh("echo bye > last"))
-        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); return }
-        kill(pid, SIGTERM)
-        var waited = 0
-        while kill(pid, 0) == 0 && waited < 1000 { usleep(10_000); waited += 1 }
-        #expect(kill(pid, 0) != 0, "daemon still running after SIGTERM")
+        #expect(m.signalDaemon(SIGTERM), "daemon still running after SIGTERM")
         #expect(!m.isMounted)
         try m.mount()
         #expect(m.sh("cat last").out == "bye\n")
