@@ -84,7 +84,23 @@ extension FileSystem {
             if n == 0 { break }
             done += n
         }
+        touchAccessTime(ino)
         return done
+    }
+
+    /// relatime, as ext4 mounts by default: a read updates atime when it is older than
+    /// the last change, or a day old. So only the first read after a change writes state.
+    private func touchAccessTime(_ ino: UInt64) {
+        let day: Int64 = 86_400_000_000_000
+        try? withLock {
+            guard let n = nodes[ino], n.nlink > 0 else { return }
+            let now = nowNanos()
+            let r = n.rec
+            guard r.atimeNs <= r.mtimeNs || r.atimeNs <= r.ctimeNs || now - r.atimeNs >= day else { return }
+            n.rec.atimeNs = now
+            let rec = n.rec
+            try persist { tx in try tx.upsert(rec) }
+        }
     }
 
     /// Writes `count` bytes from `data` at `offset`; returns how many were written.
