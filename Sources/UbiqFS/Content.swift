@@ -32,6 +32,18 @@ extension FileSystem {
         }
     }
 
+    /// A download finished: the file is local from now on (called by the Materializer).
+    func contentArrived(_ ino: UInt64) {
+        withLock {
+            guard let n = nodes[ino], !n.rec.present else { return }
+            n.rec.present = true
+            let rec = n.rec
+            do { try persist { tx in try tx.upsert(rec) } } catch {
+                logger.error("could not record the download of inode \(ino): \(error)")
+            }
+        }
+    }
+
     /// Brings a placeholder's content into the cache (call holding an exclusive claim, without `lock`).
     private func materialize(_ ino: UInt64) throws {
         let needed = try withLock { () -> Bool in
@@ -61,10 +73,17 @@ extension FileSystem {
         if isDir { throw FSError.isDirectory }
         if truncate {
             try setattr(ino, AttributeChanges(size: 0), caller: .root)
-        } else if !present {
+        } else if !present && writable {
+            // Writing needs the whole file (for now): download it first.
             let c = try claim([ino], .download)
             defer { coordinator.release(c) }
             try materialize(ino)
+        } else if !present {
+            // Reading streams: start the download (or join it); reads wait for their own range.
+            do { try materializer.start(ino) } catch {
+                logger.error("download of inode \(ino) could not start: \(error)")
+                throw FSError.io("download failed: \(error)")
+            }
         }
         return try withLock { try openHandle(try node(ino), flags: flags & ~O_TRUNC) }
     }
@@ -74,6 +93,12 @@ extension FileSystem {
         let (ino, fd, _) = try handle(fh)
         let c = try claim([ino], .read)
         defer { coordinator.release(c) }
+        if !withLock({ nodes[ino]?.rec.present ?? true }) {
+            do { try materializer.ensure(ino, range: offset ..< offset + Int64(count)) } catch {
+                logger.error("read of inode \(ino) at \(offset) failed: \(error)")
+                throw FSError.io("download failed: \(error)")
+            }
+        }
         var done = 0
         while done < count {
             let n = pread(fd, buffer + done, count - done, off_t(offset) + off_t(done))

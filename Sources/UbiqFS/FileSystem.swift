@@ -83,6 +83,7 @@ public final class FileSystem: @unchecked Sendable {
         try load(rootOwner: rootOwner)
         uploader?.setBusyCheck { [weak self] ino in self?.isOpenForWriting(ino) ?? false }
         uploader?.setQuietCheck { [weak self] in self?.secondsSinceLastChange ?? .infinity }
+        materializer.setCompletion { [weak self] ino in self?.contentArrived(ino) }
     }
 
     // MARK: - Loading and recovery
@@ -161,7 +162,9 @@ public final class FileSystem: @unchecked Sendable {
         let r = n.rec
         let size: Int64
         if n.isDirectory { size = 4096 } else if r.type == UInt32(S_IFLNK) { size = Int64(r.target?.count ?? 0) } else { size = r.size }
-        let blocks: Int64 = (n.isRegular && !r.present) ? 0 : (size + 511) / 512
+        // What is really local: a placeholder holds nothing, or what its download has fetched so far.
+        let local = (n.isRegular && !r.present) ? (materializer.localBytes(r.ino) ?? 0) : size
+        let blocks: Int64 = (local + 511) / 512
         return Attributes(ino: r.ino, mode: r.type | r.perm, nlink: n.nlink, uid: r.uid, gid: r.gid, rdev: r.rdev,
                           size: size, blocks: blocks, atime: r.atimeNs, mtime: r.mtimeNs, ctime: r.ctimeNs)
     }

@@ -17,63 +17,254 @@ public enum SyncError: Error, CustomStringConvertible {
     }
 }
 
-/// Brings a placeholder's bytes from the store into the content cache.
+/// Brings placeholders' bytes from the store into the content cache, lazily.
 ///
-/// The whole version is fetched into a temporary file and installed by
-/// rename, pinned to the version the placeholder stands for, so a file is
-/// never a mix of two versions. The caller holds the Coordinator claim.
-public final class Materializer: Sendable {
+/// One download job per file (a second open joins the first). The job fills
+/// the file's cache file (sparse, its true size) chunk by chunk, every chunk
+/// from the one store version the placeholder stands for, so a file is never
+/// a mix of two versions. A read waits only for the chunks it covers (they
+/// jump the queue, with a few chunks of readahead); the rest of the file is
+/// completed in the background by parallel fetches. A chunk is marked
+/// present only once it is written whole, so no reader sees half a chunk.
+///
+/// LOCK ORDERING: `cond` is a leaf lock; `onComplete` is called without it.
+public final class Materializer: @unchecked Sendable {
     let store: any CloudStore
     let state: LocalState
     let cache: ContentCache
     let logger: Logger
-    /// Bytes per ranged read.
     public let chunkSize: Int64
+    public let parallelism: Int
+    /// Chunks fetched ahead of a read.
+    public let readahead: Int
+    /// Fetch the rest of a file after its first read (false: only what is read).
+    public let completeInBackground: Bool
+    /// Attempts per chunk before a read fails.
+    public let attempts: Int
 
-    public init(store: any CloudStore, state: LocalState, cache: ContentCache, logger: Logger,
-                chunkSize: Int64 = 8 << 20) {
-        self.store = store; self.state = state; self.cache = cache; self.logger = logger
-        self.chunkSize = chunkSize
+    private let cond = NSCondition()
+    private var jobs: [UInt64: Job] = [:]
+    private var completion: @Sendable (UInt64) -> Void = { _ in }
+
+    /// One file's download. Guarded by `Materializer.cond`.
+    final class Job: @unchecked Sendable {
+        let ino: UInt64
+        let key: String
+        let version: String
+        let size: Int64
+        let fd: Int32
+        var present: [Bool]
+        var presentCount = 0
+        var inFlight: Set<Int> = []
+        var wanted: [Int] = []
+        var nextSequential = 0
+        var workers = 0
+        var error: Error?
+        var done: Bool { presentCount == present.count }
+        init(ino: UInt64, key: String, version: String, size: Int64, fd: Int32, chunks: Int) {
+            self.ino = ino; self.key = key; self.version = version; self.size = size; self.fd = fd
+            present = Array(repeating: false, count: chunks)
+        }
     }
 
-    /// Downloads the content of `ino` into the cache.
-    public func fetch(_ ino: UInt64) throws {
+    public init(store: any CloudStore, state: LocalState, cache: ContentCache, logger: Logger,
+                chunkSize: Int64 = 1 << 20, parallelism: Int = 4, readahead: Int = 4,
+                completeInBackground: Bool = true, attempts: Int = 3) {
+        self.store = store; self.state = state; self.cache = cache; self.logger = logger
+        self.chunkSize = chunkSize; self.parallelism = parallelism; self.readahead = readahead
+        self.completeInBackground = completeInBackground; self.attempts = attempts
+    }
+
+    /// Called (on a download thread) when a file's content is wholly local and synced.
+    public func setCompletion(_ done: @escaping @Sendable (UInt64) -> Void) {
+        cond.lock(); completion = done; cond.unlock()
+    }
+
+    /// Starts (or joins) the download of `ino`; its cache file exists at its full size after this.
+    public func start(_ ino: UInt64) throws {
+        cond.lock()
+        let existing = jobs[ino]
+        cond.unlock()
+        if existing != nil { return }
         let (entry, rec) = try state.read { tx -> (EntryRecord?, InodeRecord?) in
             (try tx.entries(of: ino).first { $0.remoteKey != nil }, try tx.inode(ino))
         }
+        // Completed meanwhile: its completion persisted `present` before the job was dropped.
+        if rec?.present == true { return }
         guard let entry, let key = entry.remoteKey, let version = entry.remoteVersion, let rec else {
             throw SyncError.noRemoteCopy(ino: ino)
         }
-        let tmp = cache.temporaryPath(for: ino)
-        let fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        if fd < 0 { throw SyncError.local("cannot create \(tmp): \(String(cString: strerror(errno)))") }
-        var ok = false
-        defer {
+        cond.lock()
+        defer { cond.unlock() }
+        if jobs[ino] != nil { return }
+        // A fresh job: whatever an earlier run left in the cache file is not trusted.
+        let fd = open(cache.path(ino), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        if fd < 0 { throw SyncError.local("cannot create cache file: \(String(cString: strerror(errno)))") }
+        if ftruncate(fd, off_t(rec.size)) != 0 {
             close(fd)
-            if !ok { unlink(tmp) }
+            throw SyncError.local("cannot size cache file: \(String(cString: strerror(errno)))")
         }
-        var offset: Int64 = 0
-        let store = self.store
-        while offset < rec.size {
-            let range = offset ..< min(rec.size, offset + chunkSize)
-            let data = try runBlocking { try await store.read(key, version: version, range: range) }
-            if data.isEmpty { break }
-            let written = data.withUnsafeBytes { buf -> Int in
-                var done = 0
-                while done < buf.count {
-                    let n = pwrite(fd, buf.baseAddress! + done, buf.count - done, off_t(offset) + off_t(done))
-                    if n < 0 { if errno == EINTR { continue }; return -Int(errno) }
-                    done += n
-                }
-                return done
+        let chunks = Int((rec.size + chunkSize - 1) / chunkSize)
+        let job = Job(ino: ino, key: key, version: version, size: rec.size, fd: fd, chunks: chunks)
+        jobs[ino] = job
+        if job.done { finishLocked(job) } else if completeInBackground { spawnWorkersLocked(job) }
+    }
+
+    /// Blocks until bytes `range` of `ino` are local (clamped to the file). Throws the
+    /// store's error once every attempt failed; a later call tries again.
+    public func ensure(_ ino: UInt64, range: Range<Int64>) throws {
+        try start(ino)
+        cond.lock()
+        defer { cond.unlock() }
+        guard let job = jobs[ino] else { return }  // already complete
+        let upper = min(range.upperBound, job.size)
+        if range.lowerBound >= upper { return }
+        let first = Int(range.lowerBound / chunkSize), last = Int((upper - 1) / chunkSize)
+        let needed = (first ... last).filter { !job.present[$0] }
+        if needed.isEmpty { return }
+        job.error = nil
+        let ahead = (last + 1 ..< min(job.present.count, last + 1 + readahead)).filter { !job.present[$0] }
+        job.wanted = needed + ahead + job.wanted.filter { !needed.contains($0) && !ahead.contains($0) }
+        spawnWorkersLocked(job)
+        while needed.contains(where: { !job.present[$0] }) {
+            if let e = job.error { throw e }
+            cond.wait()
+        }
+    }
+
+    /// Downloads all of `ino`; returns when it is wholly local.
+    public func fetch(_ ino: UInt64) throws {
+        try ensure(ino, range: 0 ..< Int64.max)
+        cond.lock()
+        defer { cond.unlock() }
+        // The job is dropped once its completion has recorded the file as local.
+        while let job = jobs[ino] {
+            if let e = job.error { throw e }
+            cond.wait()
+        }
+    }
+
+    /// Bytes of `ino` already local, while it is downloading (nil: no download under way).
+    public func localBytes(_ ino: UInt64) -> Int64? {
+        cond.lock(); defer { cond.unlock() }
+        guard let job = jobs[ino] else { return nil }
+        return min(job.size, Int64(job.presentCount) * chunkSize)
+    }
+
+    // MARK: - Workers (under `cond` unless noted)
+
+    private func spawnWorkersLocked(_ job: Job) {
+        while job.workers < parallelism && nextChunkAvailable(job) {
+            job.workers += 1
+            let t = Thread { [self] in work(job) }
+            t.name = "ubiq-download"
+            t.start()
+        }
+    }
+
+    private func nextChunkAvailable(_ job: Job) -> Bool {
+        if job.wanted.contains(where: { !job.present[$0] && !job.inFlight.contains($0) }) { return true }
+        guard completeInBackground else { return false }
+        var i = job.nextSequential
+        while i < job.present.count && (job.present[i] || job.inFlight.contains(i)) { i += 1 }
+        return i < job.present.count
+    }
+
+    private func takeChunk(_ job: Job) -> Int? {
+        while let c = job.wanted.first {
+            job.wanted.removeFirst()
+            if !job.present[c] && !job.inFlight.contains(c) { job.inFlight.insert(c); return c }
+        }
+        guard completeInBackground else { return nil }
+        while job.nextSequential < job.present.count {
+            let c = job.nextSequential
+            job.nextSequential += 1
+            if !job.present[c] && !job.inFlight.contains(c) { job.inFlight.insert(c); return c }
+        }
+        // Chunks skipped while in flight elsewhere and later released after a failure.
+        if let c = job.present.indices.first(where: { !job.present[$0] && !job.inFlight.contains($0) }) {
+            job.inFlight.insert(c)
+            return c
+        }
+        return nil
+    }
+
+    private func work(_ job: Job) {
+        cond.lock()
+        while job.error == nil, let chunk = takeChunk(job) {
+            cond.unlock()
+            let result = fetchChunk(job, chunk)
+            cond.lock()
+            job.inFlight.remove(chunk)
+            switch result {
+            case .success:
+                job.present[chunk] = true
+                job.presentCount += 1
+            case .failure(let e):
+                job.error = e
+                logger.warning("download of \(job.key) failed: \(e)")
             }
-            if written < 0 { throw SyncError.local("writing cache: \(String(cString: strerror(Int32(-written))))") }
-            offset += Int64(data.count)
+            cond.broadcast()
         }
-        if offset != rec.size { throw SyncError.sizeMismatch(key: key, expected: rec.size, got: offset) }
-        if Glibc.fsync(fd) != 0 { throw SyncError.local("fsync cache: \(String(cString: strerror(errno)))") }
-        try cache.install(tmp, as: ino)
-        ok = true
-        logger.debug("downloaded \(key)@\(version): \(offset) bytes")
+        job.workers -= 1
+        let finished = job.done && job.workers == 0 && jobs[job.ino] === job
+        let done = completion
+        cond.broadcast()
+        cond.unlock()
+        if finished {
+            _ = fsync(job.fd)
+            close(job.fd)
+            done(job.ino)  // persists `present` before the job is dropped (see `start`)
+            cond.lock()
+            if jobs[job.ino] === job { jobs[job.ino] = nil }
+            cond.broadcast()
+            cond.unlock()
+        }
+    }
+
+    private func finishLocked(_ job: Job) {
+        let done = completion
+        DispatchQueue.global().async { [self] in
+            close(job.fd)
+            done(job.ino)
+            cond.lock()
+            if jobs[job.ino] === job { jobs[job.ino] = nil }
+            cond.broadcast()
+            cond.unlock()
+        }
+    }
+
+    /// Fetches one chunk and writes it whole (no lock held).
+    private func fetchChunk(_ job: Job, _ chunk: Int) -> Result<Void, Error> {
+        let lower = Int64(chunk) * chunkSize
+        let range = lower ..< min(job.size, lower + chunkSize)
+        let store = self.store
+        var lastError: Error = SyncError.local("no attempt")
+        for attempt in 0 ..< attempts {
+            if attempt > 0 { usleep(UInt32(100_000 << min(attempt, 5))) }
+            do {
+                let key = job.key, version = job.version
+                let data = try runBlocking { try await store.read(key, version: version, range: range) }
+                if Int64(data.count) != range.count {
+                    throw SyncError.sizeMismatch(key: key, expected: Int64(range.count), got: Int64(data.count))
+                }
+                let written = data.withUnsafeBytes { buf -> Int in
+                    var done = 0
+                    while done < buf.count {
+                        let n = pwrite(job.fd, buf.baseAddress! + done, buf.count - done, off_t(lower) + off_t(done))
+                        if n < 0 { if errno == EINTR { continue }; return -Int(errno) }
+                        done += n
+                    }
+                    return done
+                }
+                if written < 0 { return .failure(SyncError.local("writing cache: \(String(cString: strerror(Int32(-written))))")) }
+                return .success(())
+            } catch let e as StoreError where !e.isTransient {
+                return .failure(e)  // an answer (gone, changed): retrying will not help
+            } catch {
+                lastError = error
+            }
+        }
+        return .failure(lastError)
     }
 }

@@ -12,13 +12,18 @@ import GRDB
 final class Device: @unchecked Sendable {
     let dir: URL
     let store: DirectoryStore
+    /// What the device talks to: the store, or a wrapper around it (counting, faults).
+    let remote: any CloudStore
+    let completeInBackground: Bool
     var state: LocalState!
     var fs: FileSystem!
     var uploader: Uploader!
     let logger = Logger(label: "test")
 
-    init(store: DirectoryStore, dir: URL? = nil) throws {
+    init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true) throws {
         self.store = store
+        self.remote = remote ?? store
+        self.completeInBackground = completeInBackground
         self.dir = dir ?? FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-dev-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: self.dir, withIntermediateDirectories: true)
         try open()
@@ -28,12 +33,13 @@ final class Device: @unchecked Sendable {
     func open() throws {
         state = try LocalState(path: dir.appendingPathComponent("state.db").path)
         let cache = try ContentCache(directory: dir.appendingPathComponent("cache"))
-        try Importer(store: store, state: state, cache: cache, logger: logger).run()
+        try Importer(store: remote, state: state, cache: cache, logger: logger).run()
         let coordinator = Coordinator(defaultTimeout: 5)
-        uploader = Uploader(state: state, store: store, coordinator: coordinator, cache: cache,
+        uploader = Uploader(state: state, store: remote, coordinator: coordinator, cache: cache,
                             deviceID: dir.lastPathComponent, logger: logger)
         fs = try FileSystem(state: state, coordinator: coordinator, cache: cache,
-                            materializer: Materializer(store: store, state: state, cache: cache, logger: logger, chunkSize: 4096),
+                            materializer: Materializer(store: remote, state: state, cache: cache, logger: logger,
+                                                       chunkSize: 1 << 20, completeInBackground: completeInBackground),
                             uploader: uploader, logger: logger, uploadDelay: 0)
     }
 
@@ -388,5 +394,103 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         _ = try runBlocking { try await store.put("ok", contentsOf: nil, metadata: ObjectMetadata(kind: .file), condition: .always) }
         let d = try Device(store: store)
         #expect(try d.names("") == ["ok"])
+    }
+}
+
+/// Placeholders stream: a read waits for its own range only.
+@Suite struct StreamingTests {
+    /// A store holding one `size`-byte file with a known pattern, put straight through the store API.
+    static func storeWithFile(_ size: Int) throws -> (DirectoryStore, [UInt8]) {
+        let store = try newStore()
+        var bytes = [UInt8](repeating: 0, count: size)
+        for i in stride(from: 0, to: size, by: 8) { withUnsafeBytes(of: UInt64(i).littleEndian) { b in for j in 0 ..< 8 where i + j < size { bytes[i + j] = b[j] } } }
+        let src = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-big-\(UUID().uuidString)")
+        try Data(bytes).write(to: src)
+        defer { try? FileManager.default.removeItem(at: src) }
+        _ = try runBlocking { try await store.put("big.bin", contentsOf: src, metadata: ObjectMetadata(kind: .file, mode: 0o644), condition: .ifAbsent) }
+        return (store, bytes)
+    }
+
+    func read(_ d: Device, _ fh: UInt64, _ offset: Int64, _ count: Int) throws -> [UInt8] {
+        var buf = [UInt8](repeating: 0, count: count)
+        let n = try buf.withUnsafeMutableBytes { try d.fs.read(fh, offset: offset, count: count, into: $0.baseAddress!) }
+        return Array(buf[..<n])
+    }
+
+    @Test func aReadFetchesItsRangeNotTheFile() throws {
+        let size = 64 << 20
+        let (store, bytes) = try Self.storeWithFile(size)
+        let counting = CountingStore(store)
+        let d = try Device(store: store, remote: counting, completeInBackground: false)
+        let ino = try d.ino("big.bin")
+        #expect(try d.fs.getattr(ino).blocks == 0)
+        #expect(counting.bytesRead == 0)  // listing and stat fetched no content
+        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        defer { d.fs.release(fh) }
+        #expect(try read(d, fh, 0, 4096) == Array(bytes[0 ..< 4096]))
+        // The chunk read plus a few chunks of readahead, not 64 MiB.
+        #expect(counting.bytesRead <= 5 << 20, "fetched \(counting.bytesRead)")
+        let far: Int64 = 60 << 20 + 12345
+        #expect(try read(d, fh, far, 100_000) == Array(bytes[Int(far) ..< Int(far) + 100_000]))
+        #expect(counting.bytesRead <= 10 << 20, "fetched \(counting.bytesRead)")
+        // The tail, across the end of the file.
+        #expect(try read(d, fh, Int64(size - 10), 100) == Array(bytes[(size - 10)...]))
+        let local = try d.fs.getattr(ino).blocks * 512
+        #expect(local > 0 && local < Int64(size), "du should show only what is local: \(local)")
+    }
+
+    @Test func concurrentReadersShareOneDownload() throws {
+        let size = 16 << 20
+        let (store, bytes) = try Self.storeWithFile(size)
+        let counting = CountingStore(store)
+        let d = try Device(store: store, remote: counting)
+        let ino = try d.ino("big.bin")
+        let group = DispatchGroup()
+        let failures = NSLock()
+        nonisolated(unsafe) var bad = 0
+        for t in 0 ..< 8 {
+            group.enter()
+            Thread {
+                defer { group.leave() }
+                do {
+                    let fh = try d.fs.open(ino, flags: O_RDONLY)
+                    defer { d.fs.release(fh) }
+                    var off = Int64(t) * 1_000_003 % Int64(size)
+                    for _ in 0 ..< 20 {
+                        let n = min(300_000, size - Int(off))
+                        if try read(d, fh, off, n) != Array(bytes[Int(off) ..< Int(off) + n]) { failures.lock(); bad += 1; failures.unlock() }
+                        off = (off + 777_777) % Int64(size)
+                    }
+                } catch { failures.lock(); bad += 1; failures.unlock() }
+            }.start()
+        }
+        #expect(group.wait(timeout: .now() + 60) == .success)
+        #expect(bad == 0)
+        // Every byte came down once, whoever asked for it first.
+        let deadline = Date(timeIntervalSinceNow: 30)
+        while try d.fs.getattr(ino).blocks * 512 < Int64(size) && Date() < deadline { usleep(10_000) }
+        #expect(counting.bytesRead == Int64(size))
+        #expect(try d.fs.getattr(ino).blocks * 512 >= Int64(size))
+    }
+
+    @Test func theRestCompletesInTheBackgroundAndSurvivesARestart() throws {
+        let size = 8 << 20
+        let (store, bytes) = try Self.storeWithFile(size)
+        let counting = CountingStore(store)
+        let d = try Device(store: store, remote: counting)
+        let ino = try d.ino("big.bin")
+        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        #expect(try read(d, fh, 0, 10) == Array(bytes[0 ..< 10]))
+        d.fs.release(fh)
+        let deadline = Date(timeIntervalSinceNow: 30)
+        while try d.state.read({ try $0.inode(ino)?.present }) != true && Date() < deadline { usleep(10_000) }
+        #expect(try d.state.read { try $0.inode(ino)?.present } == true)
+        #expect(try d.fs.getattr(ino).blocks * 512 >= Int64(size))
+        try d.open()  // a new run: the file is local, nothing more is fetched
+        let before = counting.bytesRead
+        let fh2 = try d.fs.open(ino, flags: O_RDONLY)
+        defer { d.fs.release(fh2) }
+        #expect(try read(d, fh2, Int64(size) - 4096, 4096) == Array(bytes[(size - 4096)...]))
+        #expect(counting.bytesRead == before)
     }
 }

@@ -27,6 +27,34 @@ import Testing
         expectOK(b.sh("sha256sum -c \(m.base)/sum && [ \"$(getfattr -n user.k --only-values docs/a.txt)\" = v ] && [ \"$(readlink docs/link)\" = a.txt ]"), "second device content")
     }
 
+    /// On another device a big file is a placeholder: stat shows it, nothing is local; reads
+    /// at any offset and several readers at once get the right bytes; then it is all local.
+    @Test func placeholdersStreamOnASecondDevice() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        expectOK(m.sh("head -c 150000000 /dev/urandom > big && sha256sum big > \(m.base)/sum && cp big \(m.base)/ref"))
+        expectOK(m.unmount())
+        let b = try MountFixture(store: m.store, name: "device-b")
+        defer { b.cleanup() }
+        #expect(b.sh("stat -c '%s %b' big").out == "150000000 0\n")
+        let r = b.sh("""
+            python3 - <<'EOF'
+            import os
+            ref = open("\(m.base)/ref", "rb")
+            with open("big", "rb") as f:
+                for off in (149999000, 77777777, 0, 123456789, 5000):
+                    f.seek(off); ref.seek(off)
+                    assert f.read(65536) == ref.read(65536), off
+            print("ok")
+            EOF
+            for i in 1 2 3 4 5 6; do sha256sum big > \(m.base)/sum$i & done; wait
+            for i in 1 2 3 4 5 6; do cmp \(m.base)/sum \(m.base)/sum$i || exit 1; done
+            sleep 1; du -b --apparent-size big | cut -f1; [ $(du -B1 big | cut -f1) -ge 150000000 ] && echo all-local
+            """)
+        expectOK(r, "streamed reads")
+        #expect(r.out == "ok\n150000000\nall-local\n")
+    }
+
     @Test func sigkillAfterFsyncLosesNothing() throws {
         let m = try MountFixture()
         defer { m.cleanup() }
