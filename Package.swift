@@ -38,7 +38,7 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "ubiq", dependencies: [
-            "UbiqFuse", "UbiqFS", "UbiqStore", "UbiqState", "UbiqSync",
+            "UbiqFuse", "UbiqFS", "UbiqStore", "UbiqState", "UbiqSync", "CUbiq",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <errno.h>
+#include <sys/xattr.h>
 
 ssize_t cubiq_copy_file_range(int fd_in, int fd_out, size_t len) {
     return copy_file_range(fd_in, NULL, fd_out, NULL, len, 0);
@@ -13,3 +14,7 @@ int cubiq_fallocate(int fd, int mode, int64_t offset, int64_t len) {
 }
 
 int cubiq_errno(void) { return errno; }
+
+int cubiq_setxattr(const char *path, const char *name, const void *value, size_t size) {
+    return setxattr(path, name, value, size, 0);
+}

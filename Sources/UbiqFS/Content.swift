@@ -303,7 +303,11 @@ extension FileSystem {
     }
 
     public func getxattr(_ ino: UInt64, _ name: [UInt8]) throws -> [UInt8] {
-        try withLock {
+        if name.starts(with: Self.reservedPrefix) {
+            if let v = try controlAttribute(ino, name) { return v }
+            throw FSError.noAttribute
+        }
+        return try withLock {
             let n = try node(ino)
             guard let v = n.xattrs[name] else { throw FSError.noAttribute }
             return v
@@ -317,7 +321,7 @@ extension FileSystem {
     public func setxattr(_ ino: UInt64, _ name: [UInt8], _ value: [UInt8], mode: XattrSetMode) throws {
         try Self.checkXattrName(name)
         if value.count > 65536 { throw FSError.range }
-        if name.starts(with: Array("user.ubiq.".utf8)) { throw FSError.notPermitted }
+        if name.starts(with: Self.reservedPrefix) { return try setControlAttribute(ino, name, value) }
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
         try withLock {

@@ -84,6 +84,7 @@ public final class FileSystem: @unchecked Sendable {
         uploader?.setBusyCheck { [weak self] ino in self?.isOpenForWriting(ino) ?? false }
         uploader?.setQuietCheck { [weak self] in self?.secondsSinceLastChange ?? .infinity }
         materializer.setCompletion { [weak self] ino in self?.contentArrived(ino) }
+        resumePinnedDownloads()
     }
 
     // MARK: - Loading and recovery

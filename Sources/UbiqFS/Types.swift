@@ -20,7 +20,8 @@ public enum FSError: Error, Equatable, CustomStringConvertible {
     case tooManyLinks       // EMLINK
     case badHandle          // EBADF
     case fileTooLarge       // EFBIG
-    case timedOut           // ETIMEDOUT: a coordinated claim could not be had in time
+    case timedOut           // a coordinated claim could not be had in time (EBUSY)
+    case notUploaded        // EAGAIN: refused until the item's changes are in the store
     case io(String)         // EIO: the store or the disk failed; the reason goes to the log
     case system(Int32)      // an errno from a local system call, passed through
 
@@ -44,6 +45,7 @@ public enum FSError: Error, Equatable, CustomStringConvertible {
         case .badHandle: return "bad file handle"
         case .fileTooLarge: return "file too large"
         case .timedOut: return "timed out waiting for sync work on the item"
+        case .notUploaded: return "changes not yet in the store"
         case .io(let why): return "I/O error: \(why)"
         case .system(let e): return String(cString: strerror(e))
         }

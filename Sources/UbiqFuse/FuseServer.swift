@@ -190,6 +190,8 @@ public final class FuseServer: @unchecked Sendable {
         case .fileTooLarge: return EFBIG
         // A claim that could not be had in time: the item is busy with sync work.
         case .timedOut: return EBUSY
+        // Evict of a file whose changes are not uploaded yet: try again once they are.
+        case .notUploaded: return EAGAIN
         case .io: return EIO
         case .system(let code): return code
         }

@@ -29,6 +29,8 @@ public struct InodeRecord: Sendable, Equatable {
     public var contentGen: Int64
     /// Bumped on every metadata change (mode, owner, times, xattrs).
     public var metaGen: Int64
+    /// "Keep downloaded": fetched ahead, never evicted (on a folder: everything under it).
+    public var pinned: Bool = false
 
     public init(ino: UInt64, type: UInt32, perm: UInt32, uid: UInt32, gid: UInt32, size: Int64 = 0,
                 atimeNs: Int64, mtimeNs: Int64, ctimeNs: Int64, rdev: UInt64 = 0, target: [UInt8]? = nil,
@@ -144,6 +146,9 @@ public final class LocalState: Sendable {
                 DROP INDEX entries_remote;
                 """)
         }
+        m.registerMigration("v3: pins") { db in
+            try db.execute(sql: "ALTER TABLE inodes ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
+        }
         return m
     }
 
@@ -196,15 +201,16 @@ public struct StateTransaction {
     public func upsert(_ r: InodeRecord) throws {
         try db.cachedStatement(sql: """
             INSERT INTO inodes (ino, type, perm, uid, gid, size, atime, mtime, ctime, rdev, target, present,
-                                content_gen, meta_gen)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                content_gen, meta_gen, pinned)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (ino) DO UPDATE SET type = excluded.type, perm = excluded.perm, uid = excluded.uid,
               gid = excluded.gid, size = excluded.size, atime = excluded.atime, mtime = excluded.mtime,
               ctime = excluded.ctime, rdev = excluded.rdev, target = excluded.target,
-              present = excluded.present, content_gen = excluded.content_gen, meta_gen = excluded.meta_gen
+              present = excluded.present, content_gen = excluded.content_gen, meta_gen = excluded.meta_gen,
+              pinned = excluded.pinned
             """).execute(arguments: [Int64(bitPattern: r.ino), r.type, r.perm, r.uid, r.gid, r.size, r.atimeNs,
                                      r.mtimeNs, r.ctimeNs, Int64(bitPattern: r.rdev), r.target.map { Data($0) },
-                                     r.present, r.contentGen, r.metaGen])
+                                     r.present, r.contentGen, r.metaGen, r.pinned])
     }
 
     public func deleteInode(_ ino: UInt64) throws {
@@ -224,11 +230,24 @@ public struct StateTransaction {
     }
 
     static func inodeRecord(_ r: Row) -> InodeRecord {
-        InodeRecord(ino: UInt64(bitPattern: r["ino"]), type: r["type"], perm: r["perm"], uid: r["uid"],
-                    gid: r["gid"], size: r["size"], atimeNs: r["atime"], mtimeNs: r["mtime"],
-                    ctimeNs: r["ctime"], rdev: UInt64(bitPattern: r["rdev"]),
-                    target: (r["target"] as Data?).map { [UInt8]($0) }, present: r["present"],
-                    contentGen: r["content_gen"], metaGen: r["meta_gen"])
+        var rec = InodeRecord(ino: UInt64(bitPattern: r["ino"]), type: r["type"], perm: r["perm"], uid: r["uid"],
+                              gid: r["gid"], size: r["size"], atimeNs: r["atime"], mtimeNs: r["mtime"],
+                              ctimeNs: r["ctime"], rdev: UInt64(bitPattern: r["rdev"]),
+                              target: (r["target"] as Data?).map { [UInt8]($0) }, present: r["present"],
+                              contentGen: r["content_gen"], metaGen: r["meta_gen"])
+        rec.pinned = r["pinned"]
+        return rec
+    }
+
+    /// True when every change to `ino` is in the store: nothing queued, last upload
+    /// covered the current content and metadata, and it has a copy there.
+    public func isUploaded(_ ino: UInt64) throws -> Bool {
+        try Bool.fetchOne(db, sql: """
+            SELECT i.uploaded_content_gen >= i.content_gen AND i.upload_error IS NULL
+              AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.ino = i.ino)
+              AND EXISTS (SELECT 1 FROM entries e WHERE e.ino = i.ino AND e.remote_key IS NOT NULL)
+            FROM inodes i WHERE i.ino = ?
+            """, arguments: [Int64(bitPattern: ino)]) ?? false
     }
 
     public func uploadState(_ ino: UInt64) throws -> UploadState? {

@@ -76,6 +76,20 @@ enum Mounts {
         return out
     }
 
+    /// The ubiq mount point that `path` is in, if any (the innermost mount containing it must be ubiq's).
+    static func ubiqMount(containing path: String) -> String? {
+        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
+        var best: (mountpoint: String, type: String)?
+        for line in text.split(separator: "\n") {
+            let f = line.split(separator: " ")
+            guard f.count > 9, let dash = f.firstIndex(of: "-"), dash + 1 < f.count else { continue }
+            let mp = unescape(String(f[4]))
+            let inside = path == mp || path.hasPrefix(mp == "/" ? "/" : mp + "/")
+            if inside && mp.count >= (best?.mountpoint.count ?? -1) { best = (mp, String(f[dash + 1])) }
+        }
+        return best?.type == "fuse.ubiq" ? best?.mountpoint : nil
+    }
+
     static func record(for mountpoint: String) -> MountRecord? {
         guard let d = FileManager.default.contents(atPath: Paths.registry(for: mountpoint)) else { return nil }
         return try? JSONDecoder().decode(MountRecord.self, from: d)

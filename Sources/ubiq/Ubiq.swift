@@ -10,9 +10,12 @@ struct Ubiq: ParsableCommand {
               ubiq mount ~/Ubiquity                      mount the default store (~/.local/share/ubiq/store)
               ubiq mount --store dir:/srv/store ~/Work   mount a store folder
               ubiq unmount ~/Ubiquity                    upload what is pending, then unmount
+              ubiq download --wait ~/Ubiquity/Docs       bring a folder here for offline use
+              ubiq evict ~/Ubiquity/Videos               free local space (files stay visible)
+              ubiq pin ~/Ubiquity/Docs                   keep a folder downloaded
             """,
         version: ubiqVersion,
-        subcommands: [Mount.self, Unmount.self])
+        subcommands: [Mount.self, Unmount.self, Download.self, Evict.self, Pin.self, Unpin.self])
 }
 
 let ubiqVersion = "0.1.0"

@@ -494,3 +494,86 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         #expect(counting.bytesRead == before)
     }
 }
+
+/// Download, evict, pin; and the operations that must never download.
+@Suite struct SteeringTests {
+    func uploadedDevice(_ size: Int) throws -> (Device, CountingStore, UInt64) {
+        let (store, _) = try StreamingTests.storeWithFile(size)
+        let counting = CountingStore(store)
+        let d = try Device(store: store, remote: counting)
+        return (d, counting, try d.ino("big.bin"))
+    }
+
+    func waitLocal(_ d: Device, _ ino: UInt64) throws {
+        let deadline = Date(timeIntervalSinceNow: 30)
+        while try d.state.read({ try $0.inode(ino)?.present }) != true && Date() < deadline { usleep(10_000) }
+        #expect(try d.state.read { try $0.inode(ino)?.present } == true)
+    }
+
+    @Test func evictFreesSpaceAndRefusesWhatItMustKeep() throws {
+        let (d, counting, ino) = try uploadedDevice(3 << 20)
+        try d.fs.download(ino)
+        try waitLocal(d, ino)
+        #expect(try d.fs.getattr(ino).blocks * 512 >= 3 << 20)
+        // Open: refused.
+        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        #expect(throws: FSError.busy) { try d.fs.evict(ino) }
+        d.fs.release(fh)
+        // Pinned (through its folder): refused.
+        try d.fs.setPinned(rootIno, true)
+        #expect(throws: FSError.notPermitted) { try d.fs.evict(ino) }
+        try d.fs.setPinned(rootIno, false)
+        // Evicted: a placeholder again, nothing local, and it comes back on the next read.
+        try d.fs.evict(ino)
+        #expect(try d.fs.getattr(ino).blocks == 0)
+        #expect(try d.fs.getattr(ino).size == 3 << 20)
+        let before = counting.bytesRead
+        #expect(try d.read("big.bin").utf8.count > 0)
+        #expect(counting.bytesRead > before)
+        // Modified and not uploaded yet: refused, and the edit is kept.
+        try d.write("edited", "not in the store yet")
+        #expect(throws: FSError.notUploaded) { try d.fs.evict(try d.ino("edited")) }
+        #expect(try d.read("edited") == "not in the store yet")
+        d.sync()
+        try d.fs.evict(try d.ino("edited"))
+        #expect(try d.read("edited") == "not in the store yet")
+    }
+
+    @Test func pinningAFolderFetchesWhatIsUnderIt() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("keep")
+        try a.write("keep/one", "1")
+        try a.mkdir("keep/deeper")
+        try a.write("keep/deeper/two", "2")
+        try a.write("other", "3")
+        a.sync()
+        let b = try Device(store: store)
+        try b.fs.setPinned(try b.ino("keep"), true)
+        for p in ["keep/one", "keep/deeper/two"] { try waitLocal(b, try b.ino(p)) }
+        #expect(try b.state.read { try $0.inode(try b.ino("other"))?.present } == false)
+        #expect(try b.fs.isPinned(try b.ino("keep/deeper/two")))
+        #expect(try !b.fs.isPinned(try b.ino("other")))
+        // Pins survive a restart, and placeholders under them are fetched then.
+        try b.fs.evict(try b.ino("other"))
+        try b.open()
+        #expect(try b.fs.isPinned(try b.ino("keep/one")))
+    }
+
+    @Test func metadataChangesMovesAndDeletesNeverDownload() throws {
+        let (d, counting, ino) = try uploadedDevice(8 << 20)
+        try d.mkdir("dir")
+        _ = try d.fs.setattr(ino, AttributeChanges(mode: 0o600, mtime: .at(1_000_000_000)), caller: .root)
+        try d.fs.rename(rootIno, n("big.bin"), try d.ino("dir"), n("moved.bin"))
+        d.sync()
+        #expect(counting.bytesRead == 0)
+        let keys = try runBlocking { try await d.store.list(prefix: "") }.map(\.key)
+        #expect(keys == ["dir/", "dir/moved.bin"])
+        #expect(try runBlocking { try await d.store.head("dir/moved.bin") }.size == 8 << 20)
+        // Truncating to zero needs nothing from the store either.
+        _ = try d.fs.setattr(ino, AttributeChanges(size: 0), caller: .root)
+        try d.fs.unlink(try d.ino("dir"), n("moved.bin"))
+        d.sync()
+        #expect(counting.bytesRead == 0)
+    }
+}

@@ -136,3 +136,40 @@ import Testing
         #expect(m.ubiq("--version").out == "0.1.0\n")
     }
 }
+
+/// `ubiq download`, `evict`, `pin` and the attributes under them, through a real mount.
+@Suite(.serialized) struct SteeringMountTests {
+    @Test func downloadEvictPinFromTheShell() throws {
+        let a = try MountFixture()
+        defer { a.cleanup() }
+        expectOK(a.sh("mkdir docs && head -c 20000000 /dev/urandom > docs/big && echo hi > docs/small && sha256sum docs/big > \(a.base)/sum"))
+        expectOK(a.unmount())
+        let b = try MountFixture(store: a.store, name: "device-b")
+        defer { b.cleanup() }
+        let u = { (args: String) in b.ubiq(args) }
+        #expect(b.sh("du -sk docs | cut -f1").out == "4\n")
+        let d = u("download --wait \(b.mnt)/docs")
+        expectOK(d)
+        #expect(d.out.contains("docs/big (20000000 bytes)"))
+        #expect(Int(b.sh("du -sk docs | cut -f1").out.trimmingCharacters(in: .whitespacesAndNewlines))! > 19000)
+        // An open file is refused and named; the rest is evicted; exit status says so.
+        let e = b.sh("exec 3<docs/small; \(ubiqBinary) evict docs; echo rc=$?")
+        #expect(e.out.contains("not evicted: \(b.mnt)/docs/small: open"), "\(e.out)")
+        #expect(e.out.contains("rc=1"))
+        #expect(Int(b.sh("du -sk docs | cut -f1").out.trimmingCharacters(in: .whitespacesAndNewlines))! < 100)
+        expectOK(b.sh("sha256sum -c \(a.base)/sum"), "evicted file reads back whole")
+        // Pinned: fetched, kept, shown by the attribute.
+        expectOK(u("evict \(b.mnt)/docs"))
+        expectOK(u("pin \(b.mnt)/docs"))
+        #expect(b.sh("getfattr -n user.ubiq.pinned --only-values docs/big").out == "1")
+        let p = u("evict \(b.mnt)/docs/big")
+        #expect(p.status != 0 && p.out.contains("pinned"))
+        expectOK(u("unpin \(b.mnt)/docs"))
+        expectOK(u("evict \(b.mnt)/docs"))
+        // Plain setfattr steers too; bad values and read-only names are refused.
+        expectOK(b.sh("setfattr -n user.ubiq.action -v download docs/big"))
+        #expect(b.sh("setfattr -n user.ubiq.action -v bogus docs/big").status != 0)
+        #expect(b.sh("setfattr -n user.ubiq.status -v x docs/big 2>&1").out.contains("Operation not permitted"))
+        #expect(u("evict /tmp").err.contains("not in a ubiq mount"))
+    }
+}

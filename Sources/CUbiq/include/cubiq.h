@@ -7,5 +7,6 @@
 ssize_t cubiq_copy_file_range(int fd_in, int fd_out, size_t len);
 int cubiq_fallocate(int fd, int mode, int64_t offset, int64_t len);
 int cubiq_errno(void);
+int cubiq_setxattr(const char *path, const char *name, const void *value, size_t size);
 
 #endif

@@ -1,0 +1,144 @@
+import Foundation
+import UbiqCoordinator
+import UbiqState
+
+/// Steering sync from the mount: download, evict, pin — through the
+/// `user.ubiq.action` and `user.ubiq.pinned` attributes (so plain `setfattr`
+/// works) and the `ubiq` commands built on them.
+extension FileSystem {
+    static let actionAttribute = Array("user.ubiq.action".utf8)
+    static let pinnedAttribute = Array("user.ubiq.pinned".utf8)
+    static let reservedPrefix = Array("user.ubiq.".utf8)
+
+    /// Handles a write to a `user.ubiq.*` attribute.
+    func setControlAttribute(_ ino: UInt64, _ name: [UInt8], _ value: [UInt8]) throws {
+        let v = String(decoding: value, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        switch name {
+        case Self.actionAttribute:
+            switch v {
+            case "download": try download(ino)
+            case "evict": try evict(ino)
+            default: throw FSError.invalid
+            }
+        case Self.pinnedAttribute:
+            guard v == "1" || v == "0" else { throw FSError.invalid }
+            try setPinned(ino, v == "1")
+        default:
+            throw FSError.notPermitted  // status attributes are read-only; unknown names are not stored
+        }
+    }
+
+    /// Reads a `user.ubiq.*` attribute; nil when it is not one ubiq answers.
+    func controlAttribute(_ ino: UInt64, _ name: [UInt8]) throws -> [UInt8]? {
+        switch name {
+        case Self.pinnedAttribute: return Array((try isPinned(ino) ? "1" : "0").utf8)
+        default: return nil
+        }
+    }
+
+    /// Starts downloading a placeholder, or every placeholder under a folder. Returns at once.
+    public func download(_ ino: UInt64) throws {
+        let files = try withLock { () -> [UInt64] in
+            _ = try node(ino)
+            return subtree(ino).filter { i in nodes[i].map { $0.isRegular && !$0.rec.present } ?? false }
+        }
+        for f in files {
+            do { try materializer.start(f) } catch {
+                logger.error("download of inode \(f) could not start: \(error)")
+                throw FSError.io("download failed: \(error)")
+            }
+        }
+    }
+
+    /// Turns a downloaded file back into a placeholder and frees its space; on a folder,
+    /// every file under it (the ones that cannot be evicted are left, and the first
+    /// refusal is the answer). Refuses, losing nothing: an open file (EBUSY), a file
+    /// whose changes are not all in the store (EAGAIN), a pinned one (EPERM).
+    public func evict(_ ino: UInt64) throws {
+        let isDir = try withLock { try node(ino).isDirectory }
+        if !isDir { return try evictFile(ino) }
+        let files = withLock { subtree(ino).filter { nodes[$0]?.isRegular ?? false } }
+        var refusal: Error?
+        for f in files {
+            do { try evictFile(f) } catch { refusal = refusal ?? error }
+        }
+        if let refusal { throw refusal }
+    }
+
+    private func evictFile(_ ino: UInt64) throws {
+        let c = try claim([ino], .evict)
+        defer { coordinator.release(c) }
+        let already = try withLock { () -> Bool in
+            let n = try node(ino)
+            guard n.isRegular else { throw FSError.invalid }
+            if !n.rec.present && materializer.localBytes(ino) == nil { return true }
+            if n.opens > 0 { throw FSError.busy }
+            if n.unpersisted { throw FSError.notUploaded }
+            return false
+        }
+        if already { return }
+        if try isPinned(ino) { throw FSError.notPermitted }
+        if materializer.localBytes(ino) != nil { throw FSError.busy }  // still downloading
+        let uploaded: Bool
+        do { uploaded = try state.read { try $0.isUploaded(ino) } } catch { throw FSError.io("state database: \(error)") }
+        guard uploaded else { throw FSError.notUploaded }
+        try withLock {
+            let n = try node(ino)
+            n.rec.present = false
+            let rec = n.rec
+            try persist { tx in try tx.upsert(rec) }
+        }
+        cache.remove(ino)
+        logger.info("evicted inode \(ino)")
+    }
+
+    public func setPinned(_ ino: UInt64, _ pinned: Bool) throws {
+        let c = try claim([ino], .write)
+        try {
+            defer { coordinator.release(c) }
+            try withLock {
+                let n = try node(ino)
+                guard n.rec.pinned != pinned else { return }
+                n.rec.pinned = pinned
+                let rec = n.rec
+                try persist { tx in try tx.upsert(rec) }
+            }
+        }()
+        if pinned { try download(ino) }
+    }
+
+    /// Pinned itself, or under a pinned folder.
+    public func isPinned(_ ino: UInt64) throws -> Bool {
+        let (own, isDir, dirParent) = try withLock { () -> (Bool, Bool, UInt64) in
+            let n = try node(ino)
+            return (n.rec.pinned, n.isDirectory, n.parent)
+        }
+        if own { return true }
+        // Folders know their parent; a file's parents are the folders of its names.
+        var starts: [UInt64]
+        if isDir {
+            starts = ino == rootIno ? [] : [dirParent]
+        } else {
+            do { starts = try state.read { try $0.entries(of: ino).map(\.parent) } } catch { starts = [] }
+        }
+        return withLock {
+            for start in starts {
+                var p = start
+                var depth = 0
+                while let n = nodes[p], depth < 4096 {
+                    if n.rec.pinned { return true }
+                    if p == rootIno { break }
+                    p = n.parent
+                    depth += 1
+                }
+            }
+            return false
+        }
+    }
+
+    /// At start: placeholders under pinned items begin downloading.
+    func resumePinnedDownloads() {
+        let pinned = withLock { nodes.values.filter { $0.rec.pinned }.map { $0.rec.ino } }
+        for p in pinned { try? download(p) }
+    }
+}
