@@ -63,7 +63,7 @@ extension FileSystem {
         }
     }
 
-    public func open(_ ino: UInt64, flags: Int32) throws -> UInt64 {
+    public func open(_ ino: UInt64, flags: Int32, caller: Caller = .root) throws -> UInt64 {
         let writable = (flags & O_ACCMODE) != O_RDONLY
         let truncate = writable && (flags & O_TRUNC) != 0
         let (isDir, present) = try withLock { () -> (Bool, Bool) in
@@ -78,6 +78,12 @@ extension FileSystem {
             let c = try claim([ino], .download)
             defer { coordinator.release(c) }
             try materialize(ino)
+        } else if !present && !hydration.mayDownload(pid: caller.pid) {
+            // A thumbnailer or indexer: no download for it. (What is local already is served.)
+            if materializer.localBytes(ino) == nil {
+                logger.info("not downloading inode \(ino) for a program that may not (pid \(caller.pid))")
+                throw FSError.accessDenied
+            }
         } else if !present {
             // Reading streams: start the download (or join it); reads wait for their own range.
             do { try materializer.start(ino) } catch {

@@ -60,6 +60,8 @@ public final class FileSystem: @unchecked Sendable {
     let logger: Logger
     /// Seconds an upload waits after the last change (coalesces bursts of saves).
     let uploadDelay: TimeInterval
+    /// Programs that may not trigger downloads (thumbnailers, indexers).
+    let hydration: HydrationPolicy
 
     // Mutable state, guarded by `lock`.
     let lock = NSLock()
@@ -72,7 +74,7 @@ public final class FileSystem: @unchecked Sendable {
 
     public init(state: LocalState, coordinator: Coordinator, cache: ContentCache, materializer: Materializer,
                 uploader: Uploader?, logger: Logger, rootOwner: Caller = Caller(uid: getuid(), gid: getgid()),
-                uploadDelay: TimeInterval = 0.2) throws {
+                uploadDelay: TimeInterval = 0.2, hydration: HydrationPolicy = .off) throws {
         self.state = state
         self.coordinator = coordinator
         self.cache = cache
@@ -80,6 +82,7 @@ public final class FileSystem: @unchecked Sendable {
         self.uploader = uploader
         self.logger = logger
         self.uploadDelay = uploadDelay
+        self.hydration = hydration
         try load(rootOwner: rootOwner)
         uploader?.setBusyCheck { [weak self] ino in self?.isOpenForWriting(ino) ?? false }
         uploader?.setQuietCheck { [weak self] in self?.secondsSinceLastChange ?? .infinity }

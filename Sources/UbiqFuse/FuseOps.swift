@@ -115,7 +115,7 @@ enum FuseOps {
             OpStats.measure("open") {
                 let s = FuseServer.from(req)
                 do {
-                    let fh = try s.fs.open(ino, flags: ubiq_fi_flags(fi))
+                    let fh = try s.fs.open(ino, flags: ubiq_fi_flags(fi), caller: caller(req))
                     fi!.pointee.fh = fh
                     ubiq_fi_set_keep_cache(fi, 1)
                     if fuse_reply_open(req, fi) != 0 { s.fs.release(fh) }

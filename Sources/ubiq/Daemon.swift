@@ -59,7 +59,8 @@ struct Daemon {
         let fs: FileSystem
         do {
             fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
-                                uploader: uploader, logger: logger, uploadDelay: plan.uploadDelay)
+                                uploader: uploader, logger: logger, uploadDelay: plan.uploadDelay,
+                                hydration: plan.hydration)
         } catch { die("\(error)") }
         let server = FuseServer(fs: fs, options: plan.fuseOptions, logger: logger)
         do { try server.mount(at: plan.mountpoint, fsname: "ubiq:" + plan.storePath) } catch { die("\(error)") }

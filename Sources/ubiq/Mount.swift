@@ -40,6 +40,13 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds an upload waits after the last change to a file (coalesces bursts of saves).")
     var uploadDelay: Double = 2
 
+    @Option(help: ArgumentHelp("Programs that may not trigger downloads, comma-separated (default: common thumbnailers and indexers).",
+                               valueName: "NAMES"))
+    var noDownloadFor: String?
+
+    @Flag(help: "Let every program trigger downloads (no thumbnailer/indexer policy).")
+    var downloadForAll = false
+
     @Flag(help: "Let the kernel buffer writes (FUSE writeback cache).")
     var writebackCache = false
 
@@ -68,6 +75,8 @@ struct Mount: ParsableCommand {
                     "--drain-timeout", String(drainTimeout), "--upload-delay", String(uploadDelay)]
         for o in options { args += ["-o", o] }
         if writebackCache { args.append("--writeback-cache") }
+        if let noDownloadFor { args += ["--no-download-for", noDownloadFor] }
+        if downloadForAll { args.append("--download-for-all") }
         args.append(plan.mountpoint)
         p.arguments = args
         let pipe = Pipe()
@@ -102,6 +111,7 @@ struct MountPlan {
     var fuseOptions: FuseOptions
     var drainTimeout: Double
     var uploadDelay: Double
+    var hydration: HydrationPolicy
 
     static func check(_ m: Mount) throws -> MountPlan {
         let mp = Paths.absolute(m.mountpoint)
@@ -156,7 +166,10 @@ struct MountPlan {
         fo.writebackCache = m.writebackCache
         fo.mountOptions = m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" }
         return MountPlan(mountpoint: mp, storeURL: "dir:" + storePath, storePath: storePath, stateDir: stateDir,
-                         fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay))
+                         fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay),
+                         hydration: m.downloadForAll ? .off
+                             : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
+                                 ?? HydrationPolicy.defaultBlocked))
     }
 
     static func inPath(_ tool: String) -> Bool {

@@ -15,13 +15,16 @@ final class Device: @unchecked Sendable {
     /// What the device talks to: the store, or a wrapper around it (counting, faults).
     let remote: any CloudStore
     let completeInBackground: Bool
+    let hydration: HydrationPolicy
     var state: LocalState!
     var fs: FileSystem!
     var uploader: Uploader!
     let logger = Logger(label: "test")
 
-    init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true) throws {
+    init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true,
+         hydration: HydrationPolicy = .off) throws {
         self.store = store
+        self.hydration = hydration
         self.remote = remote ?? store
         self.completeInBackground = completeInBackground
         self.dir = dir ?? FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-dev-\(UUID().uuidString)")
@@ -40,7 +43,7 @@ final class Device: @unchecked Sendable {
         fs = try FileSystem(state: state, coordinator: coordinator, cache: cache,
                             materializer: Materializer(store: remote, state: state, cache: cache, logger: logger,
                                                        chunkSize: 1 << 20, completeInBackground: completeInBackground),
-                            uploader: uploader, logger: logger, uploadDelay: 0)
+                            uploader: uploader, logger: logger, uploadDelay: 0, hydration: hydration)
     }
 
     func sync() { #expect(uploader.drain(timeout: 10)) }
@@ -558,6 +561,26 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         try b.fs.evict(try b.ino("other"))
         try b.open()
         #expect(try b.fs.isPinned(try b.ino("keep/one")))
+    }
+
+    @Test func thumbnailersGetNoDownloads() throws {
+        let (store, bytes) = try StreamingTests.storeWithFile(4 << 20)
+        let counting = CountingStore(store)
+        let policy = HydrationPolicy(processName: { pid in pid == 4242 ? "tumblerd" : "cat" })
+        let d = try Device(store: store, remote: counting, hydration: policy)
+        let ino = try d.ino("big.bin")
+        let thumbnailer = Caller(uid: 0, gid: 0, pid: 4242)
+        #expect(throws: FSError.accessDenied) { try d.fs.open(ino, flags: O_RDONLY, caller: thumbnailer) }
+        #expect(counting.bytesRead == 0)
+        // Anyone else downloads; once it is local the thumbnailer may read it too.
+        let fh = try d.fs.open(ino, flags: O_RDONLY, caller: Caller(uid: 0, gid: 0, pid: 1))
+        d.fs.release(fh)
+        try waitLocal(d, ino)
+        let th = try d.fs.open(ino, flags: O_RDONLY, caller: thumbnailer)
+        defer { d.fs.release(th) }
+        var buf = [UInt8](repeating: 0, count: 16)
+        _ = try buf.withUnsafeMutableBytes { try d.fs.read(th, offset: 0, count: 16, into: $0.baseAddress!) }
+        #expect(buf == Array(bytes[0 ..< 16]))
     }
 
     @Test func metadataChangesMovesAndDeletesNeverDownload() throws {

@@ -172,4 +172,25 @@ import Testing
         #expect(b.sh("setfattr -n user.ubiq.status -v x docs/big 2>&1").out.contains("Operation not permitted"))
         #expect(u("evict /tmp").err.contains("not in a ubiq mount"))
     }
+
+    /// A program named like a thumbnailer gets no download (and fails cleanly); cat works.
+    @Test func thumbnailersDoNotDownload() throws {
+        let a = try MountFixture()
+        defer { a.cleanup() }
+        expectOK(a.sh("head -c 5000000 /dev/urandom > photo.jpg"))
+        expectOK(a.unmount())
+        let b = try MountFixture(store: a.store, name: "device-b")
+        defer { b.cleanup() }
+        let r = b.sh("""
+            cp /bin/cat \(b.base)/tumblerd
+            \(b.base)/tumblerd photo.jpg > /dev/null 2>\(b.base)/err; echo "thumbnailer rc=$?"
+            cat \(b.base)/err
+            stat -c 'blocks=%b' photo.jpg
+            cat photo.jpg | wc -c
+            """)
+        #expect(r.out.contains("thumbnailer rc=1"), "\(r.out)")
+        #expect(r.out.contains("Permission denied"))
+        #expect(r.out.contains("blocks=0"))
+        #expect(r.out.hasSuffix("5000000\n"))
+    }
 }
