@@ -86,7 +86,7 @@ extension FileSystem {
             }
         } else if !present {
             // Reading streams: start the download (or join it); reads wait for their own range.
-            do { try materializer.start(ino) } catch {
+            do { try materializer.start(ino, background: false) } catch {
                 logger.error("download of inode \(ino) could not start: \(error)")
                 throw FSError.io("download failed: \(error)")
             }
@@ -212,12 +212,15 @@ extension FileSystem {
         guard let h = withLock({ handles.removeValue(forKey: fh) }) else { return }
         if h.canWrite { try? makeDurable(h.ino, fd: h.fd) }
         close(h.fd)
-        withLock {
-            guard let n = nodes[h.ino] else { return }
+        let lastClose = withLock { () -> Bool in
+            guard let n = nodes[h.ino] else { return false }
             n.opens -= 1
             if h.canWrite { n.writers -= 1 }
             reapIfUnreferenced(n)
+            return n.opens == 0 && !n.rec.present
         }
+        // Opened and never read: no download keeps waiting for it.
+        if lastClose { materializer.cancelIfIdle(h.ino) }
     }
 
     /// chmod, chown, utimens, truncate. `fh` is the handle of ftruncate/futimens, if any.

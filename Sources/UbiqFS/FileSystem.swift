@@ -63,6 +63,9 @@ public final class FileSystem: @unchecked Sendable {
     /// Programs that may not trigger downloads (thumbnailers, indexers).
     let hydration: HydrationPolicy
 
+    /// Tells the kernel to drop its cached pages of an inode (set by the FUSE binding).
+    let kernelCache = Mutex<(@Sendable (UInt64) -> Void)?>(nil)
+
     // Mutable state, guarded by `lock`.
     let lock = NSLock()
     var nodes: [UInt64: Node] = [:]
@@ -233,6 +236,18 @@ public final class FileSystem: @unchecked Sendable {
 
     var secondsSinceLastChange: TimeInterval {
         Double(DispatchTime.now().uptimeNanoseconds - lastChange.withLock { $0 }) / 1e9
+    }
+
+    /// The FUSE binding's way to drop the kernel's cached pages of an inode.
+    public func setKernelCacheInvalidator(_ invalidate: @escaping @Sendable (UInt64) -> Void) {
+        kernelCache.withLock { $0 = invalidate }
+    }
+
+    /// Asks the kernel to drop `ino`'s cached pages, off the request path (a handler that
+    /// waits for the kernel while the kernel waits for it would deadlock).
+    func invalidateKernelCache(_ ino: UInt64) {
+        guard let invalidate = kernelCache.withLock({ $0 }) else { return }
+        DispatchQueue.global().async { invalidate(ino) }
     }
 
     // MARK: - Queries

@@ -66,19 +66,26 @@ extension FileSystem {
     }
 
     private func evictFile(_ ino: UInt64) throws {
+        // close(2) returns before the kernel's RELEASE reaches us: a file closed a moment
+        // ago still counts as open. Give pending releases a moment (before claiming: a
+        // writer's release takes a claim of its own).
+        let deadline = Date(timeIntervalSinceNow: 1)
+        while withLock({ (nodes[ino]?.opens ?? 0) > 0 }) && Date() < deadline { usleep(5_000) }
         let c = try claim([ino], .evict)
         defer { coordinator.release(c) }
+        materializer.cancelIfIdle(ino)
+        let downloading = materializer.settle(ino)
         let already = try withLock { () -> Bool in
             let n = try node(ino)
             guard n.isRegular else { throw FSError.invalid }
-            if !n.rec.present && materializer.localBytes(ino) == nil { return true }
+            if !n.rec.present && !downloading { return true }
             if n.opens > 0 { throw FSError.busy }
             if n.unpersisted { throw FSError.notUploaded }
             return false
         }
         if already { return }
         if try isPinned(ino) { throw FSError.notPermitted }
-        if materializer.localBytes(ino) != nil { throw FSError.busy }  // still downloading
+        if downloading { throw FSError.busy }
         let uploaded: Bool
         do { uploaded = try state.read { try $0.isUploaded(ino) } } catch { throw FSError.io("state database: \(error)") }
         guard uploaded else { throw FSError.notUploaded }
@@ -89,6 +96,7 @@ extension FileSystem {
             try persist { tx in try tx.upsert(rec) }
         }
         cache.remove(ino)
+        invalidateKernelCache(ino)
         logger.info("evicted inode \(ino)")
     }
 

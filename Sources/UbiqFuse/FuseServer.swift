@@ -64,6 +64,10 @@ public final class FuseServer: @unchecked Sendable {
         }
         session = se
         mountpoint = path
+        fs.setKernelCacheInvalidator { [weak self] ino in
+            guard let se = self?.session else { return }
+            _ = fuse_lowlevel_notify_inval_inode(se, ino, 0, 0)
+        }
     }
 
     /// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and every

@@ -44,6 +44,10 @@ public final class Materializer: @unchecked Sendable {
 
     private let cond = NSCondition()
     private var jobs: [UInt64: Job] = [:]
+    private var fetched: Int64 = 0
+
+    /// Content bytes brought from the store since this Materializer started.
+    public var bytesFetched: Int64 { cond.lock(); defer { cond.unlock() }; return fetched }
     private var completion: @Sendable (UInt64) -> Void = { _ in }
 
     /// One file's download. Guarded by `Materializer.cond`.
@@ -57,6 +61,8 @@ public final class Materializer: @unchecked Sendable {
         var presentCount = 0
         var inFlight: Set<Int> = []
         var wanted: [Int] = []
+        /// Chunks a reader is waiting for: fetched before anything else starts.
+        var urgent: Set<Int> = []
         var nextSequential = 0
         var workers = 0
         var error: Error?
@@ -81,7 +87,9 @@ public final class Materializer: @unchecked Sendable {
     }
 
     /// Starts (or joins) the download of `ino`; its cache file exists at its full size after this.
-    public func start(_ ino: UInt64) throws {
+    /// `background`: begin fetching the whole file now (download, pin); otherwise fetching
+    /// begins with the first read (an open that reads nothing downloads nothing).
+    public func start(_ ino: UInt64, background: Bool = true) throws {
         cond.lock()
         let existing = jobs[ino]
         cond.unlock()
@@ -107,13 +115,13 @@ public final class Materializer: @unchecked Sendable {
         let chunks = Int((rec.size + chunkSize - 1) / chunkSize)
         let job = Job(ino: ino, key: key, version: version, size: rec.size, fd: fd, chunks: chunks)
         jobs[ino] = job
-        if job.done { finishLocked(job) } else if completeInBackground { spawnWorkersLocked(job) }
+        if job.done { finishLocked(job) } else if completeInBackground && background { spawnWorkersLocked(job) }
     }
 
     /// Blocks until bytes `range` of `ino` are local (clamped to the file). Throws the
     /// store's error once every attempt failed; a later call tries again.
     public func ensure(_ ino: UInt64, range: Range<Int64>) throws {
-        try start(ino)
+        try start(ino, background: false)
         cond.lock()
         defer { cond.unlock() }
         guard let job = jobs[ino] else { return }  // already complete
@@ -125,7 +133,9 @@ public final class Materializer: @unchecked Sendable {
         job.error = nil
         let ahead = (last + 1 ..< min(job.present.count, last + 1 + readahead)).filter { !job.present[$0] }
         job.wanted = needed + ahead + job.wanted.filter { !needed.contains($0) && !ahead.contains($0) }
+        job.urgent.formUnion(needed)
         spawnWorkersLocked(job)
+        defer { for c in needed where job.present[c] { job.urgent.remove(c) } }
         while needed.contains(where: { !job.present[$0] }) {
             if let e = job.error { throw e }
             cond.wait()
@@ -144,6 +154,24 @@ public final class Materializer: @unchecked Sendable {
         }
     }
 
+    /// Drops `ino`'s download if nothing was fetched and nothing is being fetched (opened, never read).
+    public func cancelIfIdle(_ ino: UInt64) {
+        cond.lock(); defer { cond.unlock() }
+        guard let job = jobs[ino], job.presentCount == 0, job.inFlight.isEmpty, job.workers == 0 else { return }
+        jobs[ino] = nil
+        close(job.fd)
+        cond.broadcast()
+    }
+
+    /// If `ino`'s download has every chunk and is only being recorded, waits for that
+    /// (at most `timeout` seconds). Returns whether a download is still under way.
+    public func settle(_ ino: UInt64, timeout: TimeInterval = 10) -> Bool {
+        let deadline = Date(timeIntervalSinceNow: timeout)
+        cond.lock(); defer { cond.unlock() }
+        while let job = jobs[ino], job.done, Date() < deadline { _ = cond.wait(until: deadline) }
+        return jobs[ino] != nil
+    }
+
     /// Bytes of `ino` already local, while it is downloading (nil: no download under way).
     public func localBytes(_ ino: UInt64) -> Int64? {
         cond.lock(); defer { cond.unlock() }
@@ -154,7 +182,11 @@ public final class Materializer: @unchecked Sendable {
     // MARK: - Workers (under `cond` unless noted)
 
     private func spawnWorkersLocked(_ job: Job) {
-        while job.workers < parallelism && nextChunkAvailable(job) {
+        // While a reader waits, only its chunks are fetched (no competition for its first byte);
+        // once they are here, the workers ramp up to `parallelism`.
+        let waiting = job.urgent.filter { !job.present[$0] }.count
+        let limit = waiting > 0 ? min(parallelism, waiting) : parallelism
+        while job.workers < limit && nextChunkAvailable(job) {
             job.workers += 1
             let t = Thread { [self] in work(job) }
             t.name = "ubiq-download"
@@ -200,6 +232,9 @@ public final class Materializer: @unchecked Sendable {
             case .success:
                 job.present[chunk] = true
                 job.presentCount += 1
+                job.urgent.remove(chunk)
+                fetched += min(chunkSize, job.size - Int64(chunk) * chunkSize)
+                spawnWorkersLocked(job)
             case .failure(let e):
                 job.error = e
                 logger.warning("download of \(job.key) failed: \(e)")

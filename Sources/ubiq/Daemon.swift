@@ -81,6 +81,7 @@ struct Daemon {
         let status = server.run()
         logger.info("unmounting (loop ended with \(status))")
         if let stats = server.operationStats { logger.info("operation times: \(stats)") }
+        logger.info("fetched \(materializer.bytesFetched) content bytes from the store in this run")
         server.unmount()
         uploader.stop()
         let timeout = Self.requestedDrainTimeout(plan)

@@ -572,8 +572,10 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         let thumbnailer = Caller(uid: 0, gid: 0, pid: 4242)
         #expect(throws: FSError.accessDenied) { try d.fs.open(ino, flags: O_RDONLY, caller: thumbnailer) }
         #expect(counting.bytesRead == 0)
-        // Anyone else downloads; once it is local the thumbnailer may read it too.
+        // Anyone else downloads (from the first read on); once it is local the thumbnailer may read it too.
         let fh = try d.fs.open(ino, flags: O_RDONLY, caller: Caller(uid: 0, gid: 0, pid: 1))
+        var one = [UInt8](repeating: 0, count: 1)
+        _ = try one.withUnsafeMutableBytes { try d.fs.read(fh, offset: 0, count: 1, into: $0.baseAddress!) }
         d.fs.release(fh)
         try waitLocal(d, ino)
         let th = try d.fs.open(ino, flags: O_RDONLY, caller: thumbnailer)
