@@ -16,6 +16,7 @@ extension FileSystem {
     /// Registers a handle over an already open cache file descriptor (with `lock` held).
     func adoptHandle(_ n: Node, fd: Int32, flags: Int32) -> UInt64 {
         let handle = Handle(ino: n.rec.ino, fd: fd, flags: flags)
+        touchLocked(n)
         let fh = nextHandle
         nextHandle += 1
         handles[fh] = handle
@@ -42,6 +43,7 @@ extension FileSystem {
                 logger.error("could not record the download of inode \(ino): \(error)")
             }
         }
+        scheduleCacheLimitCheck()
     }
 
     /// Brings a placeholder's content into the cache (call holding an exclusive claim, without `lock`).
@@ -142,10 +144,16 @@ extension FileSystem {
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
         var done = 0
+        var freedForThis = false
         while done < count {
             let n = pwrite(fd, data + done, count - done, off_t(offset) + off_t(done))
             if n < 0 {
                 if errno == EINTR { continue }
+                // The cache's disk is full: make room from evictable files once, then retry.
+                if (errno == ENOSPC || errno == EDQUOT) && !freedForThis {
+                    freedForThis = true
+                    if enforceCacheLimit(target: max(0, localContentBytes - Int64(count - done) - (64 << 20))) > 0 { continue }
+                }
                 if done > 0 { break }
                 throw FSError.fromErrno(errno)
             }
@@ -221,6 +229,7 @@ extension FileSystem {
         }
         // Opened and never read: no download keeps waiting for it.
         if lastClose { materializer.cancelIfIdle(h.ino) }
+        scheduleCacheLimitCheck()
     }
 
     /// chmod, chown, utimens, truncate. `fh` is the handle of ftruncate/futimens, if any.

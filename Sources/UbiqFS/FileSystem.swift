@@ -20,6 +20,8 @@ final class Node {
     var xattrs: [[UInt8]: [UInt8]] = [:]
     /// Content or size changed in memory and not yet committed (close/fsync commit).
     var unpersisted = false
+    /// When the content was last opened (a counter, for least-recently-used eviction).
+    var lastUsed: UInt64 = 0
 
     init(_ rec: InodeRecord) { self.rec = rec }
     var isDirectory: Bool { rec.type == UInt32(S_IFDIR) }
@@ -62,6 +64,9 @@ public final class FileSystem: @unchecked Sendable {
     let uploadDelay: TimeInterval
     /// Programs that may not trigger downloads (thumbnailers, indexers).
     let hydration: HydrationPolicy
+    /// Local content bytes to stay under (nil: no limit).
+    let cacheLimit: Int64?
+    let limitCheckPending = Mutex<Bool>(false)
 
     /// Tells the kernel to drop its cached pages of an inode (set by the FUSE binding).
     let kernelCache = Mutex<(@Sendable (UInt64) -> Void)?>(nil)
@@ -72,12 +77,13 @@ public final class FileSystem: @unchecked Sendable {
     var handles: [UInt64: Handle] = [:]
     var nextHandle: UInt64 = 1
     var nextIno: UInt64 = 2
+    var useClock: UInt64 = 0
     /// When the last local change happened (uptime ns); its own lock, read by the uploader.
     let lastChange = Mutex<UInt64>(0)
 
     public init(state: LocalState, coordinator: Coordinator, cache: ContentCache, materializer: Materializer,
                 uploader: Uploader?, logger: Logger, rootOwner: Caller = Caller(uid: getuid(), gid: getgid()),
-                uploadDelay: TimeInterval = 0.2, hydration: HydrationPolicy = .off) throws {
+                uploadDelay: TimeInterval = 0.2, hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil) throws {
         self.state = state
         self.coordinator = coordinator
         self.cache = cache
@@ -86,6 +92,7 @@ public final class FileSystem: @unchecked Sendable {
         self.logger = logger
         self.uploadDelay = uploadDelay
         self.hydration = hydration
+        self.cacheLimit = cacheLimit
         try load(rootOwner: rootOwner)
         uploader?.setBusyCheck { [weak self] ino in self?.isOpenForWriting(ino) ?? false }
         uploader?.setQuietCheck { [weak self] in self?.secondsSinceLastChange ?? .infinity }
@@ -235,7 +242,10 @@ public final class FileSystem: @unchecked Sendable {
     }
 
     var secondsSinceLastChange: TimeInterval {
-        Double(DispatchTime.now().uptimeNanoseconds - lastChange.withLock { $0 }) / 1e9
+        // Another thread may record a change between the two reads: never subtract past zero.
+        let last = lastChange.withLock { $0 }
+        let now = DispatchTime.now().uptimeNanoseconds
+        return now > last ? Double(now - last) / 1e9 : 0
     }
 
     /// The FUSE binding's way to drop the kernel's cached pages of an inode.

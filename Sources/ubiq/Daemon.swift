@@ -60,7 +60,7 @@ struct Daemon {
         do {
             fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
                                 uploader: uploader, logger: logger, uploadDelay: plan.uploadDelay,
-                                hydration: plan.hydration)
+                                hydration: plan.hydration, cacheLimit: plan.cacheSize)
         } catch { die("\(error)") }
         let server = FuseServer(fs: fs, options: plan.fuseOptions, logger: logger)
         do { try server.mount(at: plan.mountpoint, fsname: "ubiq:" + plan.storePath) } catch { die("\(error)") }
@@ -70,7 +70,7 @@ struct Daemon {
                                                  withIntermediateDirectories: true)
         try? JSONEncoder().encode(record).write(to: URL(fileURLWithPath: registry))
         uploader.start()
-        logger.info("mounted \(plan.storeURL) at \(plan.mountpoint) (device \(deviceID), \(fs.inodeCount) items)")
+        logger.info("mounted \(plan.storeURL) at \(plan.mountpoint) (device \(deviceID), \(fs.inodeCount) items, cache limit \(plan.cacheSize) bytes)")
         if notify {
             say("ready")
             // From here on, nothing goes to the parent's pipe.

@@ -37,6 +37,9 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds `ubiq unmount` waits for pending uploads by default.")
     var drainTimeout: Double = 30
 
+    @Option(help: ArgumentHelp("Local content to keep at most, e.g. 20G, 500M (default: a quarter of the free space where the cache is, at least 1G); least recently used files beyond it become placeholders again.", valueName: "SIZE"))
+    var cacheSize: String?
+
     @Option(help: "Seconds an upload waits after the last change to a file (coalesces bursts of saves).")
     var uploadDelay: Double = 2
 
@@ -76,6 +79,7 @@ struct Mount: ParsableCommand {
         for o in options { args += ["-o", o] }
         if writebackCache { args.append("--writeback-cache") }
         if let noDownloadFor { args += ["--no-download-for", noDownloadFor] }
+        args += ["--cache-size", String(plan.cacheSize)]
         if downloadForAll { args.append("--download-for-all") }
         args.append(plan.mountpoint)
         p.arguments = args
@@ -112,6 +116,7 @@ struct MountPlan {
     var drainTimeout: Double
     var uploadDelay: Double
     var hydration: HydrationPolicy
+    var cacheSize: Int64
 
     static func check(_ m: Mount) throws -> MountPlan {
         let mp = Paths.absolute(m.mountpoint)
@@ -159,9 +164,19 @@ struct MountPlan {
         if let holder = StateLock.holder(stateDir) {
             throw UserError("state directory \(stateDir) is in use by another ubiq daemon (pid \(holder))")
         }
+        var cacheSize: Int64 = 0
+        if let text = m.cacheSize {
+            guard let v = Self.parseSize(text), v > 0 else { throw UserError("invalid --cache-size \(text): use a size like 500M or 20G") }
+            cacheSize = v
+        }
         // Every check passed: only now create what is missing.
         try Self.createDirectory(storePath, what: "store", mode: 0o755)
         try Self.createDirectory(stateDir, what: "state directory", mode: 0o700)
+        if cacheSize == 0 {
+            var st = statvfs()
+            let free = statvfs(stateDir, &st) == 0 ? Int64(st.f_bavail) * Int64(st.f_frsize) : 0
+            cacheSize = max(1 << 30, free / 4)
+        }
         var fo = FuseOptions()
         fo.writebackCache = m.writebackCache
         fo.mountOptions = m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" }
@@ -169,7 +184,20 @@ struct MountPlan {
                          fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay),
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
-                                 ?? HydrationPolicy.defaultBlocked))
+                                 ?? HydrationPolicy.defaultBlocked),
+                         cacheSize: cacheSize)
+    }
+
+    /// "500M", "20G", "1.5T", "4096" (bytes), binary units.
+    static func parseSize(_ text: String) -> Int64? {
+        let t = text.trimmingCharacters(in: .whitespaces).uppercased()
+        let units: [Character: Double] = ["K": 1024, "M": 1_048_576, "G": 1_073_741_824, "T": 1_099_511_627_776]
+        var number = t
+        var mult: Double = 1
+        if let last = t.last, let u = units[last] { mult = u; number = String(t.dropLast()) }
+        if number.hasSuffix("I") || number.hasSuffix("B") { return nil }
+        guard let v = Double(number), v >= 0 else { return nil }
+        return Int64(v * mult)
     }
 
     static func inPath(_ tool: String) -> Bool {

@@ -117,6 +117,7 @@ import Testing
             ("mount --store dir:\(base)/s7 --state \(base)/afile \(base)/free", "is not a directory"),
             ("unmount \(base)/free", "is not mounted"),
             ("mount", "Missing expected argument"),
+            ("mount --cache-size lots --store dir:\(base)/s8 --state \(base)/st8 \(base)/free", "invalid --cache-size"),
         ]
         expectOK(shell("mkdir -p \(base)/free \(base)/notempty && touch \(base)/notempty/x \(base)/afile"))
         for (args, message) in cases {
@@ -128,7 +129,7 @@ import Testing
             }
         }
         // Nothing was created by the failed attempts, and the free mount point is still empty.
-        for path in ["s2", "st2", "s3", "st4", "st5", "s6", "st6"] {
+        for path in ["s2", "st2", "s3", "st4", "st5", "s6", "st6", "s8", "st8"] {
             #expect(!FileManager.default.fileExists(atPath: "\(base)/\(path)"), "\(path) was created")
         }
         #expect(try FileManager.default.contentsOfDirectory(atPath: "\(base)/free").isEmpty)
@@ -192,5 +193,20 @@ import Testing
         #expect(r.out.contains("Permission denied"))
         #expect(r.out.contains("blocks=0"))
         #expect(r.out.hasSuffix("5000000\n"))
+    }
+
+    /// Reading three times the cache limit keeps what is local under it.
+    @Test func theCacheLimitHoldsThroughAMount() throws {
+        let a = try MountFixture()
+        defer { a.cleanup() }
+        expectOK(a.sh("for i in 1 2 3 4 5 6; do head -c 12000000 /dev/urandom > f$i; done; sha256sum f* > \(a.base)/sums"))
+        expectOK(a.unmount())
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--cache-size 30M")
+        defer { b.cleanup() }
+        let r = b.sh("sha256sum -c \(a.base)/sums > /dev/null && sleep 1 && du -sk . | cut -f1")
+        expectOK(r)
+        let kib = Int(r.out.trimmingCharacters(in: .whitespacesAndNewlines)) ?? Int.max
+        #expect(kib <= 30 * 1024 + 64, "local content \(kib) KiB over a 30 MiB limit")
+        #expect(kib >= 11000, "the most recent file should still be local: \(kib) KiB")
     }
 }

@@ -1,0 +1,61 @@
+import Foundation
+import UbiqState
+
+/// Keeping local content under the cache limit: least recently used files
+/// that are closed, unchanged since their upload and not pinned go back to
+/// being placeholders. Nothing else is ever evicted, so the limit can be
+/// exceeded by what must stay (open, modified, pinned files).
+extension FileSystem {
+    /// Local content bytes: downloaded files in full, downloads under way as far as they got.
+    public var localContentBytes: Int64 {
+        withLock {
+            nodes.values.reduce(0) { sum, n in
+                guard n.isRegular else { return sum }
+                return sum + (n.rec.present ? n.rec.size : (materializer.localBytes(n.rec.ino) ?? 0))
+            }
+        }
+    }
+
+    /// Evicts least recently used files until local content is at most `target` bytes
+    /// (default: the cache limit). Returns the bytes freed.
+    @discardableResult
+    public func enforceCacheLimit(target: Int64? = nil) -> Int64 {
+        guard let limit = target ?? cacheLimit else { return 0 }
+        var usage = localContentBytes
+        if usage <= limit { return 0 }
+        let candidates = withLock {
+            nodes.values.filter { $0.isRegular && $0.rec.present && $0.opens == 0 && !$0.unpersisted && !$0.rec.pinned }
+                .sorted { $0.lastUsed < $1.lastUsed }
+                .map { ($0.rec.ino, $0.rec.size) }
+        }
+        var freed: Int64 = 0
+        for (ino, size) in candidates where usage > limit {
+            // evictFile refuses, losing nothing, whatever must stay (pinned folder, not uploaded, opened meanwhile).
+            guard (try? evict(ino)) != nil else { continue }
+            usage -= size
+            freed += size
+        }
+        if freed > 0 { logger.info("cache limit: evicted \(freed) bytes of least recently used files") }
+        return freed
+    }
+
+    /// Checks the limit off the request path (after a download, an upload, a close).
+    func scheduleCacheLimitCheck() {
+        guard cacheLimit != nil else { return }
+        let pending = limitCheckPending.withLock { p -> Bool in
+            defer { p = true }
+            return p
+        }
+        if pending { return }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.1) { [weak self] in
+            self?.limitCheckPending.withLock { $0 = false }
+            self?.enforceCacheLimit()
+        }
+    }
+
+    /// Records a use of `ino`'s content (for least-recently-used order). Call with `lock` held.
+    func touchLocked(_ n: Node) {
+        useClock += 1
+        n.lastUsed = useClock
+    }
+}
