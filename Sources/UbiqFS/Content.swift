@@ -122,17 +122,32 @@ extension FileSystem {
     }
 
     /// relatime, as ext4 mounts by default: a read updates atime when it is older than
-    /// the last change, or a day old. So only the first read after a change writes state.
+    /// the last change, or a day old. Like ext4, the update stays in memory and is written
+    /// with the inode's next change, or in one batch at unmount (`writeAccessTimes`): an
+    /// access time lost to a crash loses no data.
     private func touchAccessTime(_ ino: UInt64) {
         let day: Int64 = 86_400_000_000_000
-        try? withLock {
+        withLock {
             guard let n = nodes[ino], n.nlink > 0 else { return }
             let now = nowNanos()
             let r = n.rec
             guard r.atimeNs <= r.mtimeNs || r.atimeNs <= r.ctimeNs || now - r.atimeNs >= day else { return }
             n.rec.atimeNs = now
-            let rec = n.rec
-            try persist { tx in try tx.upsert(rec) }
+            n.atimeDirty = true
+        }
+    }
+
+    /// Writes access times kept in memory (at unmount).
+    public func writeAccessTimes() {
+        withLock {
+            let dirty = nodes.values.filter { $0.atimeDirty }
+            guard !dirty.isEmpty else { return }
+            do {
+                try persist { tx in for n in dirty { try tx.upsert(n.rec) } }
+                for n in dirty { n.atimeDirty = false }
+            } catch {
+                logger.warning("could not write access times: \(error)")
+            }
         }
     }
 

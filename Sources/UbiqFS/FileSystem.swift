@@ -22,6 +22,8 @@ final class Node {
     var unpersisted = false
     /// When the content was last opened (a counter, for least-recently-used eviction).
     var lastUsed: UInt64 = 0
+    /// atime changed by a read and not written yet (see `writeAccessTimes`).
+    var atimeDirty = false
 
     init(_ rec: InodeRecord) { self.rec = rec }
     var isDirectory: Bool { rec.type == UInt32(S_IFDIR) }

@@ -83,6 +83,7 @@ struct Daemon {
         if let stats = server.operationStats { logger.info("operation times: \(stats)") }
         logger.info("fetched \(materializer.bytesFetched) content bytes from the store in this run")
         server.unmount()
+        fs.writeAccessTimes()
         uploader.stop()
         let timeout = Self.requestedDrainTimeout(plan)
         let pending = uploader.pendingCount

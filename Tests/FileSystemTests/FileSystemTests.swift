@@ -264,7 +264,13 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         _ = try d.fs.symlink(n("docs/a"), rootIno, n("link"), caller: .root)
         try d.fs.setxattr(try d.ino("docs/a"), n("user.tag"), n("t"), mode: .any)
         let inoBefore = try d.ino("docs/a")
+        _ = try d.fs.setattr(inoBefore, AttributeChanges(atime: .at(1_000), mtime: .at(2_000)), caller: .root)
+        #expect(try d.read("docs/a") == "alpha")  // relatime: atime moves past mtime, in memory
+        let atime = try d.fs.getattr(inoBefore).atime
+        #expect(atime > 2_000)
+        d.fs.writeAccessTimes()  // what unmount does
         try d.open()  // restart on the same state
+        #expect(try d.fs.getattr(inoBefore).atime == atime)
         #expect(try d.ino("docs/a") == inoBefore)
         #expect(try d.read("docs/a") == "alpha")
         #expect(try d.fs.readlink(try d.ino("link")) == n("docs/a"))
