@@ -503,6 +503,27 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         #expect(try d.fs.getattr(ino).blocks * 512 >= Int64(size))
     }
 
+    /// The store moves on mid-download (another device rewrote the file, and the version
+    /// this placeholder stands for was pruned): reads fail cleanly, never mixing versions.
+    @Test func aDownloadNeverMixesTwoVersions() throws {
+        let size = 16 << 20  // beyond the first read's readahead
+        let (store, bytes) = try Self.storeWithFile(size)
+        let d = try Device(store: store, completeInBackground: false)
+        let ino = try d.ino("big.bin")
+        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        defer { d.fs.release(fh) }
+        #expect(try read(d, fh, 0, 1000) == Array(bytes[0 ..< 1000]))
+        let other = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-other-\(UUID().uuidString)")
+        try Data(repeating: 0xEE, count: size).write(to: other)
+        defer { try? FileManager.default.removeItem(at: other) }
+        for _ in 0 ..< 12 {  // more than the store keeps: the old version is gone
+            _ = try runBlocking { try await store.put("big.bin", contentsOf: other, metadata: ObjectMetadata(kind: .file), condition: .always) }
+        }
+        // Bytes already here are still the old version's; bytes not here cannot come from another.
+        #expect(try read(d, fh, 0, 1000) == Array(bytes[0 ..< 1000]))
+        #expect(throws: FSError.self) { try read(d, fh, 12 << 20, 1000) }
+    }
+
     @Test func theRestCompletesInTheBackgroundAndSurvivesARestart() throws {
         let size = 8 << 20
         let (store, bytes) = try Self.storeWithFile(size)
