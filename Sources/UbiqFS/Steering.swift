@@ -93,7 +93,10 @@ extension FileSystem {
             let n = try node(ino)
             n.rec.present = false
             let rec = n.rec
-            try persist { tx in try tx.upsert(rec) }
+            try persist { tx in
+                try tx.upsert(rec)
+                try tx.removeDownload(ino)
+            }
         }
         cache.remove(ino)
         invalidateKernelCache(ino)

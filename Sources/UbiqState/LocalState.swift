@@ -149,6 +149,12 @@ public final class LocalState: Sendable {
         m.registerMigration("v3: pins") { db in
             try db.execute(sql: "ALTER TABLE inodes ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
         }
+        m.registerMigration("v4: partial downloads") { db in
+            try db.execute(sql: """
+                CREATE TABLE downloads (ino INTEGER PRIMARY KEY, version TEXT NOT NULL,
+                  chunk_size INTEGER NOT NULL, chunks BLOB NOT NULL)
+                """)
+        }
         return m
     }
 
@@ -363,6 +369,25 @@ public struct StateTransaction {
     static func entryRecord(_ r: Row) -> EntryRecord {
         EntryRecord(id: r["id"], parent: UInt64(bitPattern: r["parent"]), name: [UInt8](r["name"] as Data),
                     ino: UInt64(bitPattern: r["ino"]), remoteKey: r["remote_key"], remoteVersion: r["remote_version"])
+    }
+
+    // MARK: partial downloads
+
+    /// Chunks of `ino` known to be in its cache file (synced), for `version` in `chunkSize` chunks.
+    public func saveDownload(_ ino: UInt64, version: String, chunkSize: Int64, present: [Bool]) throws {
+        try db.execute(sql: "INSERT OR REPLACE INTO downloads (ino, version, chunk_size, chunks) VALUES (?, ?, ?, ?)",
+                       arguments: [Int64(bitPattern: ino), version, chunkSize, Data(present.map { $0 ? 1 : 0 })])
+    }
+
+    public func download(_ ino: UInt64) throws -> (version: String, chunkSize: Int64, present: [Bool])? {
+        try Row.fetchOne(db, sql: "SELECT version, chunk_size, chunks FROM downloads WHERE ino = ?",
+                         arguments: [Int64(bitPattern: ino)]).map {
+            ($0["version"], $0["chunk_size"], [UInt8]($0["chunks"] as Data).map { $0 != 0 })
+        }
+    }
+
+    public func removeDownload(_ ino: UInt64) throws {
+        try db.execute(sql: "DELETE FROM downloads WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
     }
 
     // MARK: xattrs

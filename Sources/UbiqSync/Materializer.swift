@@ -102,18 +102,28 @@ public final class Materializer: @unchecked Sendable {
         guard let entry, let key = entry.remoteKey, let version = entry.remoteVersion, let rec else {
             throw SyncError.noRemoteCopy(ino: ino)
         }
+        let chunks = Int((rec.size + chunkSize - 1) / chunkSize)
+        // Chunks an earlier run fetched (and synced) for this same version.
+        let saved = try? state.read { try $0.download(ino) }
+        let resume = saved.flatMap { s in
+            s.version == version && s.chunkSize == chunkSize && s.present.count == chunks
+                && cache.size(of: ino) == rec.size ? s.present : nil
+        }
         cond.lock()
         defer { cond.unlock() }
         if jobs[ino] != nil { return }
-        // A fresh job: whatever an earlier run left in the cache file is not trusted.
-        let fd = open(cache.path(ino), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        // Without a record of what is in it, what an earlier run left in the cache file is not trusted.
+        let fd = open(cache.path(ino), O_RDWR | O_CREAT | O_CLOEXEC | (resume == nil ? O_TRUNC : 0), 0o600)
         if fd < 0 { throw SyncError.local("cannot create cache file: \(String(cString: strerror(errno)))") }
         if ftruncate(fd, off_t(rec.size)) != 0 {
             close(fd)
             throw SyncError.local("cannot size cache file: \(String(cString: strerror(errno)))")
         }
-        let chunks = Int((rec.size + chunkSize - 1) / chunkSize)
         let job = Job(ino: ino, key: key, version: version, size: rec.size, fd: fd, chunks: chunks)
+        if let resume {
+            job.present = resume
+            job.presentCount = resume.filter { $0 }.count
+        }
         jobs[ino] = job
         if job.done { finishLocked(job) } else if completeInBackground && background { spawnWorkersLocked(job) }
     }
@@ -223,8 +233,11 @@ public final class Materializer: @unchecked Sendable {
 
     private func work(_ job: Job) {
         cond.lock()
+        var pendingSave: [Bool]?
         while job.error == nil, let chunk = takeChunk(job) {
             cond.unlock()
+            // This worker keeps the job (and its file descriptor) alive while it saves.
+            if let present = pendingSave { saveProgress(job, present); pendingSave = nil }
             let result = fetchChunk(job, chunk)
             cond.lock()
             job.inFlight.remove(chunk)
@@ -235,6 +248,7 @@ public final class Materializer: @unchecked Sendable {
                 job.urgent.remove(chunk)
                 fetched += min(chunkSize, job.size - Int64(chunk) * chunkSize)
                 spawnWorkersLocked(job)
+                if job.presentCount % 16 == 0 && !job.done { pendingSave = job.present }
             case .failure(let e):
                 job.error = e
                 logger.warning("download of \(job.key) failed: \(e)")
@@ -250,11 +264,19 @@ public final class Materializer: @unchecked Sendable {
             _ = fsync(job.fd)
             close(job.fd)
             done(job.ino)  // persists `present` before the job is dropped (see `start`)
+            try? state.write { try $0.removeDownload(job.ino) }
             cond.lock()
             if jobs[job.ino] === job { jobs[job.ino] = nil }
             cond.broadcast()
             cond.unlock()
         }
+    }
+
+    /// Records which chunks are in the cache file, after syncing them there, so a restart
+    /// resumes instead of starting over. (A chunk fetched after the sync is fetched again.)
+    private func saveProgress(_ job: Job, _ present: [Bool]) {
+        guard fdatasync(job.fd) == 0 else { return }
+        try? state.write { try $0.saveDownload(job.ino, version: job.version, chunkSize: chunkSize, present: present) }
     }
 
     private func finishLocked(_ job: Job) {

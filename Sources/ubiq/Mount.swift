@@ -31,7 +31,7 @@ struct Mount: ParsableCommand {
     @Flag(help: "Stay in the foreground (logs to the terminal too).")
     var foreground = false
 
-    @Option(name: .customShort("o"), help: "Extra FUSE mount options, comma-separated (allow_other, ro, ...).")
+    @Option(name: .customShort("o"), help: "Extra FUSE mount options, comma-separated (e.g. allow_other: let other users in).")
     var options: [String] = []
 
     @Option(help: "Seconds `ubiq unmount` waits for pending uploads by default.")

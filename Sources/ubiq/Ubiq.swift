@@ -7,12 +7,12 @@ struct Ubiq: ParsableCommand {
         abstract: "Mount a cloud store as a folder: every file visible at once, content on demand.",
         discussion: """
             Examples:
-              ubiq mount ~/Ubiquity                      mount the default store (~/.local/share/ubiq/store)
-              ubiq mount --store dir:/srv/store ~/Work   mount a store folder
-              ubiq unmount ~/Ubiquity                    upload what is pending, then unmount
-              ubiq download --wait ~/Ubiquity/Docs       bring a folder here for offline use
-              ubiq evict ~/Ubiquity/Videos               free local space (files stay visible)
-              ubiq pin ~/Ubiquity/Docs                   keep a folder downloaded
+              ubiq mount ~/Ubiquity                 mount the default store
+              ubiq mount --store dir:/srv/s ~/Work  mount another store
+              ubiq download --wait ~/Ubiquity/Docs  keep a folder here offline
+              ubiq evict ~/Ubiquity/Videos          free space; files stay visible
+              ubiq pin ~/Ubiquity/Docs              keep a folder downloaded
+              ubiq unmount ~/Ubiquity               upload what is pending, unmount
             """,
         version: ubiqVersion,
         subcommands: [Mount.self, Unmount.self, Download.self, Evict.self, Pin.self, Unpin.self])

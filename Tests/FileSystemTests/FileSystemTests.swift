@@ -524,6 +524,27 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         #expect(throws: FSError.self) { try read(d, fh, 12 << 20, 1000) }
     }
 
+    /// A download cut short resumes after a restart from the chunks already fetched.
+    @Test func aPartialDownloadResumesAfterARestart() throws {
+        let size = 40 << 20
+        let (store, bytes) = try Self.storeWithFile(size)
+        let counting = CountingStore(store)
+        let d = try Device(store: store, remote: counting, completeInBackground: false)
+        let ino = try d.ino("big.bin")
+        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        // Read the first 32 MiB: progress is recorded every 16 chunks.
+        #expect(try read(d, fh, 0, 32 << 20) == Array(bytes[0 ..< (32 << 20)]))
+        d.fs.release(fh)
+        let firstRun = counting.bytesRead
+        #expect(try d.state.read { try $0.download(ino) }?.present.filter { $0 }.count ?? 0 >= 16)
+        try d.open()  // a new run of the daemon
+        let fh2 = try d.fs.open(ino, flags: O_RDONLY)
+        defer { d.fs.release(fh2) }
+        #expect(try read(d, fh2, 0, size) == bytes)
+        // At most the unrecorded chunks came down again, not the first 16 MiB.
+        #expect(counting.bytesRead - firstRun <= Int64(size) - (16 << 20), "fetched \(counting.bytesRead - firstRun) after restart")
+    }
+
     @Test func theRestCompletesInTheBackgroundAndSurvivesARestart() throws {
         let size = 8 << 20
         let (store, bytes) = try Self.storeWithFile(size)
