@@ -524,6 +524,34 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         #expect(throws: FSError.self) { try read(d, fh, 12 << 20, 1000) }
     }
 
+    /// The store is down: a read of what is not here fails with EIO in bounded time, what is
+    /// here still reads, and once the store is back the same read works.
+    @Test func storeFailuresGiveEIOAndTheNextReadTriesAgain() throws {
+        let size = 16 << 20
+        let (store, bytes) = try Self.storeWithFile(size)
+        let faulty = FaultyStore(store)
+        let d = try Device(store: store, remote: faulty, completeInBackground: false)
+        let ino = try d.ino("big.bin")
+        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        defer { d.fs.release(fh) }
+        #expect(try read(d, fh, 0, 100) == Array(bytes[0 ..< 100]))
+        faulty.fail(.read)
+        let start = Date()
+        #expect(throws: FSError.self) { try read(d, fh, 10 << 20, 100) }
+        #expect(Date().timeIntervalSince(start) < 10, "a failing read must not hang")
+        #expect(try read(d, fh, 0, 100) == Array(bytes[0 ..< 100]))  // local bytes still read
+        faulty.heal()
+        #expect(try read(d, fh, 10 << 20, 100) == Array(bytes[(10 << 20) ..< (10 << 20) + 100]))
+        // Writes go on locally while uploads fail; they are kept and go out when it is back.
+        faulty.fail(.put)
+        try d.write("offline.txt", "written while the store was down")
+        _ = d.uploader.processRound(ignoringDelay: true)
+        #expect(try d.state.read { try $0.outboxCount() } > 0)
+        faulty.heal()
+        d.sync()
+        #expect(try runBlocking { try await store.head("offline.txt") }.size == 32)
+    }
+
     /// A download cut short resumes after a restart from the chunks already fetched.
     @Test func aPartialDownloadResumesAfterARestart() throws {
         let size = 40 << 20

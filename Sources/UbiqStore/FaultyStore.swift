@@ -1,0 +1,63 @@
+import Foundation
+import Synchronization
+
+/// Wraps a store and makes chosen operations fail, to test what the device does
+/// when the store is down or answers wrongly. Faults are switched on and off while
+/// it runs.
+public final class FaultyStore: CloudStore, Sendable {
+    public enum Operation: Sendable, Hashable { case head, list, read, put, copy, delete, changes }
+
+    public let inner: any CloudStore
+    private let failing = Mutex<[Operation: StoreError]>([:])
+
+    public init(_ inner: any CloudStore) { self.inner = inner }
+
+    /// From now on `op` fails with `error` (default: the store is unavailable).
+    public func fail(_ op: Operation, with error: StoreError = .unavailable("injected fault")) {
+        failing.withLock { $0[op] = error }
+    }
+
+    public func heal(_ op: Operation? = nil) {
+        failing.withLock { if let op { $0[op] = nil } else { $0.removeAll() } }
+    }
+
+    private func check(_ op: Operation) throws {
+        if let e = failing.withLock({ $0[op] }) { throw e }
+    }
+
+    public func head(_ key: String) async throws -> ObjectInfo { try check(.head); return try await inner.head(key) }
+
+    public func list(prefix: String) async throws -> [ObjectInfo] {
+        try check(.list)
+        return try await inner.list(prefix: prefix)
+    }
+
+    public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        try check(.read)
+        return try await inner.read(key, version: version, range: range)
+    }
+
+    public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
+                    condition: WriteCondition) async throws -> ObjectInfo {
+        try check(.put)
+        return try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition)
+    }
+
+    public func copy(from source: String, version: String, to destination: String,
+                     metadata: ObjectMetadata?, condition: WriteCondition) async throws -> ObjectInfo {
+        try check(.copy)
+        return try await inner.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
+    }
+
+    public func delete(_ key: String, condition: WriteCondition) async throws {
+        try check(.delete)
+        try await inner.delete(key, condition: condition)
+    }
+
+    public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+        try check(.changes)
+        return try await inner.changes(since: cursor, limit: limit)
+    }
+
+    public func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
+}
