@@ -303,10 +303,19 @@ public final class FileSystem: @unchecked Sendable {
         }
     }
 
+    /// df: the store's quota and usage where the store has a quota (as last seen by the
+    /// uploader; never waits for the store), otherwise the disk that holds the cache.
     public func statfs() -> FSStats {
         var s = statvfs()
         _ = statvfs(cache.directory.path, &s)
         let files = UInt64(withLock { nodes.count })
+        if let u = uploader?.storeUsage, let quota = u.quotaBytes {
+            let bs: UInt64 = 4096
+            let total = UInt64(max(0, quota)) / bs
+            let free = UInt64(max(0, quota - u.usedBytes)) / bs
+            return FSStats(blockSize: bs, blocks: total, blocksFree: free, blocksAvailable: free,
+                           files: files + UInt64(s.f_ffree), filesFree: UInt64(s.f_ffree), nameMax: UInt64(maxNameBytes))
+        }
         return FSStats(blockSize: UInt64(s.f_bsize), blocks: UInt64(s.f_blocks), blocksFree: UInt64(s.f_bfree),
                        blocksAvailable: UInt64(s.f_bavail), files: files + UInt64(s.f_ffree),
                        filesFree: UInt64(s.f_ffree), nameMax: UInt64(maxNameBytes))

@@ -449,9 +449,12 @@ public struct StateTransaction {
             """, arguments: [Date().timeIntervalSince1970 + delay, Int64(bitPattern: ino)])
     }
 
-    /// Inodes whose last upload attempt failed (kept locally, with the reason).
+    /// Inodes whose upload failed for good (kept locally, with the reason); ones still
+    /// queued for another try are counted by `outboxCount`.
     public func uploadErrorCount() throws -> Int {
-        try Int.fetchOne(db, sql: "SELECT count(*) FROM inodes WHERE upload_error IS NOT NULL") ?? 0
+        try Int.fetchOne(db, sql: """
+            SELECT count(*) FROM inodes WHERE upload_error IS NOT NULL AND ino NOT IN (SELECT ino FROM outbox)
+            """) ?? 0
     }
 
     public func outboxCount() throws -> Int {

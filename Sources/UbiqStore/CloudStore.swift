@@ -138,6 +138,16 @@ public protocol CloudStore: Sendable {
 
     /// Prior and current versions of `key`, newest first.
     func versions(of key: String) async throws -> [ObjectInfo]
+
+    /// Bytes used and the quota, where the store has them (nil: it does not say).
+    func usage() async throws -> StoreUsage?
+}
+
+public struct StoreUsage: Sendable, Equatable {
+    public var usedBytes: Int64
+    /// nil: no quota.
+    public var quotaBytes: Int64?
+    public init(usedBytes: Int64, quotaBytes: Int64?) { self.usedBytes = usedBytes; self.quotaBytes = quotaBytes }
 }
 
 public enum StoreKey {

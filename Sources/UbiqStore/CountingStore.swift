@@ -42,4 +42,5 @@ public final class CountingStore: CloudStore, Sendable {
     }
 
     public func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
+    public func usage() async throws -> StoreUsage? { try await inner.usage() }
 }

@@ -55,6 +55,9 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                   key TEXT NOT NULL, version TEXT);
                 """)
         }
+        m.registerMigration("v2: settings") { db in
+            try db.execute(sql: "CREATE TABLE settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        }
         return m
     }
 
@@ -122,6 +125,13 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
                     condition: WriteCondition) async throws -> ObjectInfo {
         try StoreKey.validate(key)
+        // Refuse early what cannot fit, before copying it (the transaction checks again).
+        if let source, let u = try await usage(), let quota = u.quotaBytes,
+           let attrs = try? FileManager.default.attributesOfItem(atPath: source.path),
+           let size = attrs[.size] as? Int64, size > quota - u.usedBytes,
+           size > quota - u.usedBytes + ((try? await head(key))?.size ?? 0) {
+            throw StoreError.quotaExceeded(key: key)
+        }
         let version = Self.newVersion()
         let size = try stageBlob(version: version, from: source)
         return try install(key: key, version: version, size: size, metadata: metadata,
@@ -175,6 +185,30 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         }
     }
 
+    /// Bytes of current objects, and the quota if one is set (`setQuota`).
+    public func usage() async throws -> StoreUsage? {
+        try dbRead { db in
+            StoreUsage(usedBytes: try Self.used(db),
+                       quotaBytes: try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'quota'").flatMap { Int64($0) })
+        }
+    }
+
+    /// Sets (or with nil removes) the store's quota: a put that would take current objects
+    /// over it is refused with `quotaExceeded`, as a cloud service refuses.
+    public func setQuota(_ bytes: Int64?) throws {
+        try dbWrite { db in
+            if let bytes {
+                try db.execute(sql: "INSERT OR REPLACE INTO settings (name, value) VALUES ('quota', ?)", arguments: [String(bytes)])
+            } else {
+                try db.execute(sql: "DELETE FROM settings WHERE name = 'quota'")
+            }
+        }
+    }
+
+    private static func used(_ db: Database) throws -> Int64 {
+        try Int64.fetchOne(db, sql: "SELECT coalesce(sum(size), 0) FROM objects") ?? 0
+    }
+
     public func versions(of key: String) async throws -> [ObjectInfo] {
         try StoreKey.validate(key)
         return try dbRead { db in
@@ -196,6 +230,10 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             try dbWrite { db in
                 let cur = try Self.current(db, key)
                 try Self.check(condition, key: key, current: cur?.info.version)
+                if let quota = try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'quota'").flatMap({ Int64($0) }),
+                   try Self.used(db) - (cur?.info.size ?? 0) + size > quota {
+                    throw StoreError.quotaExceeded(key: key)
+                }
                 if cur != nil { try Self.archive(db, key: key) }
                 try db.execute(sql: """
                     INSERT OR REPLACE INTO objects (key, version, size, meta, blob, modified)

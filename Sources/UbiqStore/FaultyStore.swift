@@ -60,4 +60,5 @@ public final class FaultyStore: CloudStore, Sendable {
     }
 
     public func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
+    public func usage() async throws -> StoreUsage? { try await inner.usage() }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Logging
 import UbiqCoordinator
 import UbiqState
@@ -22,6 +23,12 @@ public final class Uploader: @unchecked Sendable {
     let cache: ContentCache
     let deviceID: String
     let logger: Logger
+
+    /// The store's usage and quota as last seen (refreshed in the background, for df).
+    private let usage = Mutex<StoreUsage?>(nil)
+    private var usageCheckedAt = Date.distantPast
+
+    public var storeUsage: StoreUsage? { usage.withLock { $0 } }
 
     // Guarded by `cond`.
     private let cond = NSCondition()
@@ -95,6 +102,7 @@ public final class Uploader: @unchecked Sendable {
             cond.lock()
             if !running { stopped = true; cond.broadcast(); cond.unlock(); return }
             cond.unlock()
+            refreshUsage()
             let n = shouldYield() ? 0 : processRound(ignoringDelay: false)
             cond.lock()
             if n == 0 && running && !kicked { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.25)) }
@@ -102,6 +110,14 @@ public final class Uploader: @unchecked Sendable {
             kicked = false
             cond.unlock()
         }
+    }
+
+    /// Asks the store for its usage every 30 s (on the uploader's thread).
+    public func refreshUsage(force: Bool = false) {
+        guard force || Date().timeIntervalSince(usageCheckedAt) > 30 else { return }
+        usageCheckedAt = Date()
+        let store = self.store
+        if let u = try? runBlocking({ try await store.usage() }) { usage.withLock { $0 = u } }
     }
 
     /// Uploads until the outbox is empty or `timeout` passes; true when empty.
@@ -154,6 +170,9 @@ public final class Uploader: @unchecked Sendable {
             } else {
                 do { outcome = try upload(item.ino) } catch let e as StoreError where e.isTransient {
                     outcome = .retry("\(e)")
+                } catch StoreError.quotaExceeded(let key) {
+                    // Kept here and tried again: space may free up in the store.
+                    outcome = .retry("store quota exceeded writing \(key)")
                 } catch let e as StoreError {
                     outcome = .permanent("\(e)")
                 } catch {

@@ -32,7 +32,9 @@ struct Daemon {
         let state: LocalState
         let cache: ContentCache
         do {
-            store = try DirectoryStore(root: URL(fileURLWithPath: plan.storePath))
+            let dir = try DirectoryStore(root: URL(fileURLWithPath: plan.storePath))
+            if let q = plan.quota { try dir.setQuota(q > 0 ? q : nil) }
+            store = dir
             state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true)
             cache = try ContentCache(directory: URL(fileURLWithPath: plan.stateDir + "/cache"))
         } catch {
@@ -69,6 +71,7 @@ struct Daemon {
         try? FileManager.default.createDirectory(atPath: (registry as NSString).deletingLastPathComponent,
                                                  withIntermediateDirectories: true)
         try? JSONEncoder().encode(record).write(to: URL(fileURLWithPath: registry))
+        uploader.refreshUsage(force: true)
         uploader.start()
         logger.info("mounted \(plan.storeURL) at \(plan.mountpoint) (device \(deviceID), \(fs.inodeCount) items, cache limit \(plan.cacheSize) bytes)")
         if notify {

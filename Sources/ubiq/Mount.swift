@@ -40,6 +40,9 @@ struct Mount: ParsableCommand {
     @Option(help: ArgumentHelp("Local content to keep at most, e.g. 20G, 500M (default: a quarter of the free space where the cache is, at least 1G); least recently used files beyond it become placeholders again.", valueName: "SIZE"))
     var cacheSize: String?
 
+    @Option(help: ArgumentHelp("Set the embedded store's quota (kept in the store, like a provider's): uploads beyond it are refused and retried, and df shows it. 0 removes it.", valueName: "SIZE"))
+    var quota: String?
+
     @Option(help: "Seconds an upload waits after the last change to a file (coalesces bursts of saves).")
     var uploadDelay: Double = 2
 
@@ -80,6 +83,7 @@ struct Mount: ParsableCommand {
         if writebackCache { args.append("--writeback-cache") }
         if let noDownloadFor { args += ["--no-download-for", noDownloadFor] }
         args += ["--cache-size", String(plan.cacheSize)]
+        if let q = plan.quota { args += ["--quota", String(q)] }
         if downloadForAll { args.append("--download-for-all") }
         args.append(plan.mountpoint)
         p.arguments = args
@@ -117,6 +121,8 @@ struct MountPlan {
     var uploadDelay: Double
     var hydration: HydrationPolicy
     var cacheSize: Int64
+    /// nil: leave the store's quota as it is; 0: remove it.
+    var quota: Int64?
 
     static func check(_ m: Mount) throws -> MountPlan {
         let mp = Paths.absolute(m.mountpoint)
@@ -164,6 +170,11 @@ struct MountPlan {
         if let holder = StateLock.holder(stateDir) {
             throw UserError("state directory \(stateDir) is in use by another ubiq daemon (pid \(holder))")
         }
+        var quota: Int64?
+        if let text = m.quota {
+            guard let v = Self.parseSize(text) else { throw UserError("invalid --quota \(text): use a size like 10G, or 0 for none") }
+            quota = v
+        }
         var cacheSize: Int64 = 0
         if let text = m.cacheSize {
             guard let v = Self.parseSize(text), v > 0 else { throw UserError("invalid --cache-size \(text): use a size like 500M or 20G") }
@@ -185,7 +196,7 @@ struct MountPlan {
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),
-                         cacheSize: cacheSize)
+                         cacheSize: cacheSize, quota: quota)
     }
 
     /// "500M", "20G", "1.5T", "4096" (bytes), binary units.

@@ -552,6 +552,26 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         #expect(try runBlocking { try await store.head("offline.txt") }.size == 32)
     }
 
+    /// The store's quota is full: the edit stays here, the error says why, the upload is
+    /// retried, and it goes out once there is room. df shows the quota.
+    @Test func quotaRefusalsKeepTheEditAndRetry() throws {
+        let store = try newStore()
+        try store.setQuota(1000)
+        let d = try Device(store: store)
+        try d.write("big.txt", String(repeating: "x", count: 5000))
+        _ = d.uploader.processRound(ignoringDelay: true)
+        let ino = try d.ino("big.txt")
+        #expect(try d.state.read { try $0.uploadState(ino)?.error }?.contains("quota") == true)
+        #expect(try d.state.read { try $0.outboxCount() } == 1)
+        #expect(try d.read("big.txt").count == 5000)
+        d.uploader.refreshUsage(force: true)
+        let st = d.fs.statfs()
+        #expect(st.blocks * st.blockSize <= 1000 && st.blocks * st.blockSize > 0 || st.blocks == 0)
+        try store.setQuota(nil)
+        d.sync()
+        #expect(try runBlocking { try await store.head("big.txt") }.size == 5000)
+    }
+
     /// A download cut short resumes after a restart from the chunks already fetched.
     @Test func aPartialDownloadResumesAfterARestart() throws {
         let size = 40 << 20

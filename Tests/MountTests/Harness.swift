@@ -110,7 +110,8 @@ final class MountFixture: @unchecked Sendable {
     }
 
     func cleanup() {
-        if isMounted { _ = unmount() }
+        // Tests that need uploads finished unmount themselves; cleanup does not wait for them.
+        if isMounted { _ = ubiq("unmount --timeout 2 \(mnt)") }
         if isMounted { shell("fusermount3 -u -z '\(mnt)' || umount -l '\(mnt)'") }
         if let pid = daemonPID, kill(pid, 0) == 0 {
             kill(pid, SIGKILL)

@@ -209,4 +209,19 @@ import Testing
         #expect(kib <= 30 * 1024 + 64, "local content \(kib) KiB over a 30 MiB limit")
         #expect(kib >= 11000, "the most recent file should still be local: \(kib) KiB")
     }
+
+    /// df shows the store's quota; a file over it is kept locally and reported as not uploaded.
+    @Test func dfShowsTheQuotaAndOverQuotaWritesStayLocal() throws {
+        let m = try MountFixture(extra: "--quota 50M")
+        defer { m.cleanup() }
+        let df = m.sh("df -B1M --output=size . | tail -1")
+        #expect(df.out.trimmingCharacters(in: .whitespaces) == "50\n", "df: \(df.out)")
+        expectOK(m.sh("head -c 60000000 /dev/urandom > too-big && sha256sum too-big > \(m.base)/sum"))
+        let u = m.ubiq("unmount --timeout 3 \(m.mnt)")
+        expectOK(u)
+        #expect(u.out.contains("1 changes not yet uploaded"), "\(u.out)")
+        #expect(!u.out.contains("kept on this device only"), "\(u.out)")
+        try m.mount()
+        expectOK(m.sh("sha256sum -c \(m.base)/sum"), "the edit is kept locally")
+    }
 }

@@ -152,3 +152,22 @@ let fileMeta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mt
         #expect(results == 1)
     }
 }
+
+@Suite struct DirectoryStoreTests {
+    @Test func quotaRefusesWhatWouldNotFit() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-store-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let store = try DirectoryStore(root: dir)
+        #expect(try await store.usage() == StoreUsage(usedBytes: 0, quotaBytes: nil))
+        try store.setQuota(1000)
+        _ = try await store.put("a", contentsOf: try tempFile([UInt8](repeating: 1, count: 600)), metadata: fileMeta, condition: .ifAbsent)
+        await #expect(throws: StoreError.quotaExceeded(key: "b")) {
+            try await store.put("b", contentsOf: try tempFile([UInt8](repeating: 2, count: 600)), metadata: fileMeta, condition: .ifAbsent)
+        }
+        // Replacing a file counts its new size instead of the old one.
+        _ = try await store.put("a", contentsOf: try tempFile([UInt8](repeating: 3, count: 900)), metadata: fileMeta, condition: .always)
+        #expect(try await store.usage() == StoreUsage(usedBytes: 900, quotaBytes: 1000))
+        try store.setQuota(nil)
+        _ = try await store.put("b", contentsOf: try tempFile([UInt8](repeating: 2, count: 600)), metadata: fileMeta, condition: .ifAbsent)
+    }
+}
