@@ -9,6 +9,19 @@ public final class FaultyStore: CloudStore, Sendable {
 
     public let inner: any CloudStore
     private let failing = Mutex<[Operation: StoreError]>([:])
+    private let held = Mutex<[Int64: Gate]>([:])
+
+    /// A read held until the test lets it go, then answered or failed.
+    private final class Gate: @unchecked Sendable {
+        let cond = NSCondition()
+        var released = false
+        var error: StoreError?
+        func pass() throws {
+            cond.lock(); defer { cond.unlock() }
+            while !released { cond.wait() }
+            if let error { throw error }
+        }
+    }
 
     public init(_ inner: any CloudStore) { self.inner = inner }
 
@@ -19,6 +32,27 @@ public final class FaultyStore: CloudStore, Sendable {
 
     public func heal(_ op: Operation? = nil) {
         failing.withLock { if let op { $0[op] = nil } else { $0.removeAll() } }
+        if op == nil || op == .read {
+            for gate in held.withLock({ g in defer { g.removeAll() }; return Array(g.values) }) {
+                gate.cond.lock(); gate.released = true; gate.error = nil; gate.cond.broadcast(); gate.cond.unlock()
+            }
+        }
+    }
+
+    /// From now on reads of ranges that start at `offset` wait for `release(readsAt:)`.
+    public func hold(readsAt offset: Int64) {
+        held.withLock { $0[offset] = Gate() }
+    }
+
+    /// Lets the held reads at `offset` go on: they read the store, or (given `error`) they and
+    /// every later read at `offset` fail with it until `heal()`.
+    public func release(readsAt offset: Int64, failing error: StoreError? = nil) {
+        guard let gate = held.withLock({ error == nil ? $0.removeValue(forKey: offset) : $0[offset] }) else { return }
+        gate.cond.lock()
+        gate.released = true
+        gate.error = error
+        gate.cond.broadcast()
+        gate.cond.unlock()
     }
 
     private func check(_ op: Operation) throws {
@@ -34,6 +68,7 @@ public final class FaultyStore: CloudStore, Sendable {
 
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
         try check(.read)
+        try held.withLock({ $0[range.lowerBound] })?.pass()
         return try await inner.read(key, version: version, range: range)
     }
 

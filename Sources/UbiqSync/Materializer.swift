@@ -65,7 +65,10 @@ public final class Materializer: @unchecked Sendable {
         var urgent: Set<Int> = []
         var nextSequential = 0
         var workers = 0
+        /// The last failure: background and readahead fetching stop until a reader asks again.
         var error: Error?
+        /// Chunks whose last fetch failed, with why; a reader asking for one tries it again.
+        var failed: [Int: Error] = [:]
         var done: Bool { presentCount == present.count }
         init(ino: UInt64, key: String, version: String, size: Int64, fd: Int32, chunks: Int) {
             self.ino = ino; self.key = key; self.version = version; self.size = size; self.fd = fd
@@ -141,13 +144,16 @@ public final class Materializer: @unchecked Sendable {
         let needed = (first ... last).filter { !job.present[$0] }
         if needed.isEmpty { return }
         job.error = nil
+        for c in needed { job.failed[c] = nil }
         let ahead = (last + 1 ..< min(job.present.count, last + 1 + readahead)).filter { !job.present[$0] }
         job.wanted = needed + ahead + job.wanted.filter { !needed.contains($0) && !ahead.contains($0) }
         job.urgent.formUnion(needed)
         spawnWorkersLocked(job)
-        defer { for c in needed where job.present[c] { job.urgent.remove(c) } }
+        defer { for c in needed where job.present[c] || job.failed[c] != nil { job.urgent.remove(c) } }
         while needed.contains(where: { !job.present[$0] }) {
-            if let e = job.error { throw e }
+            // Only a failure of a fetch made for this call counts: one that began before it
+            // (while the store was down, say) must not fail a read made once it is back.
+            if let c = needed.first(where: { job.failed[$0] != nil }), let e = job.failed[c] { throw e }
             cond.wait()
         }
     }
@@ -205,6 +211,7 @@ public final class Materializer: @unchecked Sendable {
     }
 
     private func nextChunkAvailable(_ job: Job) -> Bool {
+        if job.error != nil { return job.urgent.contains { urgentAvailable(job, $0) } }
         if job.wanted.contains(where: { !job.present[$0] && !job.inFlight.contains($0) }) { return true }
         guard completeInBackground else { return false }
         var i = job.nextSequential
@@ -212,7 +219,17 @@ public final class Materializer: @unchecked Sendable {
         return i < job.present.count
     }
 
+    private func urgentAvailable(_ job: Job, _ c: Int) -> Bool {
+        !job.present[c] && !job.inFlight.contains(c) && job.failed[c] == nil
+    }
+
+    /// The next chunk to fetch. After a failure, only chunks a reader waits for.
     private func takeChunk(_ job: Job) -> Int? {
+        if job.error != nil {
+            guard let c = job.urgent.sorted().first(where: { urgentAvailable(job, $0) }) else { return nil }
+            job.inFlight.insert(c)
+            return c
+        }
         while let c = job.wanted.first {
             job.wanted.removeFirst()
             if !job.present[c] && !job.inFlight.contains(c) { job.inFlight.insert(c); return c }
@@ -234,7 +251,7 @@ public final class Materializer: @unchecked Sendable {
     private func work(_ job: Job) {
         cond.lock()
         var pendingSave: [Bool]?
-        while job.error == nil, let chunk = takeChunk(job) {
+        while let chunk = takeChunk(job) {
             cond.unlock()
             // This worker keeps the job (and its file descriptor) alive while it saves.
             if let present = pendingSave { saveProgress(job, present); pendingSave = nil }
@@ -251,6 +268,7 @@ public final class Materializer: @unchecked Sendable {
                 if job.presentCount % 16 == 0 && !job.done { pendingSave = job.present }
             case .failure(let e):
                 job.error = e
+                job.failed[chunk] = e
                 logger.warning("download of \(job.key) failed: \(e)")
             }
             cond.broadcast()

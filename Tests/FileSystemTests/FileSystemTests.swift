@@ -552,6 +552,34 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         #expect(try runBlocking { try await store.head("offline.txt") }.size == 32)
     }
 
+    /// A failed readahead fetch fails no reader: a read waits for its own range only, and
+    /// only the failure of that range fails it.
+    @Test func aFailedReadaheadFailsNoOtherRead() throws {
+        let size = 16 << 20
+        let (store, bytes) = try Self.storeWithFile(size)
+        let faulty = FaultyStore(store)
+        let d = try Device(store: store, remote: faulty, completeInBackground: false)
+        let ino = try d.ino("big.bin")
+        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        defer { d.fs.release(fh) }
+        let chunk: Int64 = 1 << 20  // the Device's chunk size
+        faulty.hold(readsAt: chunk)  // the readahead of the first read
+        faulty.hold(readsAt: 10 * chunk)
+        #expect(try read(d, fh, 0, 100) == Array(bytes[0 ..< 100]))
+        nonisolated(unsafe) var result: Result<[UInt8], Error>?
+        let done = DispatchSemaphore(value: 0)
+        Thread { result = Result { try self.read(d, fh, 10 * chunk, 100) }; done.signal() }.start()
+        usleep(200_000)
+        faulty.release(readsAt: chunk, failing: .unavailable("injected fault"))
+        usleep(1_500_000)  // every retry of the readahead chunk has failed
+        faulty.release(readsAt: 10 * chunk)
+        #expect(done.wait(timeout: .now() + 20) == .success)
+        #expect(try result?.get() == Array(bytes[Int(10 * chunk) ..< Int(10 * chunk) + 100]))
+        // The failed chunk is fetched again when a reader asks for it, once the store answers.
+        faulty.heal()
+        #expect(try read(d, fh, chunk, 100) == Array(bytes[Int(chunk) ..< Int(chunk) + 100]))
+    }
+
     /// The store's quota is full: the edit stays here, the error says why, the upload is
     /// retried, and it goes out once there is room. df shows the quota.
     @Test func quotaRefusalsKeepTheEditAndRetry() throws {
