@@ -66,15 +66,23 @@ extension FileSystem {
     }
 
     public func open(_ ino: UInt64, flags: Int32, caller: Caller = .root) throws -> UInt64 {
+        // A remote version may replace the content while this open prepares: then it starts over.
+        for _ in 0 ..< 8 {
+            if let fh = try openOnce(ino, flags: flags, caller: caller) { return fh }
+        }
+        throw FSError.timedOut
+    }
+
+    private func openOnce(_ ino: UInt64, flags: Int32, caller: Caller) throws -> UInt64? {
         let writable = (flags & O_ACCMODE) != O_RDONLY
         let truncate = writable && (flags & O_TRUNC) != 0
-        let (isDir, present) = try withLock { () -> (Bool, Bool) in
+        let (isDir, present, epoch) = try withLock { () -> (Bool, Bool, Int) in
             let n = try node(ino)
-            return (n.isDirectory, n.rec.present)
+            return (n.isDirectory, n.rec.present, n.contentEpoch)
         }
         if isDir { throw FSError.isDirectory }
         if truncate {
-            try setattr(ino, AttributeChanges(size: 0), caller: .root)
+            _ = try setattr(ino, AttributeChanges(size: 0), caller: .root)
         } else if !present && writable {
             // Writing needs the whole file (for now): download it first.
             let c = try claim([ino], .download)
@@ -93,7 +101,11 @@ extension FileSystem {
                 throw FSError.io("download failed: \(error)")
             }
         }
-        return try withLock { try openHandle(try node(ino), flags: flags & ~O_TRUNC) }
+        return try withLock { () -> UInt64? in
+            let n = try node(ino)
+            if n.contentEpoch != epoch { return nil }
+            return try openHandle(n, flags: flags & ~O_TRUNC)
+        }
     }
 
     /// Reads up to `count` bytes at `offset` into `buffer`; returns how many (0 at end of file).

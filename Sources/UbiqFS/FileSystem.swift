@@ -24,6 +24,8 @@ final class Node {
     var lastUsed: UInt64 = 0
     /// atime changed by a read and not written yet (see `writeAccessTimes`).
     var atimeDirty = false
+    /// Counts replacements of the content by a remote version (an open in progress starts over).
+    var contentEpoch = 0
 
     init(_ rec: InodeRecord) { self.rec = rec }
     var isDirectory: Bool { rec.type == UInt32(S_IFDIR) }
@@ -72,6 +74,10 @@ public final class FileSystem: @unchecked Sendable {
 
     /// Tells the kernel to drop its cached pages of an inode (set by the FUSE binding).
     let kernelCache = Mutex<(@Sendable (UInt64) -> Void)?>(nil)
+    /// Runs `ubiq sync` (set by the daemon: a poll of the store's changes).
+    let syncHandler = Mutex<(@Sendable () throws -> Void)?>(nil)
+    /// Tells the kernel to forget a name it may have cached (set by the FUSE binding).
+    let kernelEntry = Mutex<(@Sendable (UInt64, [UInt8]) -> Void)?>(nil)
 
     // Mutable state, guarded by `lock`.
     let lock = NSLock()
@@ -253,6 +259,17 @@ public final class FileSystem: @unchecked Sendable {
     /// The FUSE binding's way to drop the kernel's cached pages of an inode.
     public func setKernelCacheInvalidator(_ invalidate: @escaping @Sendable (UInt64) -> Void) {
         kernelCache.withLock { $0 = invalidate }
+    }
+
+    /// The FUSE binding's way to make the kernel forget a name in a directory.
+    public func setKernelEntryInvalidator(_ invalidate: @escaping @Sendable (UInt64, [UInt8]) -> Void) {
+        kernelEntry.withLock { $0 = invalidate }
+    }
+
+    /// Asks the kernel to forget `name` in `parent` (added or removed by another device).
+    func invalidateKernelEntry(_ parent: UInt64, _ name: [UInt8]) {
+        guard let invalidate = kernelEntry.withLock({ $0 }) else { return }
+        DispatchQueue.global().async { invalidate(parent, name) }
     }
 
     /// Asks the kernel to drop `ino`'s cached pages, off the request path (a handler that

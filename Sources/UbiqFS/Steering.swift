@@ -18,6 +18,7 @@ extension FileSystem {
             switch v {
             case "download": try download(ino)
             case "evict": try evict(ino)
+            case "sync": try syncWithStore()
             default: throw FSError.invalid
             }
         case Self.pinnedAttribute:
@@ -33,6 +34,20 @@ extension FileSystem {
         switch name {
         case Self.pinnedAttribute: return Array((try isPinned(ino) ? "1" : "0").utf8)
         default: return nil
+        }
+    }
+
+    /// What `ubiq sync` asks for: the store's changes now, and pending uploads started.
+    public func setSyncHandler(_ handler: @escaping @Sendable () throws -> Void) {
+        syncHandler.withLock { $0 = handler }
+    }
+
+    func syncWithStore() throws {
+        uploader?.kick()
+        guard let handler = syncHandler.withLock({ $0 }) else { return }
+        do { try handler() } catch {
+            logger.warning("sync with the store failed: \(error)")
+            throw FSError.io("sync failed: \(error)")
         }
     }
 

@@ -68,6 +68,12 @@ public final class FuseServer: @unchecked Sendable {
             guard let se = self?.session else { return }
             _ = fuse_lowlevel_notify_inval_inode(se, ino, 0, 0)
         }
+        fs.setKernelEntryInvalidator { [weak self] parent, name in
+            guard let se = self?.session else { return }
+            _ = name.withUnsafeBufferPointer { buf in
+                buf.withMemoryRebound(to: CChar.self) { fuse_lowlevel_notify_inval_entry(se, parent, $0.baseAddress, buf.count) }
+            }
+        }
     }
 
     /// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and every

@@ -51,6 +51,8 @@ public struct EntryRecord: Sendable, Equatable {
     /// The key this entry's object has in the store (nil: never uploaded).
     public var remoteKey: String?
     public var remoteVersion: String?
+    /// The store's content tag of that version (see `ObjectInfo.contentTag`).
+    public var remoteTag: String? = nil
 }
 
 /// What the uploader has yet to do for an inode.
@@ -155,6 +157,13 @@ public final class LocalState: Sendable {
                   chunk_size INTEGER NOT NULL, chunks BLOB NOT NULL)
                 """)
         }
+        m.registerMigration("v5: change feed") { db in
+            try db.execute(sql: """
+                ALTER TABLE entries ADD COLUMN remote_tag TEXT;
+                CREATE INDEX entries_remote_key ON entries (remote_key) WHERE remote_key IS NOT NULL;
+                CREATE TABLE feed_pending (key TEXT PRIMARY KEY);
+                """)
+        }
         return m
     }
 
@@ -256,6 +265,22 @@ public struct StateTransaction {
             """, arguments: [Int64(bitPattern: ino)]) ?? false
     }
 
+    /// True when the device holds no change to `ino` the store lacks: nothing queued, and
+    /// the last upload covered the current content and metadata.
+    public func isClean(_ ino: UInt64) throws -> Bool {
+        try Bool.fetchOne(db, sql: """
+            SELECT i.uploaded_content_gen >= i.content_gen AND i.uploaded_meta_gen >= i.meta_gen
+              AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.ino = i.ino)
+            FROM inodes i WHERE i.ino = ?
+            """, arguments: [Int64(bitPattern: ino)]) ?? false
+    }
+
+    /// Replaces every extended attribute of `ino`.
+    public func replaceXattrs(_ ino: UInt64, _ attrs: [[UInt8]: [UInt8]]) throws {
+        try db.execute(sql: "DELETE FROM xattrs WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
+        for (k, v) in attrs { try setXattr(ino, name: k, value: v) }
+    }
+
     public func uploadState(_ ino: UInt64) throws -> UploadState? {
         try Row.fetchOne(db, sql: "SELECT uploaded_content_gen, uploaded_meta_gen, upload_error FROM inodes WHERE ino = ?",
                          arguments: [Int64(bitPattern: ino)]).map {
@@ -282,10 +307,11 @@ public struct StateTransaction {
     // MARK: entries
 
     public func insertEntry(parent: UInt64, name: [UInt8], ino: UInt64,
-                            remoteKey: String? = nil, remoteVersion: String? = nil) throws {
+                            remoteKey: String? = nil, remoteVersion: String? = nil, remoteTag: String? = nil) throws {
         try db.cachedStatement(sql: """
-            INSERT INTO entries (parent, name, ino, remote_key, remote_version) VALUES (?, ?, ?, ?, ?)
-            """).execute(arguments: [Int64(bitPattern: parent), Data(name), Int64(bitPattern: ino), remoteKey, remoteVersion])
+            INSERT INTO entries (parent, name, ino, remote_key, remote_version, remote_tag) VALUES (?, ?, ?, ?, ?, ?)
+            """).execute(arguments: [Int64(bitPattern: parent), Data(name), Int64(bitPattern: ino), remoteKey,
+                                     remoteVersion, remoteTag])
     }
 
     /// Removes an entry; if its object is in the store, records a tombstone so
@@ -337,16 +363,16 @@ public struct StateTransaction {
             .map(Self.entryRecord)
     }
 
-    public func setRemote(entryID: Int64, key: String?, version: String?) throws {
-        try db.execute(sql: "UPDATE entries SET remote_key = ?, remote_version = ? WHERE id = ?",
-                       arguments: [key, version, entryID])
+    public func setRemote(entryID: Int64, key: String?, version: String?, tag: String? = nil) throws {
+        try db.execute(sql: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ? WHERE id = ?",
+                       arguments: [key, version, tag, entryID])
     }
 
     /// Records that entry `entryID`'s object now sits at `key`@`version`. If the
     /// entry was removed meanwhile, the object is an orphan: a tombstone deletes it.
-    public func recordRemote(entryID: Int64, key: String, version: String) throws {
-        try db.execute(sql: "UPDATE entries SET remote_key = ?, remote_version = ? WHERE id = ?",
-                       arguments: [key, version, entryID])
+    public func recordRemote(entryID: Int64, key: String, version: String, tag: String? = nil) throws {
+        try db.execute(sql: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ? WHERE id = ?",
+                       arguments: [key, version, tag, entryID])
         if db.changesCount == 0 { try addTombstone(key: key, version: version) }
     }
 
@@ -368,7 +394,20 @@ public struct StateTransaction {
 
     static func entryRecord(_ r: Row) -> EntryRecord {
         EntryRecord(id: r["id"], parent: UInt64(bitPattern: r["parent"]), name: [UInt8](r["name"] as Data),
-                    ino: UInt64(bitPattern: r["ino"]), remoteKey: r["remote_key"], remoteVersion: r["remote_version"])
+                    ino: UInt64(bitPattern: r["ino"]), remoteKey: r["remote_key"], remoteVersion: r["remote_version"],
+                    remoteTag: r["remote_tag"])
+    }
+
+    // MARK: the change feed
+
+    /// Keys whose remote change waits (a reader has the file open, say); applied later.
+    public func feedPending() throws -> [String] {
+        try String.fetchAll(db, sql: "SELECT key FROM feed_pending ORDER BY key")
+    }
+
+    public func setFeedPending(_ keys: Set<String>) throws {
+        try db.execute(sql: "DELETE FROM feed_pending")
+        for k in keys { try db.execute(sql: "INSERT INTO feed_pending (key) VALUES (?)", arguments: [k]) }
     }
 
     // MARK: partial downloads

@@ -33,14 +33,44 @@ public struct ObjectMetadata: Codable, Sendable, Equatable {
     }
 }
 
+extension ObjectKind {
+    /// The `st_mode` type bits of this kind.
+    public var fileType: UInt32 {
+        switch self {
+        case .file: return UInt32(S_IFREG)
+        case .directory: return UInt32(S_IFDIR)
+        case .symlink: return UInt32(S_IFLNK)
+        case .fifo: return UInt32(S_IFIFO)
+        case .socket: return UInt32(S_IFSOCK)
+        case .charDevice: return UInt32(S_IFCHR)
+        case .blockDevice: return UInt32(S_IFBLK)
+        }
+    }
+}
+
+extension ObjectMetadata {
+    /// The extended attributes a device keeps of these (user., trusted., security.), as bytes.
+    public var localXattrs: [[UInt8]: [UInt8]] {
+        var out: [[UInt8]: [UInt8]] = [:]
+        for (k, v) in xattrs where k.hasPrefix("user.") || k.hasPrefix("trusted.") || k.hasPrefix("security.") {
+            out[Array(k.utf8)] = [UInt8](v)
+        }
+        return out
+    }
+}
+
 /// One version of one object, as the store describes it.
 public struct ObjectInfo: Sendable, Equatable {
     public var key: String
     public var version: String
     public var size: Int64
     public var metadata: ObjectMetadata
-    public init(key: String, version: String, size: Int64, metadata: ObjectMetadata) {
+    /// Names the content bytes: two versions with one tag hold the same bytes (a copy, a
+    /// metadata change). nil: the store cannot say. (S3: the ETag; DirectoryStore: the blob.)
+    public var contentTag: String?
+    public init(key: String, version: String, size: Int64, metadata: ObjectMetadata, contentTag: String? = nil) {
         self.key = key; self.version = version; self.size = size; self.metadata = metadata
+        self.contentTag = contentTag
     }
 }
 
@@ -135,6 +165,9 @@ public protocol CloudStore: Sendable {
 
     /// Changes after `cursor` (nil: from the beginning of the feed), at most `limit`.
     func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch
+
+    /// The feed's cursor as of now: every change made after this call comes after it.
+    func currentCursor() async throws -> String
 
     /// Prior and current versions of `key`, newest first.
     func versions(of key: String) async throws -> [ObjectInfo]

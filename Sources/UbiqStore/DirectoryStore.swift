@@ -77,7 +77,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     public func list(prefix: String) async throws -> [ObjectInfo] {
         try dbRead { db in
             let rows = try Row.fetchAll(db, sql: """
-                SELECT CAST(key AS BLOB) AS rawkey, version, size, meta FROM objects
+                SELECT CAST(key AS BLOB) AS rawkey, version, size, meta, blob FROM objects
                 WHERE substr(key, 1, length(?)) = ? ORDER BY key
                 """, arguments: [prefix, prefix])
             return try rows.compactMap { row -> ObjectInfo? in
@@ -85,7 +85,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                       let key = String(validating: raw, as: UTF8.self),
                       (try? StoreKey.validate(key)) != nil else { return nil }
                 return ObjectInfo(key: key, version: row["version"], size: row["size"],
-                                  metadata: try Self.decodeMeta(row["meta"]))
+                                  metadata: try Self.decodeMeta(row["meta"]), contentTag: row["blob"])
             }
         }
     }
@@ -185,6 +185,10 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         }
     }
 
+    public func currentCursor() async throws -> String {
+        try dbRead { db in String(try Int64.fetchOne(db, sql: "SELECT coalesce(max(seq), 0) FROM journal") ?? 0) }
+    }
+
     /// Bytes of current objects, and the quota if one is set (`setQuota`).
     public func usage() async throws -> StoreUsage? {
         try dbRead { db in
@@ -214,7 +218,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         return try dbRead { db in
             var out: [ObjectInfo] = []
             if let cur = try Self.current(db, key) { out.append(cur.info) }
-            let rows = try Row.fetchAll(db, sql: "SELECT key, version, size, meta FROM versions WHERE key = ? ORDER BY modified DESC",
+            let rows = try Row.fetchAll(db, sql: "SELECT key, version, size, meta, blob FROM versions WHERE key = ? ORDER BY modified DESC",
                                         arguments: [key])
             out += try rows.map { try Self.info($0) }
             return out
@@ -248,7 +252,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             throw error
         }
         removeBlobs(orphans)
-        return ObjectInfo(key: key, version: version, size: size, metadata: metadata)
+        return ObjectInfo(key: key, version: version, size: size, metadata: metadata, contentTag: blob)
     }
 
     /// Moves the current version of `key` into `versions`.
@@ -295,7 +299,8 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     }
 
     private static func info(_ row: Row) throws -> ObjectInfo {
-        ObjectInfo(key: row["key"], version: row["version"], size: row["size"], metadata: try decodeMeta(row["meta"]))
+        ObjectInfo(key: row["key"], version: row["version"], size: row["size"], metadata: try decodeMeta(row["meta"]),
+                   contentTag: row["blob"])
     }
 
     private static func encodeMeta(_ m: ObjectMetadata) throws -> Data { try JSONEncoder().encode(m) }

@@ -94,6 +94,7 @@ public final class FaultyStore: CloudStore, Sendable {
         return try await inner.changes(since: cursor, limit: limit)
     }
 
+    public func currentCursor() async throws -> String { try check(.changes); return try await inner.currentCursor() }
     public func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
     public func usage() async throws -> StoreUsage? { try await inner.usage() }
 }

@@ -75,7 +75,7 @@ public struct Importer {
                         var r = r
                         r.perm = m.mode & 0o7777; r.uid = m.uid; r.gid = m.gid; r.mtimeNs = m.mtimeNs
                         try tx.upsert(r)
-                        try tx.recordRemote(entryID: e.id, key: obj.key, version: obj.version)
+                        try tx.recordRemote(entryID: e.id, key: obj.key, version: obj.version, tag: obj.contentTag)
                         try importXattrs(tx, e.ino, m)
                         report.added += 1
                     } else {
@@ -84,7 +84,7 @@ public struct Importer {
                     }
                     continue
                 }
-                let type = Self.type(isDir ? .directory : m.kind)
+                let type = (isDir ? ObjectKind.directory : m.kind).fileType
                 let ino = nextIno; nextIno += 1
                 let present = type != UInt32(S_IFREG) || obj.size == 0
                 if type == UInt32(S_IFREG) && obj.size == 0 { try cache.createEmpty(ino) }
@@ -93,7 +93,8 @@ public struct Importer {
                                           atimeNs: m.mtimeNs, mtimeNs: m.mtimeNs, ctimeNs: now, rdev: m.rdev,
                                           target: m.target.map { [UInt8]($0) }, present: present))
                 try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
-                try tx.insertEntry(parent: parent, name: name, ino: ino, remoteKey: obj.key, remoteVersion: obj.version)
+                try tx.insertEntry(parent: parent, name: name, ino: ino, remoteKey: obj.key, remoteVersion: obj.version,
+                                   remoteTag: obj.contentTag)
                 try importXattrs(tx, ino, m)
                 report.added += 1
             }
@@ -105,21 +106,6 @@ public struct Importer {
     }
 
     private func importXattrs(_ tx: StateTransaction, _ ino: UInt64, _ m: ObjectMetadata) throws {
-        for (k, v) in m.xattrs where k.hasPrefix("user.") || k.hasPrefix("trusted.") || k.hasPrefix("security.") {
-            try tx.setXattr(ino, name: Array(k.utf8), value: [UInt8](v))
-        }
-    }
-
-    static func type(_ k: ObjectKind) -> UInt32 {
-        switch k {
-        case .file: return UInt32(S_IFREG)
-        case .directory: return UInt32(S_IFDIR)
-        case .symlink: return UInt32(S_IFLNK)
-        case .fifo: return UInt32(S_IFIFO)
-        case .socket: return UInt32(S_IFSOCK)
-        case .charDevice: return UInt32(S_IFCHR)
-        case .blockDevice: return UInt32(S_IFBLK)
-        }
+        for (k, v) in m.localXattrs { try tx.setXattr(ino, name: k, value: v) }
     }
 }
-

@@ -7,9 +7,12 @@ public enum SyncError: Error, CustomStringConvertible {
     case noRemoteCopy(ino: UInt64)
     case sizeMismatch(key: String, expected: Int64, got: Int64)
     case local(String)
+    /// The download was dropped: the item changed in the store or was removed.
+    case superseded(ino: UInt64)
 
     public var description: String {
         switch self {
+        case .superseded(let ino): return "the download of inode \(ino) was dropped: the item changed in the store"
         case .noRemoteCopy(let ino): return "inode \(ino) has no copy in the store"
         case let .sizeMismatch(key, e, g): return "\(key): store sent \(g) bytes, expected \(e)"
         case .local(let s): return s
@@ -69,6 +72,8 @@ public final class Materializer: @unchecked Sendable {
         var error: Error?
         /// Chunks whose last fetch failed, with why; a reader asking for one tries it again.
         var failed: [Int: Error] = [:]
+        /// Dropped by `cancel`: no more fetching; the last worker closes `fd`.
+        var cancelled = false
         var done: Bool { presentCount == present.count }
         init(ino: UInt64, key: String, version: String, size: Int64, fd: Int32, chunks: Int) {
             self.ino = ino; self.key = key; self.version = version; self.size = size; self.fd = fd
@@ -167,7 +172,21 @@ public final class Materializer: @unchecked Sendable {
         while let job = jobs[ino] {
             if let e = job.error { throw e }
             cond.wait()
+            if job.cancelled { throw SyncError.superseded(ino: ino) }
         }
+    }
+
+    /// Drops `ino`'s download (the item changed in the store, or is gone). Fetches under way
+    /// finish into the old cache file, which the caller replaces; a waiting reader fails.
+    public func cancel(_ ino: UInt64) {
+        cond.lock(); defer { cond.unlock() }
+        guard let job = jobs[ino] else { return }
+        jobs[ino] = nil
+        job.cancelled = true
+        job.error = SyncError.superseded(ino: ino)
+        for c in job.present.indices where !job.present[c] { job.failed[c] = job.error }
+        if job.workers == 0 { close(job.fd) }
+        cond.broadcast()
     }
 
     /// Drops `ino`'s download if nothing was fetched and nothing is being fetched (opened, never read).
@@ -225,6 +244,7 @@ public final class Materializer: @unchecked Sendable {
 
     /// The next chunk to fetch. After a failure, only chunks a reader waits for.
     private func takeChunk(_ job: Job) -> Int? {
+        if job.cancelled { return nil }
         if job.error != nil {
             guard let c = job.urgent.sorted().first(where: { urgentAvailable(job, $0) }) else { return nil }
             job.inFlight.insert(c)
@@ -274,6 +294,12 @@ public final class Materializer: @unchecked Sendable {
             cond.broadcast()
         }
         job.workers -= 1
+        if job.cancelled {
+            if job.workers == 0 { close(job.fd) }
+            cond.broadcast()
+            cond.unlock()
+            return
+        }
         let finished = job.done && job.workers == 0 && jobs[job.ino] === job
         let done = completion
         cond.broadcast()

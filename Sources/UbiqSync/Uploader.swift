@@ -305,14 +305,14 @@ public final class Uploader: @unchecked Sendable {
                     } catch StoreError.preconditionFailed(_, let current) {
                         switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
                                                  condition: condition, current: current) {
-                        case .adopt(let v):
-                            try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: v) }
+                        case .adopt(let v, let tag):
+                            try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: v, tag: tag) }
                             continue
                         case .wait: return .deferred
                         case .conflict(let why): return .conflict(why)
                         }
                     }
-                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version) }
+                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag) }
                     try removeOld(entry, newKey: key)
                     continue
                 }
@@ -329,15 +329,15 @@ public final class Uploader: @unchecked Sendable {
                 } catch StoreError.preconditionFailed(_, let current) {
                     switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
                                              condition: .ifAbsent, current: current) {
-                    case .adopt(let v):
-                        try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: v) }
+                    case .adopt(let v, let tag):
+                        try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: v, tag: tag) }
                         try removeOld(entry, newKey: key)
                         continue
                     case .wait: return .deferred
                     case .conflict(let why): return .conflict(why)
                     }
                 }
-                try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version) }
+                try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag) }
                 try removeOld(entry, newKey: key)
             } else if metaDirty {
                 let meta = metadata(s, generation: s.rec.contentGen)
@@ -345,7 +345,7 @@ public final class Uploader: @unchecked Sendable {
                     let info = try runBlocking {
                         try await store.copy(from: key, version: oldVersion, to: key, metadata: meta, condition: .ifMatch(oldVersion))
                     }
-                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version) }
+                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag) }
                 } catch StoreError.preconditionFailed {
                     return .conflict("\(key) changed in the store since this device last saw it")
                 }
@@ -368,7 +368,7 @@ public final class Uploader: @unchecked Sendable {
         }
     }
 
-    private enum Taken { case adopt(String), wait, conflict(String) }
+    private enum Taken { case adopt(String, String?), wait, conflict(String) }
 
     /// A conditional write found the key taken. Decide whose it is.
     private func resolveTaken(key: String, entryID: Int64, ino: UInt64, generation: Int64, isDir: Bool,
@@ -376,9 +376,9 @@ public final class Uploader: @unchecked Sendable {
         let store = self.store
         guard let info = try? runBlocking({ try await store.head(key) }) else { return .wait }
         // Our own upload from before a crash, recorded in the store but not here.
-        if info.metadata.origin == origin(ino, generation) { return .adopt(info.version) }
+        if info.metadata.origin == origin(ino, generation) { return .adopt(info.version, info.contentTag) }
         // Folders merge: the same folder made on two devices is one folder.
-        if isDir && info.metadata.kind == .directory && condition == .ifAbsent { return .adopt(info.version) }
+        if isDir && info.metadata.kind == .directory && condition == .ifAbsent { return .adopt(info.version, info.contentTag) }
         // Another name of ours still sits there and is about to move away (or be deleted).
         if condition == .ifAbsent {
             let held = try state.read { tx in

@@ -50,6 +50,7 @@ struct Daemon {
             }
         } catch { die("\(error)") }
         do {
+            try ChangeFeed.prepare(store: store, state: state)
             try Importer(store: store, state: state, cache: cache, logger: logger).run()
         } catch {
             logger.warning("could not list the store (\(error)); showing what this device knew")
@@ -64,6 +65,9 @@ struct Daemon {
                                 uploader: uploader, logger: logger, uploadDelay: plan.uploadDelay,
                                 hydration: plan.hydration, cacheLimit: plan.cacheSize)
         } catch { die("\(error)") }
+        let feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: plan.pollInterval)
+        feed.setApplier { [fs] changes in fs.applyRemote(changes) }
+        fs.setSyncHandler { [feed] in try feed.poll() }
         let server = FuseServer(fs: fs, options: plan.fuseOptions, logger: logger)
         do { try server.mount(at: plan.mountpoint, fsname: "ubiq:" + plan.storePath) } catch { die("\(error)") }
         let record = MountRecord(pid: getpid(), mountpoint: plan.mountpoint, state: plan.stateDir, store: plan.storeURL)
@@ -73,6 +77,7 @@ struct Daemon {
         try? JSONEncoder().encode(record).write(to: URL(fileURLWithPath: registry))
         uploader.refreshUsage(force: true)
         uploader.start()
+        feed.start()
         logger.info("mounted \(plan.storeURL) at \(plan.mountpoint) (device \(deviceID), \(fs.inodeCount) items, cache limit \(plan.cacheSize) bytes)")
         if notify {
             say("ready")
@@ -85,6 +90,7 @@ struct Daemon {
         logger.info("unmounting (loop ended with \(status))")
         if let stats = server.operationStats { logger.info("operation times: \(stats)") }
         logger.info("fetched \(materializer.bytesFetched) content bytes from the store in this run")
+        feed.stop()
         server.unmount()
         fs.writeAccessTimes()
         uploader.stop()

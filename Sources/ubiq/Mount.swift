@@ -46,6 +46,9 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds an upload waits after the last change to a file (coalesces bursts of saves).")
     var uploadDelay: Double = 2
 
+    @Option(help: "Seconds between looks at the store for other devices' changes (ubiq sync looks at once).")
+    var pollInterval: Double = 3
+
     @Option(help: ArgumentHelp("Programs that may not trigger downloads, comma-separated (default: common thumbnailers and indexers).",
                                valueName: "NAMES"))
     var noDownloadFor: String?
@@ -78,7 +81,8 @@ struct Mount: ParsableCommand {
         let p = Process()
         p.executableURL = exe
         var args = ["mount", "--foreground", "--notify-ready", "--store", plan.storeURL, "--state", plan.stateDir,
-                    "--drain-timeout", String(drainTimeout), "--upload-delay", String(uploadDelay)]
+                    "--drain-timeout", String(drainTimeout), "--upload-delay", String(uploadDelay),
+                    "--poll-interval", String(pollInterval)]
         for o in options { args += ["-o", o] }
         if writebackCache { args.append("--writeback-cache") }
         if let noDownloadFor { args += ["--no-download-for", noDownloadFor] }
@@ -119,12 +123,16 @@ struct MountPlan {
     var fuseOptions: FuseOptions
     var drainTimeout: Double
     var uploadDelay: Double
+    var pollInterval: Double
     var hydration: HydrationPolicy
     var cacheSize: Int64
     /// nil: leave the store's quota as it is; 0: remove it.
     var quota: Int64?
 
     static func check(_ m: Mount) throws -> MountPlan {
+        guard m.pollInterval > 0, m.pollInterval <= 86_400 else {
+            throw UserError("--poll-interval must be between 0 and 86400 seconds, not \(m.pollInterval)")
+        }
         let mp = Paths.absolute(m.mountpoint)
         var isDir: ObjCBool = false
         if let e = Mounts.entry(at: mp) {
@@ -192,7 +200,7 @@ struct MountPlan {
         fo.writebackCache = m.writebackCache
         fo.mountOptions = m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" }
         return MountPlan(mountpoint: mp, storeURL: "dir:" + storePath, storePath: storePath, stateDir: stateDir,
-                         fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay),
+                         fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay), pollInterval: m.pollInterval,
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),

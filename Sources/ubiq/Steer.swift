@@ -80,6 +80,27 @@ struct Download: ParsableCommand {
     }
 }
 
+struct Sync: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Bring in other devices' changes now, and start pending uploads.",
+        discussion: """
+            The mount also looks for changes on its own, every few seconds (mount --poll-interval).
+
+            Example:
+              ubiq sync ~/Ubiquity
+            """)
+
+    @Argument(help: "A path in a ubiq mount (the whole mount is synced).")
+    var path: String
+
+    func run() throws {
+        guard let p = pathsInMounts([path]).first else { return }
+        let e = setAttribute(p, "user.ubiq.action", "sync")
+        if e != 0 { fail("cannot sync \(path): \(e == EIO ? "the store could not be reached" : String(cString: strerror(e)))") }
+        print("synced \(Mounts.ubiqMount(containing: p) ?? p)")
+    }
+}
+
 struct Evict: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Free the local space of files (or of everything under folders); they stay visible.",

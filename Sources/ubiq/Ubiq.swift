@@ -12,10 +12,11 @@ struct Ubiq: ParsableCommand {
               ubiq download --wait ~/Ubiquity/Docs  keep a folder here offline
               ubiq evict ~/Ubiquity/Videos          free space; files stay visible
               ubiq pin ~/Ubiquity/Docs              keep a folder downloaded
+              ubiq sync ~/Ubiquity                  look for other devices' changes now
               ubiq unmount ~/Ubiquity               upload what is pending, unmount
             """,
         version: ubiqVersion,
-        subcommands: [Mount.self, Unmount.self, Download.self, Evict.self, Pin.self, Unpin.self])
+        subcommands: [Mount.self, Unmount.self, Sync.self, Download.self, Evict.self, Pin.self, Unpin.self])
 }
 
 let ubiqVersion = "0.1.0"

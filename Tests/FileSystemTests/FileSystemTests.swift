@@ -20,6 +20,7 @@ final class Device: @unchecked Sendable {
     var state: LocalState!
     var fs: FileSystem!
     var uploader: Uploader!
+    var feed: ChangeFeed!
     let logger = Logger(label: "test")
 
     init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true,
@@ -38,6 +39,7 @@ final class Device: @unchecked Sendable {
     func open() throws {
         state = try LocalState(path: dir.appendingPathComponent("state.db").path)
         let cache = try ContentCache(directory: dir.appendingPathComponent("cache"))
+        try ChangeFeed.prepare(store: remote, state: state)
         try Importer(store: remote, state: state, cache: cache, logger: logger).run()
         let coordinator = Coordinator(defaultTimeout: 5)
         uploader = Uploader(state: state, store: remote, coordinator: coordinator, cache: cache,
@@ -47,7 +49,12 @@ final class Device: @unchecked Sendable {
                                                        chunkSize: 1 << 20, completeInBackground: completeInBackground),
                             uploader: uploader, logger: logger, uploadDelay: 0, hydration: hydration,
                             cacheLimit: cacheLimit)
+        feed = ChangeFeed(store: remote, state: state, deviceID: dir.lastPathComponent, logger: logger)
+        feed.setApplier { [fs] changes in fs!.applyRemote(changes) }
     }
+
+    /// Brings in the store's changes (what the feed's thread does every few seconds).
+    func pull() { #expect(throws: Never.self) { try feed.poll() } }
 
     func sync() { #expect(uploader.drain(timeout: 10)) }
 

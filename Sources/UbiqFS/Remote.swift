@@ -1,0 +1,265 @@
+import Foundation
+import UbiqCoordinator
+import UbiqState
+import UbiqStore
+import UbiqSync
+
+/// Changes made in the store by other devices, applied here (called by the ChangeFeed).
+///
+/// - A new key becomes a placeholder (folders on the way are made); under a pinned
+///   folder its download starts at once.
+/// - A new version of a known item updates its metadata; if its content changed, the
+///   local copy becomes the new version's placeholder (downloaded again at once if it
+///   was local or pinned). An open file is never swapped under its readers: the
+///   change waits until the last close (the key is tried again at every poll).
+/// - A deleted key removes the local name, unless this device changed the item since
+///   (an edit beats a delete: the item is uploaded again), or, for a folder, something
+///   is left in it that the store never had.
+/// - An item this device changed and another changed too is left alone here: its
+///   upload is conditional on the version it started from and reports the conflict.
+///
+/// Every change claims the items it touches through the Coordinator, and drops what
+/// the kernel cached of them.
+extension FileSystem {
+    /// Applies `changes`; returns the keys to try again later.
+    public func applyRemote(_ changes: [RemoteChange]) -> Set<String> {
+        func depth(_ k: String) -> Int { k.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } - (k.hasSuffix("/") ? 1 : 0) }
+        // Parents before children for additions; children before parents for removals.
+        let puts = changes.filter { $0.info != nil }.sorted { (depth($0.key), $0.key) < (depth($1.key), $1.key) }
+        let deletes = changes.filter { $0.info == nil }.sorted { (depth($0.key), $0.key) > (depth($1.key), $1.key) }
+        var retry = Set<String>()
+        for c in puts + deletes {
+            do {
+                let done = try c.info.map { try applyRemotePut(c.key, $0) } ?? applyRemoteDelete(c.key)
+                if !done { retry.insert(c.key) }
+            } catch {
+                logger.warning("could not apply the store's change of \(c.key): \(error)")
+                retry.insert(c.key)
+            }
+        }
+        return retry
+    }
+
+    // MARK: - Additions and updates
+
+    private func applyRemotePut(_ key: String, _ info: ObjectInfo) throws -> Bool {
+        let (known, doomed) = try state.read { tx in (try tx.entries(remoteKey: key), try tx.hasTombstone(key: key)) }
+        if let e = known.first {
+            if e.remoteVersion == info.version { return true }
+            return try updateFromRemote(e, info)
+        }
+        if doomed { return true }  // deleted here; that delete is on its way to the store
+        return try addFromRemote(key, info)
+    }
+
+    private func addFromRemote(_ key: String, _ info: ObjectInfo) throws -> Bool {
+        do { try StoreKey.validate(key) } catch {
+            logger.warning("skipping store key \(key.debugDescription): \(error)")
+            return true
+        }
+        let (parts, isDirKey) = StoreKey.segments(key)
+        // The folders on the way, made as needed.
+        var parent = rootIno
+        for seg in parts.dropLast() {
+            let name = Array(seg.utf8)
+            let existing = try withLock { try directory(parent).children[name] }
+            if let existing {
+                guard withLock({ nodes[existing]?.isDirectory ?? false }) else {
+                    logger.warning("skipping \(key): a file here stands where its folder would be")
+                    return true
+                }
+                parent = existing
+            } else {
+                guard let made = try makeRemoteNode(in: parent, name: name, type: UInt32(S_IFDIR),
+                                                    meta: ObjectMetadata(kind: .directory, mode: 0o755, uid: getuid(),
+                                                                         gid: getgid(), mtimeNs: nowNanos()),
+                                                    size: 0, remote: nil) else { return false }
+                parent = made
+            }
+        }
+        let name = Array(parts.last!.utf8)
+        let type = (isDirKey ? ObjectKind.directory : info.metadata.kind).fileType
+        if let existing = try withLock({ try directory(parent).children[name] }) {
+            // The same folder made on both sides is one folder.
+            let adopt: EntryRecord? = try state.read { tx in
+                guard let e = try tx.entry(parent: parent, name: name), e.remoteKey == nil,
+                      let r = try tx.inode(existing), r.type == UInt32(S_IFDIR), type == UInt32(S_IFDIR) else { return nil }
+                return e
+            }
+            if let adopt {
+                try persist { tx in try tx.recordRemote(entryID: adopt.id, key: key, version: info.version, tag: info.contentTag) }
+            } else {
+                // Both sides made an item of this name: the local one's upload meets the
+                // store's and reports the conflict.
+                logger.info("not adding \(key) from the store: a local item has that name")
+            }
+            return true
+        }
+        guard let ino = try makeRemoteNode(in: parent, name: name, type: type, meta: info.metadata, size: info.size,
+                                           remote: info) else { return false }
+        if type == UInt32(S_IFREG) && info.size > 0, try isPinned(ino) {
+            try? materializer.start(ino)
+        }
+        return true
+    }
+
+    /// Makes a node for an item of the store (a placeholder, for a file). Nil when the
+    /// folder changed meanwhile (try again later).
+    private func makeRemoteNode(in parent: UInt64, name: [UInt8], type: UInt32, meta: ObjectMetadata, size: Int64,
+                                remote: ObjectInfo?) throws -> UInt64? {
+        let c = try claim([parent], .write)
+        defer { coordinator.release(c) }
+        let ino: UInt64? = try withLock {
+            let dir = try directory(parent)
+            if dir.children[name] != nil || dir.nlink == 0 { return nil }
+            let ino = nextIno
+            let now = nowNanos()
+            let isFile = type == UInt32(S_IFREG)
+            var rec = InodeRecord(ino: ino, type: type, perm: meta.mode & 0o7777, uid: meta.uid, gid: meta.gid,
+                                  size: isFile ? size : 0, atimeNs: meta.mtimeNs, mtimeNs: meta.mtimeNs, ctimeNs: now,
+                                  rdev: meta.rdev, target: meta.target.map { [UInt8]($0) },
+                                  present: !isFile || size == 0)
+            rec.contentGen = 1
+            rec.metaGen = 1
+            if isFile && size == 0 { try cache.createEmpty(ino) }
+            let xattrs = meta.localXattrs
+            try persist { tx in
+                try tx.upsert(rec)
+                try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
+                try tx.insertEntry(parent: parent, name: name, ino: ino, remoteKey: remote?.key,
+                                   remoteVersion: remote?.version, remoteTag: remote?.contentTag)
+                try tx.replaceXattrs(ino, xattrs)
+            }
+            nextIno = ino + 1
+            let n = Node(rec)
+            n.xattrs = xattrs
+            if type == UInt32(S_IFDIR) {
+                n.parent = parent
+                n.nlink = 2
+                dir.nlink += 1
+            } else {
+                n.nlink = 1
+            }
+            nodes[ino] = n
+            dir.children[name] = ino
+            return ino
+        }
+        if ino != nil { invalidateKernelEntry(parent, name) }
+        return ino
+    }
+
+    private func updateFromRemote(_ e: EntryRecord, _ info: ObjectInfo) throws -> Bool {
+        let ino = e.ino
+        let clean = try state.read { try $0.isClean(ino) }
+        guard clean, !isOpenForWriting(ino) else {
+            logger.info("\(e.remoteKey ?? "?") changed in the store and here: the local edit is kept for its upload to settle")
+            return true
+        }
+        guard let kind = withLock({ nodes[ino].map { $0.rec.type } }) else { return true }
+        let newType = (info.key.hasSuffix("/") ? ObjectKind.directory : info.metadata.kind).fileType
+        if kind != newType {
+            // A different kind of item under the same name: the old one goes, the new one comes.
+            guard try applyRemoteDelete(e.remoteKey!) else { return false }
+            return try addFromRemote(info.key, info)
+        }
+        let isFile = kind == UInt32(S_IFREG)
+        let contentChanged = isFile && (e.remoteTag == nil || info.contentTag == nil || e.remoteTag != info.contentTag)
+        // A reader keeps the version it opened until it closes.
+        if contentChanged && withLock({ (nodes[ino]?.opens ?? 0) > 0 }) { return false }
+        let c = try claim([ino], .replace)
+        var refetch = false
+        let applied: Bool = try {
+            defer { coordinator.release(c) }
+            return try withLock {
+                guard let n = nodes[ino] else { return true }
+                if contentChanged && n.opens > 0 { return false }
+                guard !n.unpersisted, n.writers == 0 else { return true }
+                let now = nowNanos()
+                if contentChanged {
+                    refetch = n.rec.present || materializer.localBytes(ino) != nil || n.rec.pinned
+                    materializer.cancel(ino)
+                    cache.remove(ino)
+                    n.rec.size = info.size
+                    n.rec.present = info.size == 0
+                    if info.size == 0 { try cache.createEmpty(ino) }
+                    n.contentEpoch += 1
+                }
+                let m = info.metadata
+                n.rec.perm = m.mode & 0o7777
+                n.rec.uid = m.uid
+                n.rec.gid = m.gid
+                n.rec.mtimeNs = m.mtimeNs
+                n.rec.ctimeNs = now
+                n.rec.rdev = m.rdev
+                if let t = m.target { n.rec.target = [UInt8](t) }
+                n.xattrs = m.localXattrs
+                let rec = n.rec, xattrs = n.xattrs
+                try persist { tx in
+                    try tx.upsert(rec)
+                    try tx.recordRemote(entryID: e.id, key: info.key, version: info.version, tag: info.contentTag)
+                    try tx.replaceXattrs(ino, xattrs)
+                    if contentChanged { try tx.removeDownload(ino) }
+                }
+                return true
+            }
+        }()
+        guard applied else { return false }
+        invalidateKernelCache(ino)
+        if refetch || (contentChanged && info.size > 0 && (try? isPinned(ino)) == true) {
+            try? materializer.start(ino)
+        }
+        return true
+    }
+
+    // MARK: - Removals
+
+    private func applyRemoteDelete(_ key: String) throws -> Bool {
+        guard let e = try state.read({ try $0.entries(remoteKey: key).first }) else { return true }
+        let ino = e.ino
+        let clean = try state.read { try $0.isClean(ino) }
+        let (isDir, hasChildren) = withLock { (nodes[ino]?.isDirectory ?? false, !(nodes[ino]?.children.isEmpty ?? true)) }
+        if !clean || isOpenForWriting(ino) || (isDir && hasChildren) {
+            // Changed here, or a folder with something the store never had in it: kept,
+            // and uploaded again.
+            logger.info("\(key) was deleted in the store but changed here: kept, and uploaded again")
+            try persist { tx in
+                try tx.setRemote(entryID: e.id, key: nil, version: nil)
+                try tx.enqueue(ino)
+            }
+            kickUploader()
+            return true
+        }
+        let c = try claim([e.parent, ino], .delete)
+        let removed: Bool = try {
+            defer { coordinator.release(c) }
+            return try withLock {
+                guard let dir = nodes[e.parent], dir.children[e.name] == ino, let n = nodes[ino] else { return true }
+                if n.isDirectory && !n.children.isEmpty { return false }
+                let now = nowNanos()
+                dir.rec.mtimeNs = now
+                dir.rec.ctimeNs = now
+                n.rec.ctimeNs = now
+                let dirRec = dir.rec, rec = n.rec
+                try persist { tx in
+                    try tx.setRemote(entryID: e.id, key: nil, version: nil)  // gone there already: no tombstone
+                    try tx.removeEntry(parent: e.parent, name: e.name)
+                    try tx.upsert(dirRec)
+                    if n.nlink > 1 && !n.isDirectory { try tx.upsert(rec) }
+                }
+                dir.children[e.name] = nil
+                if n.isDirectory {
+                    n.nlink = 0
+                    dir.nlink -= 1
+                } else {
+                    n.nlink -= 1
+                }
+                if n.nlink == 0 && n.opens == 0 { materializer.cancel(ino) }
+                reapIfUnreferenced(n)
+                return true
+            }
+        }()
+        if removed { invalidateKernelEntry(e.parent, e.name) }
+        return removed
+    }
+
+}

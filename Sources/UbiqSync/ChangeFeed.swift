@@ -1,0 +1,195 @@
+import Foundation
+import Logging
+import UbiqState
+import UbiqStore
+
+/// What the store holds at a key now: the current object, or nil (deleted).
+public struct RemoteChange: Sendable, Equatable {
+    public var key: String
+    public var info: ObjectInfo?
+    public init(key: String, info: ObjectInfo?) { self.key = key; self.info = info }
+}
+
+/// Follows the store's change cursor and hands each changed key's current state to the
+/// filesystem (`setApplier`), which turns it into placeholders, updates and removals.
+///
+/// Polls every `interval` seconds and at once on `kick()` (`ubiq sync`). The cursor is
+/// saved in LocalState only after a batch is applied, so a crash replays a batch (applying
+/// is idempotent: a key already at its version is left alone). Keys the applier could not
+/// apply yet (a reader has the file open) are kept in LocalState and tried at every poll.
+/// Changes this device wrote itself (its origin tag) are skipped: the uploader records them.
+public final class ChangeFeed: @unchecked Sendable {
+    let store: any CloudStore
+    let state: LocalState
+    let deviceID: String
+    let logger: Logger
+    /// Seconds between polls.
+    public let interval: TimeInterval
+    /// Changes asked for per request.
+    public var batchSize = 1000
+
+    static let cursorKey = "feed_cursor"
+
+    private let cond = NSCondition()
+    private var running = false
+    private var stopped = true
+    private var kicked = false
+    private var apply: @Sendable ([RemoteChange]) -> Set<String> = { _ in [] }
+    /// One poll at a time (the thread's, or a caller's `poll()`).
+    private let pollLock = NSLock()
+    /// When the last poll reached the store (nil: never), and its error if it failed.
+    private var lastPoll: (at: Date, error: String?)?
+
+    public init(store: any CloudStore, state: LocalState, deviceID: String, logger: Logger, interval: TimeInterval = 3) {
+        self.store = store; self.state = state; self.deviceID = deviceID; self.logger = logger
+        self.interval = interval
+    }
+
+    /// Call before the first listing of the store (the Importer): records where the feed
+    /// starts, so nothing that changes while the listing is taken is missed.
+    public static func prepare(store: any CloudStore, state: LocalState) throws {
+        if try state.read({ try $0.meta(cursorKey) }) != nil { return }
+        let cursor = try runBlocking { try await store.currentCursor() }
+        try state.write { try $0.setMeta(cursorKey, cursor) }
+    }
+
+    /// `apply(changes)` applies changes and returns the keys to try again later.
+    public func setApplier(_ apply: @escaping @Sendable ([RemoteChange]) -> Set<String>) {
+        cond.lock(); self.apply = apply; cond.unlock()
+    }
+
+    public func start() {
+        cond.lock(); defer { cond.unlock() }
+        guard !running else { return }
+        running = true
+        stopped = false
+        let t = Thread { [self] in loop() }
+        t.name = "ubiq-changefeed"
+        t.start()
+    }
+
+    public func stop() {
+        cond.lock()
+        running = false
+        cond.broadcast()
+        while !stopped { cond.wait() }
+        cond.unlock()
+    }
+
+    /// Poll now rather than at the next interval.
+    public func kick() {
+        cond.lock(); kicked = true; cond.broadcast(); cond.unlock()
+    }
+
+    /// The time and outcome of the last poll.
+    public var lastPollOutcome: (at: Date, error: String?)? {
+        cond.lock(); defer { cond.unlock() }
+        return lastPoll
+    }
+
+    private func loop() {
+        var failures = 0
+        while true {
+            cond.lock()
+            if !running { stopped = true; cond.broadcast(); cond.unlock(); return }
+            cond.unlock()
+            do {
+                try poll()
+                failures = 0
+            } catch {
+                failures += 1
+                if failures == 1 || failures % 20 == 0 { logger.warning("could not follow the store's changes: \(error)") }
+            }
+            cond.lock()
+            // A store that is down is asked less often (up to a minute apart).
+            let wait = failures == 0 ? interval : min(60, interval * pow(2, Double(min(failures, 5))))
+            let deadline = Date(timeIntervalSinceNow: wait)
+            while running && !kicked && Date() < deadline { _ = cond.wait(until: deadline) }
+            kicked = false
+            cond.unlock()
+        }
+    }
+
+    /// Reads every change since the saved cursor and applies it. Returns the number of
+    /// keys handed to the applier. Throws when the store cannot be reached (nothing is lost:
+    /// the cursor stays where it was).
+    @discardableResult
+    public func poll() throws -> Int {
+        pollLock.lock(); defer { pollLock.unlock() }
+        do {
+            let n = try pollLocked()
+            cond.lock(); lastPoll = (Date(), nil); cond.unlock()
+            return n
+        } catch {
+            cond.lock(); lastPoll = (Date(), "\(error)"); cond.unlock()
+            throw error
+        }
+    }
+
+    private func pollLocked() throws -> Int {
+        let store = self.store
+        var cursor = try state.read { try $0.meta(Self.cursorKey) }
+        let pending = try state.read { try $0.feedPending() }
+        var order: [String] = pending
+        var seen = Set(pending)
+        var known: [String: ObjectInfo?] = [:]
+        var reconcile = false
+        if cursor == nil {
+            // No cursor (the store was down at mount): start from now, and compare everything.
+            cursor = try runBlocking { try await store.currentCursor() }
+            reconcile = true
+        }
+        while !reconcile {
+            let since = cursor
+            let size = batchSize
+            let batch = try runBlocking { try await store.changes(since: since, limit: size) }
+            if batch.reset {
+                cursor = try runBlocking { try await store.currentCursor() }
+                reconcile = true
+                break
+            }
+            for c in batch.changes where seen.insert(c.key).inserted { order.append(c.key) }
+            cursor = batch.cursor
+            if batch.changes.count < size { break }
+        }
+        if reconcile {
+            // Everything the store lists, and everything this device knew from it before the
+            // listing (a key recorded after it may be an upload the listing missed).
+            let mine = try state.read { try $0.remoteKeys() }
+            let listed = try runBlocking { try await store.list(prefix: "") }
+            for o in listed {
+                known[o.key] = o
+                if seen.insert(o.key).inserted { order.append(o.key) }
+            }
+            for k in mine.sorted() where seen.insert(k).inserted {
+                order.append(k)
+                known[k] = .some(nil)
+            }
+        }
+        var changes: [RemoteChange] = []
+        for key in order {
+            let info: ObjectInfo?
+            if let k = known[key] {
+                info = k
+            } else {
+                do { info = try runBlocking { try await store.head(key) } } catch StoreError.notFound {
+                    info = nil
+                } catch StoreError.invalidKey(_, let why) {
+                    logger.warning("skipping store key \(key.debugDescription): \(why)")
+                    continue
+                }
+            }
+            // This device's own writes: the uploader records them.
+            if let o = info?.metadata.origin, o.hasPrefix(deviceID + ":") { continue }
+            changes.append(RemoteChange(key: key, info: info))
+        }
+        cond.lock(); let apply = self.apply; cond.unlock()
+        let retry = changes.isEmpty ? [] : apply(changes)
+        let newCursor = cursor
+        try state.write { tx in
+            if let newCursor { try tx.setMeta(Self.cursorKey, newCursor) }
+            if !(pending.isEmpty && retry.isEmpty) { try tx.setFeedPending(retry) }
+        }
+        return changes.count
+    }
+}

@@ -1,0 +1,219 @@
+import Foundation
+import Testing
+import UbiqFS
+import UbiqState
+import UbiqStore
+@testable import UbiqSync
+
+/// Other devices' changes arriving through the ChangeFeed.
+@Suite struct ChangeFeedTests {
+    func contents(_ store: DirectoryStore, _ key: String) throws -> String {
+        let head = try runBlocking { try await store.head(key) }
+        return String(decoding: try runBlocking { try await store.read(key, version: head.version, range: 0 ..< (1 << 30)) },
+                      as: UTF8.self)
+    }
+
+    @Test func additionsUpdatesAndDeletesArrive() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        try a.mkdir("docs")
+        try a.write("docs/one.txt", "one")
+        try a.write("docs/two.txt", "two")
+        a.sync()
+        #expect(try b.names("") == [])
+        b.pull()
+        #expect(try b.names("docs") == ["one.txt", "two.txt"])
+        #expect(try b.fs.getattr(try b.ino("docs/one.txt")).blocks == 0)  // placeholders
+        #expect(try b.read("docs/one.txt") == "one")
+        let inoOne = try b.ino("docs/one.txt")
+
+        try a.write("docs/one.txt", "one, edited")
+        try a.fs.unlink(try a.ino("docs"), n("two.txt"))
+        _ = try a.fs.setattr(try a.ino("docs"), AttributeChanges(mode: 0o700), caller: .root)
+        a.sync()
+        b.pull()
+        #expect(try b.names("docs") == ["one.txt"])
+        #expect(try b.ino("docs/one.txt") == inoOne)  // the same item, updated in place
+        #expect(try b.fs.getattr(inoOne).size == 11)
+        #expect(try b.read("docs/one.txt") == "one, edited")
+        #expect(try b.fs.getattr(try b.ino("docs")).mode & 0o777 == 0o700)
+        // Nothing B holds is pending: B uploads none of what it was told.
+        #expect(try b.state.read { try $0.outboxCount() } == 0)
+        #expect(b.uploader.processRound(ignoringDelay: true) == 0)
+
+        // A folder deleted elsewhere goes, with what was in it.
+        try a.fs.unlink(try a.ino("docs"), n("one.txt"))
+        try a.fs.rmdir(rootIno, n("docs"))
+        a.sync()
+        b.pull()
+        #expect(try b.names("") == [])
+        // Polling again changes nothing.
+        b.pull()
+        #expect(try b.names("") == [])
+    }
+
+    @Test func aMetadataChangeKeepsTheLocalCopy() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("f", String(repeating: "x", count: 100_000))
+        a.sync()
+        let counting = CountingStore(store)
+        let b = try Device(store: store, remote: counting)
+        _ = try b.read("f")
+        let fetched = counting.bytesRead
+        _ = try a.fs.setattr(try a.ino("f"), AttributeChanges(mode: 0o600), caller: .root)
+        try a.fs.setxattr(try a.ino("f"), n("user.tag"), n("blue"), mode: .any)
+        a.sync()
+        b.pull()
+        let attrs = try b.fs.getattr(try b.ino("f"))
+        #expect(attrs.mode & 0o777 == 0o600)
+        #expect(try b.fs.getxattr(try b.ino("f"), n("user.tag")) == n("blue"))
+        #expect(attrs.blocks * 512 >= 100_000)  // still local: the bytes did not change
+        #expect(counting.bytesRead == fetched)
+    }
+
+    @Test func aDownloadedFileIsDownloadedAgainAfterARemoteEdit() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("f", "old")
+        a.sync()
+        let b = try Device(store: store)
+        #expect(try b.read("f") == "old")
+        try a.write("f", "new!")
+        a.sync()
+        b.pull()
+        // It was here before, so the new version comes down by itself.
+        let ino = try b.ino("f")
+        let deadline = Date(timeIntervalSinceNow: 10)
+        while try b.fs.getattr(ino).blocks == 0 && Date() < deadline { usleep(10_000) }
+        #expect(try b.fs.getattr(ino).blocks > 0)
+        #expect(try b.read("f") == "new!")
+    }
+
+    /// A reader keeps the version it opened until it closes; then the new one arrives.
+    @Test func anOpenFileIsNotSwappedUnderItsReader() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("f", "version one")
+        a.sync()
+        let b = try Device(store: store)
+        let ino = try b.ino("f")
+        let fh = try b.fs.open(ino, flags: O_RDONLY)
+        var buf = [UInt8](repeating: 0, count: 64)
+        func readAll() throws -> String {
+            let k = try buf.withUnsafeMutableBytes { try b.fs.read(fh, offset: 0, count: 64, into: $0.baseAddress!) }
+            return String(decoding: buf[..<k], as: UTF8.self)
+        }
+        #expect(try readAll() == "version one")
+        try a.write("f", "version two, longer")
+        a.sync()
+        b.pull()
+        #expect(try readAll() == "version one")
+        #expect(try b.fs.getattr(ino).size == 11)
+        #expect(try b.state.read { try $0.feedPending() } == ["f"])
+        b.fs.release(fh)
+        b.pull()
+        #expect(try b.read("f") == "version two, longer")
+        #expect(try b.state.read { try $0.feedPending() } == [])
+    }
+
+    /// A download under way when the file changes in the store starts over on the new
+    /// version: the result is wholly the new version, never a mix.
+    @Test func aDownloadRestartsOnTheNewVersion() throws {
+        let size = 8 << 20
+        let store = try newStore()
+        let a = try Device(store: store)
+        let old = Data(repeating: 0x11, count: size), new = Data(repeating: 0x22, count: size)
+        let src = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-src-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: src) }
+        try old.write(to: src)
+        _ = try runBlocking { try await store.put("big", contentsOf: src, metadata: ObjectMetadata(kind: .file), condition: .ifAbsent) }
+        let faulty = FaultyStore(store)
+        let b = try Device(store: store, remote: faulty)
+        faulty.hold(readsAt: 3 << 20)  // the download stalls part-way
+        try b.fs.download(try b.ino("big"))
+        usleep(300_000)
+        try new.write(to: src)
+        let cur = try runBlocking { try await store.head("big") }
+        _ = try runBlocking { try await store.put("big", contentsOf: src, metadata: ObjectMetadata(kind: .file), condition: .ifMatch(cur.version)) }
+        b.pull()
+        faulty.release(readsAt: 3 << 20)
+        let ino = try b.ino("big")
+        let deadline = Date(timeIntervalSinceNow: 20)
+        while try b.fs.getattr(ino).blocks * 512 < Int64(size) && Date() < deadline { usleep(20_000) }
+        let fh = try b.fs.open(ino, flags: O_RDONLY)
+        defer { b.fs.release(fh) }
+        var got = [UInt8](repeating: 0, count: size)
+        let k = try got.withUnsafeMutableBytes { try b.fs.read(fh, offset: 0, count: size, into: $0.baseAddress!) }
+        #expect(k == size)
+        #expect(got.allSatisfy { $0 == 0x22 })
+        _ = a
+    }
+
+    /// Pinned folders keep what arrives in them downloaded.
+    @Test func whatArrivesInAPinnedFolderIsDownloaded() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("keep")
+        a.sync()
+        let b = try Device(store: store)
+        try b.fs.setPinned(try b.ino("keep"), true)
+        try a.write("keep/new.txt", "arrives downloaded")
+        try a.write("elsewhere.txt", "stays a placeholder")
+        a.sync()
+        b.pull()
+        let ino = try b.ino("keep/new.txt")
+        let deadline = Date(timeIntervalSinceNow: 10)
+        while try b.fs.getattr(ino).blocks == 0 && Date() < deadline { usleep(10_000) }
+        #expect(try b.fs.getattr(ino).blocks > 0)
+        #expect(try b.fs.getattr(try b.ino("elsewhere.txt")).blocks == 0)
+    }
+
+    /// An edit beats a delete made elsewhere; a folder deleted elsewhere keeps what was
+    /// added to it here.
+    @Test func localEditsSurviveRemoteDeletes() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("dir")
+        try a.write("dir/old.txt", "old")
+        try a.write("edited.txt", "base")
+        a.sync()
+        let b = try Device(store: store)
+        b.uploader.quietPeriod = 0
+        try b.write("edited.txt", "edited on B")  // not uploaded yet
+        try b.write("dir/added.txt", "added on B")
+        try a.fs.unlink(rootIno, n("edited.txt"))
+        try a.fs.unlink(try a.ino("dir"), n("old.txt"))
+        try a.fs.rmdir(rootIno, n("dir"))
+        a.sync()
+        b.pull()
+        #expect(try b.read("edited.txt") == "edited on B")
+        #expect(try b.names("dir") == ["added.txt"])
+        b.sync()
+        #expect(try contents(store, "edited.txt") == "edited on B")
+        #expect(try contents(store, "dir/added.txt") == "added on B")
+        #expect(try runBlocking { try await store.head("dir/") }.metadata.kind == .directory)
+        // And A gets them back.
+        a.pull()
+        #expect(try a.read("edited.txt") == "edited on B")
+        #expect(try a.read("dir/added.txt") == "added on B")
+    }
+
+    /// A store that cannot be reached: the poll fails, nothing changes, nothing is lost,
+    /// and the next poll catches up.
+    @Test func aPollThatFailsLosesNothing() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let faulty = FaultyStore(store)
+        let b = try Device(store: store, remote: faulty)
+        try a.write("f", "hello")
+        a.sync()
+        faulty.fail(.changes)
+        #expect(throws: StoreError.self) { try b.feed.poll() }
+        #expect(try b.names("") == [])
+        faulty.heal()
+        b.pull()
+        #expect(try b.read("f") == "hello")
+    }
+}
