@@ -9,6 +9,11 @@ ssize_t cubiq_copy_file_range(int fd_in, int fd_out, size_t len) {
     return copy_file_range(fd_in, NULL, fd_out, NULL, len, 0);
 }
 
+ssize_t cubiq_copy_file_range_at(int fd_in, int64_t off_in, int fd_out, int64_t off_out, size_t len) {
+    loff_t i = off_in, o = off_out;
+    return copy_file_range(fd_in, &i, fd_out, &o, len, 0);
+}
+
 int cubiq_fallocate(int fd, int mode, int64_t offset, int64_t len) {
     return fallocate(fd, mode, (off_t)offset, (off_t)len);
 }

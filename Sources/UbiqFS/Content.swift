@@ -247,15 +247,17 @@ extension FileSystem {
         guard let h = withLock({ handles.removeValue(forKey: fh) }) else { return }
         if h.canWrite { try? makeDurable(h.ino, fd: h.fd) }
         close(h.fd)
-        let lastClose = withLock { () -> Bool in
-            guard let n = nodes[h.ino] else { return false }
+        let (lastClose, closed) = withLock { () -> (Bool, Bool) in
+            guard let n = nodes[h.ino] else { return (false, false) }
             n.opens -= 1
             if h.canWrite { n.writers -= 1 }
             reapIfUnreferenced(n)
-            return n.opens == 0 && !n.rec.present
+            return (n.opens == 0 && !n.rec.present, n.opens == 0)
         }
         // Opened and never read: no download keeps waiting for it.
         if lastClose { materializer.cancelIfIdle(h.ino) }
+        // An update from the store waited for this close.
+        if closed, waitingForClose.withLock({ $0.remove(h.ino) != nil }) { remoteRetry.withLock { $0 }?() }
         scheduleCacheLimitCheck()
     }
 

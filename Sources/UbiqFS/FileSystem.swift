@@ -74,6 +74,9 @@ public final class FileSystem: @unchecked Sendable {
 
     /// Tells the kernel to drop its cached pages of an inode (set by the FUSE binding).
     let kernelCache = Mutex<(@Sendable (UInt64) -> Void)?>(nil)
+    /// Items whose remote update waits for their last close, and what to call then.
+    let waitingForClose = Mutex<Set<UInt64>>([])
+    let remoteRetry = Mutex<(@Sendable () -> Void)?>(nil)
     /// Runs `ubiq sync` (set by the daemon: a poll of the store's changes).
     let syncHandler = Mutex<(@Sendable () throws -> Void)?>(nil)
     /// Tells the kernel to forget a name it may have cached (set by the FUSE binding).

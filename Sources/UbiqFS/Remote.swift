@@ -21,6 +21,11 @@ import UbiqSync
 /// Every change claims the items it touches through the Coordinator, and drops what
 /// the kernel cached of them.
 extension FileSystem {
+    /// `retry` is called when an item whose update waited for its readers is closed.
+    public func setRemoteRetry(_ retry: @escaping @Sendable () -> Void) {
+        remoteRetry.withLock { $0 = retry }
+    }
+
     /// Applies `changes`; returns the keys to try again later.
     public func applyRemote(_ changes: [RemoteChange]) -> Set<String> {
         func depth(_ k: String) -> Int { k.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } - (k.hasSuffix("/") ? 1 : 0) }
@@ -165,7 +170,10 @@ extension FileSystem {
         let isFile = kind == UInt32(S_IFREG)
         let contentChanged = isFile && (e.remoteTag == nil || info.contentTag == nil || e.remoteTag != info.contentTag)
         // A reader keeps the version it opened until it closes.
-        if contentChanged && withLock({ (nodes[ino]?.opens ?? 0) > 0 }) { return false }
+        if contentChanged && withLock({ (nodes[ino]?.opens ?? 0) > 0 }) {
+            waitingForClose.withLock { _ = $0.insert(ino) }
+            return false
+        }
         let c = try claim([ino], .replace)
         var refetch = false
         let applied: Bool = try {

@@ -149,6 +149,11 @@ public protocol CloudStore: Sendable {
     /// Throws `notFound` when that version is gone: a read never mixes versions.
     func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data
 
+    /// Writes bytes `range` (clamped) of `version` of `key` into the file `fd` at `offset`;
+    /// returns how many. The default reads, then writes; a store that can copy without
+    /// bringing the bytes into the process does that.
+    func read(_ key: String, version: String, range: Range<Int64>, into fd: Int32, at offset: Int64) async throws -> Int64
+
     /// Writes the file at `source` (nil: empty content) as a new version of
     /// `key` if `condition` holds; throws `preconditionFailed` otherwise.
     func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
@@ -174,6 +179,37 @@ public protocol CloudStore: Sendable {
 
     /// Bytes used and the quota, where the store has them (nil: it does not say).
     func usage() async throws -> StoreUsage?
+}
+
+extension CloudStore {
+    public func read(_ key: String, version: String, range: Range<Int64>, into fd: Int32, at offset: Int64) async throws -> Int64 {
+        let data = try await read(key, version: version, range: range)
+        try LocalWriteError.write(data, to: fd, at: offset)
+        return Int64(data.count)
+    }
+}
+
+/// Writing what a store sent into a local file failed (`errno`: ENOSPC, EIO...).
+public struct LocalWriteError: Error, CustomStringConvertible {
+    public let errno: Int32
+    public init(errno: Int32) { self.errno = errno }
+    public var description: String { "writing the local copy: \(String(cString: strerror(self.errno)))" }
+
+    /// Writes all of `data` into `fd` at `offset`.
+    public static func write(_ data: Data, to fd: Int32, at offset: Int64) throws {
+        try data.withUnsafeBytes { buf in
+            var done = 0
+            while done < buf.count {
+                let n = pwrite(fd, buf.baseAddress! + done, buf.count - done, off_t(offset) + off_t(done))
+                if n < 0 {
+                    let e = Glibc.errno
+                    if e == EINTR { continue }
+                    throw LocalWriteError(errno: e)
+                }
+                done += n
+            }
+        }
+    }
 }
 
 public struct StoreUsage: Sendable, Equatable {

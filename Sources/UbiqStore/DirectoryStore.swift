@@ -90,7 +90,36 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         }
     }
 
-    public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+    /// Copies inside the kernel (copy_file_range): the bytes never pass through the process.
+    public func read(_ key: String, version: String, range: Range<Int64>, into fd: Int32, at offset: Int64) async throws -> Int64 {
+        let (blob, lower, upper) = try locate(key, version: version, range: range)
+        if upper == lower { return 0 }
+        let src = open(blobURL(blob).path, O_RDONLY | O_CLOEXEC)
+        if src < 0 { throw StoreError.failed("blob of \(key)@\(version) missing: errno \(errno)") }
+        defer { close(src) }
+        var done: Int64 = 0
+        while done < upper - lower {
+            let n = cubiq_copy_file_range_at(src, lower + done, fd, offset + done, Int(upper - lower - done))
+            if n < 0 {
+                let e = errno
+                if e == EINTR { continue }
+                if e == EXDEV || e == ENOSYS || e == EOPNOTSUPP || e == EINVAL {
+                    // Not between these filesystems: copy through memory.
+                    let data = try await read(key, version: version, range: (lower + done) ..< upper)
+                    try LocalWriteError.write(data, to: fd, at: offset + done)
+                    return done + Int64(data.count)
+                }
+                if e == ENOSPC || e == EDQUOT || e == EIO || e == EFBIG { throw LocalWriteError(errno: e) }
+                throw StoreError.failed("reading blob of \(key): errno \(e)")
+            }
+            if n == 0 { throw StoreError.failed("blob of \(key)@\(version) is short") }
+            done += Int64(n)
+        }
+        return done
+    }
+
+    /// The blob holding `version` of `key`, and `range` clamped to its size.
+    private func locate(_ key: String, version: String, range: Range<Int64>) throws -> (blob: String, lower: Int64, upper: Int64) {
         try StoreKey.validate(key)
         let found: (blob: String, size: Int64)? = try dbRead { db in
             let row = try Row.fetchOne(db, sql: "SELECT blob, size FROM objects WHERE key = ? AND version = ?",
@@ -102,8 +131,13 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         guard let found else { throw StoreError.notFound(key: key) }
         let lower = max(0, min(range.lowerBound, found.size))
         let upper = max(lower, min(range.upperBound, found.size))
+        return (found.blob, lower, upper)
+    }
+
+    public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        let (blob, lower, upper) = try locate(key, version: version, range: range)
         if upper == lower { return Data() }
-        let fd = open(blobURL(found.blob).path, O_RDONLY | O_CLOEXEC)
+        let fd = open(blobURL(blob).path, O_RDONLY | O_CLOEXEC)
         if fd < 0 { throw StoreError.failed("blob of \(key)@\(version) missing: errno \(errno)") }
         defer { close(fd) }
         var data = Data(count: Int(upper - lower))

@@ -46,6 +46,10 @@ public final class Materializer: @unchecked Sendable {
     public let attempts: Int
 
     private let cond = NSCondition()
+    /// Saves download progress (one at a time, off the fetching threads).
+    private let saver = DispatchQueue(label: "ubiq.download-progress")
+    /// Seconds between saves of a download's progress.
+    public var progressInterval: TimeInterval = 5
     private var jobs: [UInt64: Job] = [:]
     private var fetched: Int64 = 0
 
@@ -74,6 +78,9 @@ public final class Materializer: @unchecked Sendable {
         var failed: [Int: Error] = [:]
         /// Dropped by `cancel`: no more fetching; the last worker closes `fd`.
         var cancelled = false
+        /// When progress was last saved, and whether a save is under way.
+        var savedAt = Date()
+        var saving = false
         var done: Bool { presentCount == present.count }
         init(ino: UInt64, key: String, version: String, size: Int64, fd: Int32, chunks: Int) {
             self.ino = ino; self.key = key; self.version = version; self.size = size; self.fd = fd
@@ -270,11 +277,8 @@ public final class Materializer: @unchecked Sendable {
 
     private func work(_ job: Job) {
         cond.lock()
-        var pendingSave: [Bool]?
         while let chunk = takeChunk(job) {
             cond.unlock()
-            // This worker keeps the job (and its file descriptor) alive while it saves.
-            if let present = pendingSave { saveProgress(job, present); pendingSave = nil }
             let result = fetchChunk(job, chunk)
             cond.lock()
             job.inFlight.remove(chunk)
@@ -285,7 +289,9 @@ public final class Materializer: @unchecked Sendable {
                 job.urgent.remove(chunk)
                 fetched += min(chunkSize, job.size - Int64(chunk) * chunkSize)
                 spawnWorkersLocked(job)
-                if job.presentCount % 16 == 0 && !job.done { pendingSave = job.present }
+                if !job.done && !job.saving && Date().timeIntervalSince(job.savedAt) >= progressInterval {
+                    saveProgressLocked(job)
+                }
             case .failure(let e):
                 job.error = e
                 job.failed[chunk] = e
@@ -316,11 +322,34 @@ public final class Materializer: @unchecked Sendable {
         }
     }
 
+    /// Saves the progress of every download under way and waits for it (at unmount, so the
+    /// next run resumes from everything fetched).
+    public func saveAllProgress() {
+        cond.lock()
+        for job in jobs.values where !job.done && !job.cancelled && !job.saving { saveProgressLocked(job) }
+        cond.unlock()
+        saver.sync {}
+    }
+
     /// Records which chunks are in the cache file, after syncing them there, so a restart
-    /// resumes instead of starting over. (A chunk fetched after the sync is fetched again.)
-    private func saveProgress(_ job: Job, _ present: [Bool]) {
-        guard fdatasync(job.fd) == 0 else { return }
-        try? state.write { try $0.saveDownload(job.ino, version: job.version, chunkSize: chunkSize, present: present) }
+    /// resumes instead of starting over (a chunk fetched after the sync is fetched again).
+    /// Runs beside the fetches, on a copy of the descriptor: syncing waits for the disk,
+    /// fetching need not. Called with `cond` held.
+    private func saveProgressLocked(_ job: Job) {
+        let fd = dup(job.fd)
+        guard fd >= 0 else { return }
+        job.saving = true
+        let present = job.present, version = job.version, chunkSize = self.chunkSize, state = self.state
+        saver.async { [self] in
+            if fdatasync(fd) == 0 {
+                try? state.write { try $0.saveDownload(job.ino, version: version, chunkSize: chunkSize, present: present) }
+            }
+            close(fd)
+            cond.lock()
+            job.saving = false
+            job.savedAt = Date()
+            cond.unlock()
+        }
     }
 
     private func finishLocked(_ job: Job) {
@@ -344,22 +373,14 @@ public final class Materializer: @unchecked Sendable {
         for attempt in 0 ..< attempts {
             if attempt > 0 { usleep(UInt32(100_000 << min(attempt, 5))) }
             do {
-                let key = job.key, version = job.version
-                let data = try runBlocking { try await store.read(key, version: version, range: range) }
-                if Int64(data.count) != range.count {
-                    throw SyncError.sizeMismatch(key: key, expected: Int64(range.count), got: Int64(data.count))
+                let key = job.key, version = job.version, fd = job.fd
+                let got = try runBlocking { try await store.read(key, version: version, range: range, into: fd, at: lower) }
+                if got != Int64(range.count) {
+                    throw SyncError.sizeMismatch(key: key, expected: Int64(range.count), got: got)
                 }
-                let written = data.withUnsafeBytes { buf -> Int in
-                    var done = 0
-                    while done < buf.count {
-                        let n = pwrite(job.fd, buf.baseAddress! + done, buf.count - done, off_t(lower) + off_t(done))
-                        if n < 0 { if errno == EINTR { continue }; return -Int(errno) }
-                        done += n
-                    }
-                    return done
-                }
-                if written < 0 { return .failure(SyncError.local("writing cache: \(String(cString: strerror(Int32(-written))))")) }
                 return .success(())
+            } catch let e as LocalWriteError {
+                return .failure(SyncError.local("\(e)"))  // the disk, not the store: retrying will not help
             } catch let e as StoreError where !e.isTransient {
                 return .failure(e)  // an answer (gone, changed): retrying will not help
             } catch {

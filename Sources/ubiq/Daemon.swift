@@ -68,6 +68,7 @@ struct Daemon {
         let feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: plan.pollInterval)
         feed.setApplier { [fs] changes in fs.applyRemote(changes) }
         fs.setSyncHandler { [feed] in try feed.poll() }
+        fs.setRemoteRetry { [feed] in feed.kick() }
         let server = FuseServer(fs: fs, options: plan.fuseOptions, logger: logger)
         do { try server.mount(at: plan.mountpoint, fsname: "ubiq:" + plan.storePath) } catch { die("\(error)") }
         let record = MountRecord(pid: getpid(), mountpoint: plan.mountpoint, state: plan.stateDir, store: plan.storeURL)
@@ -92,6 +93,7 @@ struct Daemon {
         logger.info("fetched \(materializer.bytesFetched) content bytes from the store in this run")
         feed.stop()
         server.unmount()
+        materializer.saveAllProgress()
         fs.writeAccessTimes()
         uploader.stop()
         let timeout = Self.requestedDrainTimeout(plan)

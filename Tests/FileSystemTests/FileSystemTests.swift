@@ -21,6 +21,7 @@ final class Device: @unchecked Sendable {
     var fs: FileSystem!
     var uploader: Uploader!
     var feed: ChangeFeed!
+    var materializer: Materializer!
     let logger = Logger(label: "test")
 
     init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true,
@@ -40,13 +41,14 @@ final class Device: @unchecked Sendable {
         state = try LocalState(path: dir.appendingPathComponent("state.db").path)
         let cache = try ContentCache(directory: dir.appendingPathComponent("cache"))
         try ChangeFeed.prepare(store: remote, state: state)
+        materializer = Materializer(store: remote, state: state, cache: cache, logger: logger,
+                                    chunkSize: 1 << 20, completeInBackground: completeInBackground)
         try Importer(store: remote, state: state, cache: cache, logger: logger).run()
         let coordinator = Coordinator(defaultTimeout: 5)
         uploader = Uploader(state: state, store: remote, coordinator: coordinator, cache: cache,
                             deviceID: dir.lastPathComponent, logger: logger)
         fs = try FileSystem(state: state, coordinator: coordinator, cache: cache,
-                            materializer: Materializer(store: remote, state: state, cache: cache, logger: logger,
-                                                       chunkSize: 1 << 20, completeInBackground: completeInBackground),
+                            materializer: materializer,
                             uploader: uploader, logger: logger, uploadDelay: 0, hydration: hydration,
                             cacheLimit: cacheLimit)
         feed = ChangeFeed(store: remote, state: state, deviceID: dir.lastPathComponent, logger: logger)
@@ -615,8 +617,11 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         let d = try Device(store: store, remote: counting, completeInBackground: false)
         let ino = try d.ino("big.bin")
         let fh = try d.fs.open(ino, flags: O_RDONLY)
-        // Read the first 32 MiB: progress is recorded every 16 chunks.
+        d.materializer.progressInterval = 0.05
+        // Read the first 32 MiB; progress is recorded as it goes (every 5 s by default), and
+        // once more when the daemon stops.
         #expect(try read(d, fh, 0, 32 << 20) == Array(bytes[0 ..< (32 << 20)]))
+        d.materializer.saveAllProgress()
         d.fs.release(fh)
         let firstRun = counting.bytesRead
         #expect(try d.state.read { try $0.download(ino) }?.present.filter { $0 }.count ?? 0 >= 16)

@@ -80,6 +80,39 @@ let fileMeta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mt
         await #expect(throws: StoreError.notFound(key: "f")) { try await store.read("f", version: "nope", range: 0 ..< 1) }
     }
 
+    /// Reading into a file (what downloads do) gives the same bytes as reading, at the
+    /// offset asked, clamped to the object; content tags tell new bytes from a metadata change.
+    @Test(arguments: StoreKind.allCases)
+    func readIntoAFileAndContentTags(kind: StoreKind) async throws {
+        let (store, cleanup) = try kind.make()
+        defer { cleanup() }
+        let bytes = (0 ..< 300_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let v = try await store.put("f", contentsOf: try tempFile(bytes), metadata: fileMeta, condition: .always)
+        let out = try tempFile([UInt8](repeating: 0xAA, count: 10))
+        let fd = open(out.path, O_RDWR)
+        defer { close(fd); try? FileManager.default.removeItem(at: out) }
+        #expect(try await store.read("f", version: v.version, range: 1000 ..< 2000, into: fd, at: 5) == 1000)
+        #expect(try await store.read("f", version: v.version, range: 299_990 ..< 400_000, into: fd, at: 2000) == 10)
+        let file = [UInt8](try Data(contentsOf: out))
+        #expect(file.count == 2010)
+        #expect(Array(file[0 ..< 5]) == [0xAA, 0xAA, 0xAA, 0xAA, 0xAA])
+        #expect(Array(file[5 ..< 1005]) == Array(bytes[1000 ..< 2000]))
+        #expect(Array(file[2000 ..< 2010]) == Array(bytes[299_990 ..< 300_000]))
+        await #expect(throws: StoreError.notFound(key: "f")) {
+            try await store.read("f", version: "nope", range: 0 ..< 1, into: fd, at: 0)
+        }
+        // A metadata change keeps the tag; new bytes change it.
+        var m = fileMeta
+        m.mode = 0o600
+        let meta = try await store.copy(from: "f", version: v.version, to: "f", metadata: m, condition: .ifMatch(v.version))
+        let edit = try await store.put("f", contentsOf: try tempFile([1]), metadata: fileMeta, condition: .always)
+        if let tag = v.contentTag {
+            #expect(meta.contentTag == tag)
+            #expect(try await store.head("f").contentTag == edit.contentTag)
+            #expect(edit.contentTag != tag)
+        }
+    }
+
     @Test(arguments: StoreKind.allCases)
     func priorVersionsAreBounded(kind: StoreKind) async throws {
         let (store, cleanup) = try kind.make()
