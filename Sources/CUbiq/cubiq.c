@@ -20,6 +20,10 @@ int cubiq_fallocate(int fd, int mode, int64_t offset, int64_t len) {
 
 int cubiq_errno(void) { return errno; }
 
+ssize_t cubiq_getxattr(const char *path, const char *name, void *value, size_t size) {
+    return getxattr(path, name, value, size);
+}
+
 int cubiq_setxattr(const char *path, const char *name, const void *value, size_t size) {
     return setxattr(path, name, value, size, 0);
 }

@@ -362,7 +362,8 @@ extension FileSystem {
     }
 
     public func listxattr(_ ino: UInt64) throws -> [[UInt8]] {
-        try withLock { try node(ino).xattrs.keys.sorted { $0.lexicographicallyPrecedes($1) } }
+        let own = try withLock { try node(ino).xattrs.keys.sorted { $0.lexicographicallyPrecedes($1) } }
+        return own + statusAttributeNames(ino)
     }
 
     public func setxattr(_ ino: UInt64, _ name: [UInt8], _ value: [UInt8], mode: XattrSetMode) throws {

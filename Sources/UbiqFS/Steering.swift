@@ -33,7 +33,7 @@ extension FileSystem {
     func controlAttribute(_ ino: UInt64, _ name: [UInt8]) throws -> [UInt8]? {
         switch name {
         case Self.pinnedAttribute: return Array((try isPinned(ino) ? "1" : "0").utf8)
-        default: return nil
+        default: return try statusAttribute(ino, String(decoding: name.dropFirst(Self.reservedPrefix.count), as: UTF8.self))
         }
     }
 

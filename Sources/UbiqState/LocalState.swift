@@ -496,6 +496,25 @@ public struct StateTransaction {
             """) ?? 0
     }
 
+    /// Inodes with changes waiting in the outbox.
+    public func outboxInodes() throws -> Set<UInt64> {
+        Set(try Int64.fetchAll(db, sql: "SELECT ino FROM outbox").map { UInt64(bitPattern: $0) })
+    }
+
+    /// Inodes whose last upload failed, with why.
+    public func uploadErrors() throws -> [UInt64: String] {
+        var out: [UInt64: String] = [:]
+        for r in try Row.fetchAll(db, sql: "SELECT ino, upload_error FROM inodes WHERE upload_error IS NOT NULL") {
+            out[UInt64(bitPattern: r["ino"])] = r["upload_error"]
+        }
+        return out
+    }
+
+    /// Whether `ino` waits in the outbox.
+    public func isQueued(_ ino: UInt64) throws -> Bool {
+        try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM outbox WHERE ino = ?)", arguments: [Int64(bitPattern: ino)]) ?? false
+    }
+
     public func outboxCount() throws -> Int {
         try Int.fetchOne(db, sql: "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM tombstones)") ?? 0
     }

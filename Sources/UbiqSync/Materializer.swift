@@ -106,9 +106,17 @@ public final class Materializer: @unchecked Sendable {
     /// begins with the first read (an open that reads nothing downloads nothing).
     public func start(_ ino: UInt64, background: Bool = true) throws {
         cond.lock()
-        let existing = jobs[ino]
+        if let job = jobs[ino] {
+            // Asked again (a download, a pin): a download halted by a failure goes on.
+            if background && completeInBackground && job.error != nil && !job.cancelled {
+                job.error = nil
+                job.failed.removeAll()
+                spawnWorkersLocked(job)
+            }
+            cond.unlock()
+            return
+        }
         cond.unlock()
-        if existing != nil { return }
         let (entry, rec) = try state.read { tx -> (EntryRecord?, InodeRecord?) in
             (try tx.entries(of: ino).first { $0.remoteKey != nil }, try tx.inode(ino))
         }
@@ -212,6 +220,12 @@ public final class Materializer: @unchecked Sendable {
         cond.lock(); defer { cond.unlock() }
         while let job = jobs[ino], job.done, Date() < deadline { _ = cond.wait(until: deadline) }
         return jobs[ino] != nil
+    }
+
+    /// Why `ino`'s download last failed, while its download is under way (nil: it has not).
+    public func lastError(_ ino: UInt64) -> String? {
+        cond.lock(); defer { cond.unlock() }
+        return jobs[ino]?.error.map { "\($0)" }
     }
 
     /// Bytes of `ino` already local, while it is downloading (nil: no download under way).

@@ -32,51 +32,143 @@ func setAttribute(_ path: String, _ name: String, _ value: String) -> Int32 {
     return r == 0 ? 0 : cubiq_errno()
 }
 
+func getAttribute(_ path: String, _ name: String) -> String? {
+    var buf = [UInt8](repeating: 0, count: 4096)
+    let n = cubiq_getxattr(path, name, &buf, buf.count)
+    return n < 0 ? nil : String(decoding: buf[..<n], as: UTF8.self)
+}
+
+/// Sizes for people: 1.5 GiB, 300 MiB, 12 KiB, 80 B.
+func humanBytes(_ n: Int64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    var v = Double(n), u = 0
+    while v >= 1024 && u < units.count - 1 { v /= 1024; u += 1 }
+    return u == 0 ? "\(n) B" : String(format: v < 10 ? "%.1f %@" : "%.0f %@", v, units[u])
+}
+
+/// A JSON object on one line (keys sorted, so lines are stable).
+func jsonLine(_ object: [String: Any]) -> String {
+    let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data()
+    return String(decoding: data, as: UTF8.self)
+}
+
 struct Download: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Download files, or everything under folders, so they are here offline.",
         discussion: """
             Without --wait the downloads run in the background and the command returns at once.
+            With --wait it shows a progress bar on a terminal (bytes, rate, time left), a line per
+            file otherwise, or with --json a JSON line per file:
+              {"bytes":N,"path":"...","seconds":S,"size":N,"status":"downloaded"|"failed","error":"..."}
 
             Examples:
               ubiq download ~/Ubiquity/Photos
               ubiq download --wait ~/Ubiquity/report.pdf
             """)
 
-    @Flag(help: "Wait until every file is downloaded.")
+    @Flag(help: "Wait until every file is downloaded, showing progress.")
     var wait = false
+
+    @Flag(help: "With --wait: a JSON line per file.")
+    var json = false
 
     @Argument(help: "Files or folders in a ubiq mount.")
     var paths: [String]
 
     func run() throws {
         var failed = 0
-        for root in pathsInMounts(paths) {
-            for f in files(under: root) {
-                if wait {
-                    // Reading through the mount is what downloads: it streams, and returns when all is here.
-                    guard let h = FileHandle(forReadingAtPath: f) else { print("ubiq: cannot open \(f)"); failed += 1; continue }
-                    var total = 0
-                    do {
-                        while let d = try h.read(upToCount: 1 << 20), !d.isEmpty { total += d.count }
-                        print("downloaded \(f) (\(total) bytes)")
-                    } catch {
-                        FileHandle.standardError.write(Data("ubiq: cannot download \(f): \(error.localizedDescription)\n".utf8))
-                        failed += 1
-                    }
-                    try? h.close()
+        let all = pathsInMounts(paths).flatMap { files(under: $0) }
+        if !wait {
+            for f in all {
+                let e = setAttribute(f, "user.ubiq.action", "download")
+                if e != 0 {
+                    FileHandle.standardError.write(Data("ubiq: cannot download \(f): \(String(cString: strerror(e)))\n".utf8))
+                    failed += 1
                 } else {
-                    let e = setAttribute(f, "user.ubiq.action", "download")
-                    if e != 0 {
-                        FileHandle.standardError.write(Data("ubiq: cannot download \(f): \(String(cString: strerror(e)))\n".utf8))
-                        failed += 1
-                    } else {
-                        print("downloading \(f)")
-                    }
+                    print("downloading \(f)")
                 }
             }
+            if failed > 0 { throw ExitCode.failure }
+            return
         }
+        let sizes = all.map { f -> Int64 in var st = stat(); return stat(f, &st) == 0 ? Int64(st.st_size) : 0 }
+        let total = sizes.reduce(0, +)
+        let bar = ProgressBar(total: total, files: all.count, enabled: !json && isatty(1) != 0)
+        var before: Int64 = 0
+        for (f, size) in zip(all, sizes) {
+            let started = Date()
+            var error: String?
+            let e = setAttribute(f, "user.ubiq.action", "download")
+            if e != 0 { error = String(cString: strerror(e)) }
+            var have: Int64 = 0
+            while error == nil {
+                let state = getAttribute(f, "user.ubiq.downloading-status")
+                let percent = Int64(getAttribute(f, "user.ubiq.percent-downloaded") ?? "0") ?? 0
+                have = size * percent / 100
+                if state == nil { error = "no such file any more"; break }
+                if state != "not-downloaded" { have = size; break }
+                if let why = getAttribute(f, "user.ubiq.downloading-error"), !why.isEmpty,
+                   getAttribute(f, "user.ubiq.downloading") == "1" {
+                    // Halted by a failure (retried 3 times already).
+                    error = why
+                    break
+                }
+                bar.update(done: before + have, file: f)
+                usleep(100_000)
+            }
+            before += size
+            bar.update(done: before, file: f)
+            let secs = Date().timeIntervalSince(started)
+            if json {
+                var o: [String: Any] = ["path": f, "size": size, "bytes": error == nil ? size : have,
+                                        "seconds": (secs * 1000).rounded() / 1000, "status": error == nil ? "downloaded" : "failed"]
+                if let error { o["error"] = error }
+                say(jsonLine(o))
+            } else if let error {
+                bar.clear()
+                FileHandle.standardError.write(Data("ubiq: cannot download \(f): \(error)\n".utf8))
+            } else if !bar.enabled {
+                say("downloaded \(f) (\(size) bytes)")
+            }
+            if error != nil { failed += 1 }
+        }
+        bar.finish()
         if failed > 0 { throw ExitCode.failure }
+    }
+}
+
+/// One line redrawn in place on a terminal: bar, percent, bytes, rate, time left.
+final class ProgressBar {
+    let total: Int64
+    let files: Int
+    let enabled: Bool
+    let start = Date()
+    private var lastDraw = Date.distantPast
+
+    init(total: Int64, files: Int, enabled: Bool) { self.total = total; self.files = files; self.enabled = enabled }
+
+    func update(done: Int64, file: String) {
+        guard enabled, Date().timeIntervalSince(lastDraw) > 0.1 || done >= total else { return }
+        lastDraw = Date()
+        let secs = max(0.001, Date().timeIntervalSince(start))
+        let rate = Double(done) / secs
+        let frac = total > 0 ? Double(done) / Double(total) : 1
+        let width = 24
+        let filled = Int(frac * Double(width))
+        let eta = rate > 0 ? Int((Double(total - done) / rate).rounded()) : 0
+        let name = (file as NSString).lastPathComponent
+        let line = "[" + String(repeating: "=", count: filled) + String(repeating: " ", count: width - filled) + "] "
+            + String(format: "%3d%% ", Int(frac * 100)) + "\(humanBytes(done))/\(humanBytes(total)) "
+            + "\(humanBytes(Int64(rate)))/s ETA \(eta)s  \(name.prefix(30))"
+        FileHandle.standardOutput.write(Data(("\r\u{1B}[K" + line).utf8))
+    }
+
+    func clear() { if enabled { FileHandle.standardOutput.write(Data("\r\u{1B}[K".utf8)) } }
+
+    func finish() {
+        guard enabled else { return }
+        clear()
+        say("downloaded \(files) files, \(humanBytes(total)), in \(String(format: "%.1f", Date().timeIntervalSince(start))) s")
     }
 }
 

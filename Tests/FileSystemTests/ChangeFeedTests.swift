@@ -216,4 +216,31 @@ import UbiqStore
         b.pull()
         #expect(try b.read("f") == "hello")
     }
+
+    /// The status a user reads follows the item: uploading, current, placeholder, conflict;
+    /// a folder shows the most urgent state under it.
+    @Test func statusFollowsTheItem() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("dir")
+        try a.write("dir/doc", "base")
+        #expect(try a.fs.itemStatus(try a.ino("dir/doc")).status == "uploading")
+        #expect(try a.fs.itemStatus(try a.ino("dir")).itemsUploading == 2)
+        a.sync()
+        #expect(try a.fs.itemStatus(try a.ino("dir/doc")).status == "current")
+        let b = try Device(store: store)
+        let s = try b.fs.itemStatus(try b.ino("dir/doc"))
+        #expect(s.status == "placeholder" && s.downloadingStatus == "not-downloaded" && s.localBytes == 0 && s.uploaded)
+        #expect(try b.fs.itemStatus(try b.ino("dir")).itemsNotDownloaded == 1)
+        #expect(try b.read("dir/doc") == "base")
+        #expect(try b.fs.itemStatus(try b.ino("dir/doc")).percentDownloaded == 100)
+        try b.write("dir/doc", "from B")
+        b.sync()
+        try a.write("dir/doc", "from A")
+        a.sync()
+        let c = try a.fs.itemStatus(try a.ino("dir/doc"))
+        #expect(c.status == "conflict" && c.conflict && c.uploadError.contains("changed in the store"))
+        let root = try a.fs.itemStatus(rootIno)
+        #expect(root.status == "conflict" && root.itemsConflicts == 1)
+    }
 }

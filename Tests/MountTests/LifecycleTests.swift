@@ -174,6 +174,52 @@ import Testing
         #expect(u("evict /tmp").err.contains("not in a ubiq mount"))
     }
 
+    /// Status as attributes and as `ubiq status`; `download --wait --json` reports each file.
+    @Test func statusAttributesAndTheStatusCommand() throws {
+        let a = try MountFixture()
+        defer { a.cleanup() }
+        expectOK(a.sh("mkdir docs && head -c 3000000 /dev/urandom > docs/big && echo hi > docs/small && ln -s small docs/ln"))
+        expectOK(a.unmount())
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--upload-delay 0 --cache-size 1G")
+        defer { b.cleanup() }
+        let attr = { (name: String, path: String) in b.sh("getfattr -n user.ubiq.\(name) --only-values \(path)").out }
+        #expect(attr("status", "docs/big") == "placeholder")
+        #expect(attr("downloading-status", "docs/big") == "not-downloaded")
+        #expect(attr("percent-downloaded", "docs/big") == "0")
+        #expect(attr("items-not-downloaded", "docs") == "2")
+        #expect(attr("uploaded", "docs/big") == "1")
+        #expect(b.sh("du -k docs/big | cut -f1").out == "0\n")  // reading status downloaded nothing
+        // getfattr -d lists them all, next to the user's own attributes.
+        let listed = b.sh("setfattr -n user.mine -v 1 docs/small && getfattr -d -m user docs/small").out
+        for name in ["user.mine", "user.ubiq.status", "user.ubiq.version", "user.ubiq.uploading-error", "user.ubiq.pinned"] {
+            #expect(listed.contains(name + "="), "\(name) missing from \(listed)")
+        }
+        #expect(b.sh("getfattr -n user.ubiq.nonsense docs/small").status != 0)
+        #expect(b.sh("setfattr -n user.ubiq.nonsense -v 1 docs/small").status != 0)
+        // download --wait --json: a line per file.
+        let d = b.ubiq("download --wait --json \(b.mnt)/docs/big")
+        expectOK(d)
+        #expect(d.out.contains("\"status\":\"downloaded\"") && d.out.contains("\"size\":3000000"), "\(d.out)")
+        #expect(attr("status", "docs/big") == "current")
+        #expect(attr("percent-downloaded", "docs/big") == "100")
+        // A new local file is uploading until it is in the store; the folder says so.
+        expectOK(b.sh("echo new > docs/new"))
+        let s = b.ubiq("status -r \(b.mnt)/docs")
+        expectOK(s)
+        #expect(s.out.contains("current") && s.out.contains("\(b.mnt)/docs/big"), "\(s.out)")
+        #expect(s.out.contains("cache of \(b.mnt): ") && s.out.contains("of 1.0 GiB"), "\(s.out)")
+        let j = b.ubiq("status --json \(b.mnt)/docs/big")
+        expectOK(j)
+        let doc = try JSONSerialization.jsonObject(with: Data(j.out.utf8)) as? [String: Any]
+        let item = (doc?["items"] as? [[String: Any]])?.first
+        #expect(item?["status"] as? String == "current")
+        #expect(item?["localBytes"] as? Int == 3_000_000)
+        let cache = (doc?["caches"] as? [[String: Any]])?.first
+        #expect((cache?["usedBytes"] as? Int ?? 0) >= 3_000_000)
+        #expect(cache?["limitBytes"] as? Int == 1 << 30)
+        #expect(b.ubiq("status /tmp").status != 0)
+    }
+
     /// A program named like a thumbnailer gets no download (and fails cleanly); cat works.
     @Test func thumbnailersDoNotDownload() throws {
         let a = try MountFixture()

@@ -2,7 +2,7 @@
 """Random POSIX operations applied to two trees — a ubiq mount and a plain
 local directory — comparing every result (value or errno) and, every few
 steps, the whole tree: names, types, modes, sizes, link counts, bytes,
-symlink targets and user xattrs.
+symlink targets and user xattrs (not ubiq's own status, user.ubiq.*).
 
     fsrandom.py MOUNT_DIR LOCAL_DIR --seed N --ops N
 
@@ -44,7 +44,8 @@ def snapshot(root):
             elif stat.S_ISLNK(st.st_mode):
                 item["target"] = os.readlink(p)
             if not stat.S_ISLNK(st.st_mode):
-                item["xattrs"] = sorted((n, os.getxattr(p, n)) for n in os.listxattr(p) if n.startswith("user."))
+                item["xattrs"] = sorted((n, os.getxattr(p, n)) for n in os.listxattr(p)
+                                         if n.startswith("user.") and not n.startswith("user.ubiq."))
             out[rel] = item
     return out
 

@@ -1,0 +1,160 @@
+import Foundation
+import UbiqState
+import UbiqSync
+
+/// The sync state of one item, as the `user.ubiq.*` attributes and `ubiq status` show it.
+/// Read from memory and the state database: never downloads, never waits for a download.
+public struct ItemStatus: Sendable, Equatable {
+    /// One word, the most urgent that applies: conflict, error, uploading, downloading,
+    /// local (not in the store yet), placeholder, current.
+    public var status: String
+    public var isDirectory: Bool
+    /// Files: not-downloaded, downloaded (a newer version waits for the file's readers to
+    /// close), current.
+    public var downloadingStatus: String
+    public var downloading: Bool
+    public var percentDownloaded: Int
+    public var uploaded: Bool
+    public var uploading: Bool
+    public var conflict: Bool
+    public var pinned: Bool
+    /// The store version this item stands for ("" when it has none).
+    public var version: String
+    public var downloadError: String
+    public var uploadError: String
+    /// Bytes here, and in all (files).
+    public var localBytes: Int64
+    public var size: Int64
+    /// Folders: counts over everything under them.
+    public var itemsNotDownloaded: Int
+    public var itemsUploading: Int
+    public var itemsConflicts: Int
+    public var itemsErrors: Int
+    public var items: Int
+}
+
+extension FileSystem {
+    static let statusAttributes = ["status", "downloading-status", "downloading", "percent-downloaded", "uploaded",
+                                   "uploading", "percent-uploaded", "conflicts", "pinned", "version",
+                                   "downloading-error", "uploading-error"]
+    static let folderAttributes = ["status", "pinned", "items", "items-not-downloaded", "items-uploading",
+                                   "items-conflicts", "items-errors"]
+
+    /// On the mount's root only: the local cache's use and limit (bytes; limit 0: none).
+    static let rootAttributes = ["cache-bytes", "cache-limit"]
+
+    /// The `user.ubiq.*` names an item answers (listed by listxattr).
+    func statusAttributeNames(_ ino: UInt64) -> [[UInt8]] {
+        let isDir = withLock { nodes[ino]?.isDirectory ?? false }
+        let names = isDir ? Self.folderAttributes + (ino == rootIno ? Self.rootAttributes : []) : Self.statusAttributes
+        return names.map { Array("user.ubiq.\($0)".utf8) }
+    }
+
+    /// The value of a read-only status attribute (`name` without "user.ubiq."); nil: not one.
+    func statusAttribute(_ ino: UInt64, _ name: String) throws -> [UInt8]? {
+        if ino == rootIno && name == "cache-bytes" { return Array(String(localContentBytes).utf8) }
+        if ino == rootIno && name == "cache-limit" { return Array(String(cacheLimit ?? 0).utf8) }
+        let known = Self.statusAttributes.contains(name) || Self.folderAttributes.contains(name)
+        guard known else { return nil }
+        let s = try itemStatus(ino)
+        let flag = { (b: Bool) in b ? "1" : "0" }
+        let value: String
+        switch (s.isDirectory, name) {
+        case (_, "status"): value = s.status
+        case (_, "pinned"): value = flag(s.pinned)
+        case (true, "items"): value = String(s.items)
+        case (true, "items-not-downloaded"): value = String(s.itemsNotDownloaded)
+        case (true, "items-uploading"): value = String(s.itemsUploading)
+        case (true, "items-conflicts"): value = String(s.itemsConflicts)
+        case (true, "items-errors"): value = String(s.itemsErrors)
+        case (false, "downloading-status"): value = s.downloadingStatus
+        case (false, "downloading"): value = flag(s.downloading)
+        case (false, "percent-downloaded"): value = String(s.percentDownloaded)
+        case (false, "uploaded"): value = flag(s.uploaded)
+        case (false, "uploading"): value = flag(s.uploading)
+        case (false, "percent-uploaded"): value = s.uploaded ? "100" : "0"
+        case (false, "conflicts"): value = flag(s.conflict)
+        case (false, "version"): value = s.version
+        case (false, "downloading-error"): value = s.downloadError
+        case (false, "uploading-error"): value = s.uploadError
+        default: throw FSError.noAttribute  // a file attribute asked of a folder, or the reverse
+        }
+        return Array(value.utf8)
+    }
+
+    /// The sync state of `ino` (for a folder, summed over everything under it).
+    public func itemStatus(_ ino: UInt64) throws -> ItemStatus {
+        let isDir = try withLock { try node(ino).isDirectory }
+        if !isDir { return try fileStatus(ino) }
+        let (queued, errors) = try readState { tx in (try tx.outboxInodes(), try tx.uploadErrors()) }
+        let inos = withLock { subtree(ino) }
+        var s = ItemStatus(status: "current", isDirectory: true, downloadingStatus: "", downloading: false,
+                           percentDownloaded: 0, uploaded: true, uploading: false, conflict: false,
+                           pinned: (try? isPinned(ino)) ?? false, version: "", downloadError: "", uploadError: "",
+                           localBytes: 0, size: 0, itemsNotDownloaded: 0, itemsUploading: 0, itemsConflicts: 0,
+                           itemsErrors: 0, items: 0)
+        var rank = Self.rank("current")
+        for i in inos {
+            let f = try fileStatus(i, queued: queued.contains(i), error: .some(errors[i]), ownPinOnly: i != ino)
+            if i != ino { s.items += 1 }
+            if f.isDirectory == false && f.downloadingStatus == "not-downloaded" { s.itemsNotDownloaded += 1 }
+            if f.uploading { s.itemsUploading += 1 }
+            if f.conflict { s.itemsConflicts += 1 }
+            if !f.uploadError.isEmpty && !f.conflict || !f.downloadError.isEmpty { s.itemsErrors += 1 }
+            s.localBytes += f.localBytes
+            s.size += f.size
+            let r = Self.rank(f.status)
+            if r > rank { rank = r; s.status = f.status }
+        }
+        // A folder of placeholders is not "placeholder" itself: it is all there, as names.
+        if s.status == "placeholder" { s.status = "current" }
+        let selfQueued = try readState { try $0.isQueued(ino) }
+        s.uploaded = s.itemsUploading == 0 && !selfQueued
+        s.uploading = s.itemsUploading > 0
+        return s
+    }
+
+    /// Most urgent last.
+    static func rank(_ status: String) -> Int {
+        ["current", "placeholder", "local", "downloading", "uploading", "error", "conflict"].firstIndex(of: status) ?? 0
+    }
+
+    private func readState<T>(_ body: (StateTransaction) throws -> T) throws -> T {
+        do { return try state.read(body) } catch { throw FSError.io("state database: \(error)") }
+    }
+
+    private func fileStatus(_ ino: UInt64, queued: Bool? = nil, error: String?? = nil,
+                            ownPinOnly: Bool = false) throws -> ItemStatus {
+        let (rec, isDir) = try withLock { () -> (InodeRecord, Bool) in
+            let n = try node(ino)
+            return (n.rec, n.isDirectory)
+        }
+        let (isQueued, upError, entry) = try readState { tx -> (Bool, String?, EntryRecord?) in
+            (try queued ?? tx.isQueued(ino), try error ?? (tx.uploadState(ino)?.error),
+             try tx.entries(of: ino).first { $0.remoteKey != nil })
+        }
+        let isFile = rec.type == UInt32(S_IFREG)
+        let partial = isFile && !rec.present ? materializer.localBytes(ino) : nil
+        let local: Int64 = isFile ? (rec.present ? rec.size : (partial ?? 0)) : 0
+        let downloading = partial != nil
+        let conflict = upError?.hasPrefix(Uploader.conflictPrefix) ?? false
+        let downloadError = isFile ? (materializer.lastError(ino) ?? "") : ""
+        let waiting = waitingForClose.withLock { $0.contains(ino) }
+        let status: String
+        if conflict { status = "conflict" } else if upError != nil || !downloadError.isEmpty { status = "error" } else if isQueued {
+            status = "uploading"
+        } else if downloading { status = "downloading" } else if entry == nil && ino != rootIno {
+            status = "local"
+        } else if isFile && !rec.present { status = "placeholder" } else { status = "current" }
+        let percent = isFile ? (rec.present ? 100 : (rec.size == 0 ? 0 : Int(local * 100 / rec.size))) : 100
+        return ItemStatus(status: status, isDirectory: isDir,
+                          downloadingStatus: !isFile ? "current" : (!rec.present ? "not-downloaded" : (waiting ? "downloaded" : "current")),
+                          downloading: downloading, percentDownloaded: percent,
+                          uploaded: !isQueued && entry != nil && upError == nil, uploading: isQueued,
+                          conflict: conflict, pinned: ownPinOnly ? rec.pinned : ((try? isPinned(ino)) ?? false),
+                          version: entry?.remoteVersion ?? "", downloadError: downloadError,
+                          uploadError: conflict ? String(upError!.dropFirst(Uploader.conflictPrefix.count)) : (upError ?? ""),
+                          localBytes: local, size: isFile ? rec.size : 0, itemsNotDownloaded: 0, itemsUploading: 0,
+                          itemsConflicts: 0, itemsErrors: 0, items: 0)
+    }
+}

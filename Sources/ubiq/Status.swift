@@ -1,0 +1,148 @@
+import ArgumentParser
+import CUbiq
+import Foundation
+
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Show the sync state of files and folders: here or not, in the store or not, errors.",
+        discussion: """
+            A line per item: state, local/total size, percent downloaded, pinned, pending upload and
+            the last error; then a summary, and the mount's cache use and limit. States, most urgent
+            first: conflict, error, uploading, downloading, local, placeholder, current. A folder
+            shows the most urgent state of what is under it. --json: one JSON document, described
+            in docs/status.md.
+
+            Examples:
+              ubiq status ~/Ubiquity/report.pdf
+              ubiq status -r ~/Ubiquity/Photos
+            """)
+
+    @Flag(name: .short, help: "List everything under folders too.")
+    var recursive = false
+
+    @Flag(help: "One JSON document (docs/status.md).")
+    var json = false
+
+    @Argument(help: "Files or folders in a ubiq mount.")
+    var paths: [String]
+
+    struct Item {
+        var path: String
+        var isDirectory: Bool
+        var attrs: [String: String]
+        var size: Int64
+        var local: Int64
+        var isFile: Bool
+        var status: String { attrs["status"] ?? "unknown" }
+    }
+
+    func run() throws {
+        let roots = pathsInMounts(paths)
+        var items: [Item] = []
+        for root in roots {
+            items.append(item(root))
+            var isDir: ObjCBool = false
+            if recursive, FileManager.default.fileExists(atPath: root, isDirectory: &isDir), isDir.boolValue {
+                let e = FileManager.default.enumerator(atPath: root)
+                while let rel = e?.nextObject() as? String { items.append(item(root + "/" + rel)) }
+            }
+        }
+        let mounts = Set(roots.compactMap { Mounts.ubiqMount(containing: $0) }).sorted()
+        let caches = mounts.map { m in
+            (mount: m, used: Int64(getAttribute(m, "user.ubiq.cache-bytes") ?? "") ?? 0,
+             limit: Int64(getAttribute(m, "user.ubiq.cache-limit") ?? "") ?? 0)
+        }
+        var counts: [String: Int] = [:]
+        for i in items { counts[i.status, default: 0] += 1 }
+        if json {
+            let list: [[String: Any]] = items.map { i in
+                var o: [String: Any] = ["path": i.path, "type": i.isDirectory ? "folder" : "file", "status": i.status,
+                                        "size": i.size, "localBytes": i.local, "pinned": i.attrs["pinned"] == "1"]
+                if i.isDirectory {
+                    for k in ["items", "items-not-downloaded", "items-uploading", "items-conflicts", "items-errors"] {
+                        o[camel(k)] = Int(i.attrs[k] ?? "0") ?? 0
+                    }
+                } else {
+                    o["percentDownloaded"] = Int(i.attrs["percent-downloaded"] ?? "0") ?? 0
+                    o["downloadingStatus"] = i.attrs["downloading-status"] ?? ""
+                    o["uploaded"] = i.attrs["uploaded"] == "1"
+                    o["uploading"] = i.attrs["uploading"] == "1"
+                    o["conflict"] = i.attrs["conflicts"] == "1"
+                    o["version"] = i.attrs["version"] ?? ""
+                    o["downloadingError"] = i.attrs["downloading-error"] ?? ""
+                    o["uploadingError"] = i.attrs["uploading-error"] ?? ""
+                }
+                return o
+            }
+            let doc: [String: Any] = ["items": list, "summary": counts,
+                                      "caches": caches.map { ["mount": $0.mount, "usedBytes": $0.used, "limitBytes": $0.limit] }]
+            let data = try JSONSerialization.data(withJSONObject: doc, options: [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes])
+            print(String(decoding: data, as: UTF8.self))
+            return
+        }
+        let colour = isatty(1) != 0 && ProcessInfo.processInfo.environment["NO_COLOR"] == nil
+        for i in items {
+            var notes: [String] = []
+            if i.attrs["pinned"] == "1" { notes.append("pinned") }
+            if i.isDirectory {
+                let n = Int(i.attrs["items"] ?? "0") ?? 0
+                notes.append("\(n) items")
+                for (k, what) in [("items-not-downloaded", "not downloaded"), ("items-uploading", "to upload"),
+                                  ("items-conflicts", "in conflict"), ("items-errors", "with errors")] {
+                    if let v = Int(i.attrs[k] ?? "0"), v > 0 { notes.append("\(v) \(what)") }
+                }
+            } else if i.isFile {
+                if i.attrs["uploading"] == "1" { notes.append("upload pending") }
+                if let e = i.attrs["uploading-error"], !e.isEmpty { notes.append("upload error: \(e)") }
+                if let e = i.attrs["downloading-error"], !e.isEmpty { notes.append("download error: \(e)") }
+            }
+            let pct = i.isFile ? "\(i.attrs["percent-downloaded"] ?? "?")%" : ""
+            let state = i.status.padding(toLength: 11, withPad: " ", startingAt: 0)
+            let sizes = !i.isFile ? "-" : "\(humanBytes(i.local))/\(humanBytes(i.size))"
+            let line = "\(paint(state, i.status, colour)) \(sizes.padding(toLength: 21, withPad: " ", startingAt: 0)) "
+                + "\(pct.padding(toLength: 5, withPad: " ", startingAt: 0)) \(i.path)"
+                + (notes.isEmpty ? "" : "  (" + notes.joined(separator: ", ") + ")")
+            print(line)
+        }
+        let summary = counts.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")
+        print("\(items.count) items: \(summary)")
+        for c in caches {
+            print("cache of \(c.mount): \(humanBytes(c.used)) used" + (c.limit > 0 ? " of \(humanBytes(c.limit))" : ", no limit"))
+        }
+    }
+
+    private func item(_ path: String) -> Item {
+        var st = stat()
+        _ = lstat(path, &st)
+        let isDir = (st.st_mode & S_IFMT) == S_IFDIR
+        var attrs: [String: String] = [:]
+        let names = isDir
+            ? ["status", "pinned", "items", "items-not-downloaded", "items-uploading", "items-conflicts", "items-errors"]
+            : ["status", "pinned", "percent-downloaded", "downloading-status", "uploaded", "uploading", "conflicts",
+               "version", "downloading-error", "uploading-error"]
+        for n in names { attrs[n] = getAttribute(path, "user.ubiq." + n) }
+        // Symlinks and special files carry no attributes of their own (xattrs follow links).
+        if (st.st_mode & S_IFMT) == S_IFLNK { attrs = ["status": "current"] }
+        let isFile = (st.st_mode & S_IFMT) == S_IFREG
+        let size = isFile ? Int64(st.st_size) : 0
+        let local = isFile ? min(size, Int64(st.st_blocks) * 512) : 0
+        return Item(path: path, isDirectory: isDir, attrs: attrs, size: size, local: local, isFile: isFile)
+    }
+
+    private func camel(_ s: String) -> String {
+        let parts = s.split(separator: "-")
+        return String(parts[0]) + parts.dropFirst().map { $0.prefix(1).uppercased() + $0.dropFirst() }.joined()
+    }
+
+    private func paint(_ text: String, _ status: String, _ on: Bool) -> String {
+        guard on else { return text }
+        let code: String
+        switch status {
+        case "conflict", "error": code = "31"
+        case "uploading", "downloading": code = "33"
+        case "local", "placeholder": code = "36"
+        default: code = "32"
+        }
+        return "\u{1B}[\(code)m\(text)\u{1B}[0m"
+    }
+}
