@@ -41,7 +41,6 @@ extension FileSystem {
 
     /// Checks the limit off the request path (after a download, an upload, a close).
     func scheduleCacheLimitCheck() {
-        guard cacheLimit != nil else { return }
         let pending = limitCheckPending.withLock { p -> Bool in
             defer { p = true }
             return p
@@ -50,6 +49,8 @@ extension FileSystem {
         DispatchQueue.global().asyncAfter(deadline: .now() + 0.1) { [weak self] in
             self?.limitCheckPending.withLock { $0 = false }
             self?.enforceCacheLimit()
+            // Space freed since the disk filled up: hold the state database's reserve again.
+            if let state = self?.state, !state.hasReserve { state.restoreReserve() }
         }
     }
 

@@ -173,10 +173,40 @@ public final class LocalState: Sendable {
     public func write<T>(_ body: (StateTransaction) throws -> T) throws -> T {
         do {
             return try dbQueue.write { db in try body(StateTransaction(db: db)) }
+        } catch let e as DatabaseError where e.resultCode == .SQLITE_FULL && releaseReserve() {
+            // The disk is full: the reserve made room for this commit (and the next few).
+            do { return try dbQueue.write { db in try body(StateTransaction(db: db)) } } catch {
+                throw StateError.database("\(error)")
+            }
         } catch let e as StateError { throw e } catch {
             throw StateError.database("\(error)")
         }
     }
+
+    /// Space held beside the database so that it can still commit when the disk fills
+    /// up (an unlink that would free space must not fail for want of space).
+    public static let reserveBytes: Int64 = 8 << 20
+    private var reservePath: String { path + ".reserve" }
+
+    /// Frees the reserve; true if there was one.
+    private func releaseReserve() -> Bool {
+        guard path != ":memory:" else { return false }
+        return unlink(reservePath) == 0
+    }
+
+    /// Makes the reserve if it is missing and the disk has room (at start, after space was freed).
+    public func restoreReserve() {
+        guard path != ":memory:", access(reservePath, F_OK) != 0 else { return }
+        let tmp = reservePath + ".tmp"
+        let fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return }
+        let ok = posix_fallocate(fd, 0, off_t(Self.reserveBytes)) == 0
+        close(fd)
+        if ok { rename(tmp, reservePath) } else { unlink(tmp) }
+    }
+
+    /// Whether the reserve is in place.
+    public var hasReserve: Bool { path != ":memory:" && access(reservePath, F_OK) == 0 }
 
     public func read<T>(_ body: (StateTransaction) throws -> T) throws -> T {
         do {

@@ -369,7 +369,9 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                 let inp = open(source.path, O_RDONLY | O_CLOEXEC)
                 if inp < 0 { throw Self.ioError("opening \(source.path)", errno) }
                 defer { close(inp) }
-                size = try FileCopy.copy(from: inp, to: out)
+                do { size = try FileCopy.copy(from: inp, to: out) } catch let e as LocalWriteError {
+                    throw Self.ioError("writing \(tmp.path)", e.errno)
+                }
             }
             if fsync(out) != 0 { throw Self.ioError("fsync \(tmp.path)", errno) }
         } catch {
@@ -418,6 +420,7 @@ public enum FileCopy {
             if n == 0 { return total }
             if errno == EINTR { continue }
             if errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP { break }
+            if errno == ENOSPC || errno == EDQUOT { throw LocalWriteError(errno: errno) }
             throw StoreError.failed("copy: \(String(cString: strerror(errno)))")
         }
         var buf = [UInt8](repeating: 0, count: 1 << 20)
@@ -428,7 +431,11 @@ public enum FileCopy {
             var off = 0
             while off < n {
                 let w = buf.withUnsafeBytes { write(out, $0.baseAddress! + off, n - off) }
-                if w < 0 { if errno == EINTR { continue }; throw StoreError.failed("write: \(String(cString: strerror(errno)))") }
+                if w < 0 {
+                    if errno == EINTR { continue }
+                    if errno == ENOSPC || errno == EDQUOT { throw LocalWriteError(errno: errno) }
+                    throw StoreError.failed("write: \(String(cString: strerror(errno)))")
+                }
                 off += w
             }
             total += Int64(n)

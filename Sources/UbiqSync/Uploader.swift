@@ -279,7 +279,13 @@ public final class Uploader: @unchecked Sendable {
         let contentDirty = s.rec.contentGen > s.upload.uploadedContentGen
         let metaDirty = s.rec.metaGen > s.upload.uploadedMetaGen
         var staged: URL?
-        defer { if let staged { unlink(staged.path) } }
+        var stagedIsCopy = true
+        // Held through the put when there was no room to stage a copy (see below).
+        var heldClaim: Claim?
+        defer {
+            if let staged, stagedIsCopy { unlink(staged.path) }
+            if let heldClaim { coordinator.release(heldClaim) }
+        }
         let store = self.store
 
         for (entry, path) in s.entries {
@@ -293,10 +299,21 @@ public final class Uploader: @unchecked Sendable {
                     // Snapshot under an upload claim: writers wait, readers go on.
                     let claim: Claim
                     do { claim = try coordinator.claim(ino, .upload) } catch { return .retry("\(error)") }
-                    defer { coordinator.release(claim) }
+                    var keep = false
+                    defer { if !keep { coordinator.release(claim) } }
                     guard let fresh = try snapshot(ino) else { return .done }
                     s = fresh
-                    staged = try cache.stage(ino, generation: s.rec.contentGen)
+                    do {
+                        staged = try cache.stage(ino, generation: s.rec.contentGen)
+                    } catch let e as LocalWriteError where e.errno == ENOSPC || e.errno == EDQUOT {
+                        // No room for a copy: send the cache file itself, and keep writers
+                        // out until it is sent (readers go on).
+                        logger.info("no room to stage inode \(ino) for upload; uploading it in place")
+                        staged = URL(fileURLWithPath: cache.path(ino))
+                        stagedIsCopy = false
+                        heldClaim = claim
+                        keep = true
+                    }
                 }
                 if isRegular && !s.rec.present && entry.remoteKey != nil {
                     // A placeholder whose content is in the store already: a move/metadata case, below.

@@ -36,6 +36,7 @@ struct Daemon {
             if let q = plan.quota { try dir.setQuota(q > 0 ? q : nil) }
             store = dir
             state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true)
+            state.restoreReserve()
             cache = try ContentCache(directory: URL(fileURLWithPath: plan.stateDir + "/cache"))
         } catch {
             die("\(error)")

@@ -57,14 +57,23 @@ final class MountFixture: @unchecked Sendable {
     /// Extra mount arguments (e.g. "-o allow_other").
     let extra: String
 
-    init(store: String? = nil, name: String = "mnt", extra: String = "") throws {
+    /// The state directory is a tmpfs of this many MiB (a small disk that fills up).
+    let stateDiskMiB: Int?
+
+    init(store: String? = nil, name: String = "mnt", extra: String = "", stateDiskMiB: Int? = nil) throws {
         self.extra = extra
+        self.stateDiskMiB = stateDiskMiB
         base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-mt-\(UUID().uuidString.prefix(8))").path
         mnt = base + "/" + name
         self.store = store ?? base + "/store"
         state = base + "/state"
         env = ["XDG_STATE_HOME": base + "/xdg-state", "XDG_DATA_HOME": base + "/xdg-data"]
         try FileManager.default.createDirectory(atPath: mnt, withIntermediateDirectories: true)
+        if let mib = stateDiskMiB {
+            try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
+            let r = shell("mount -t tmpfs -o size=\(mib)m ubiq-test-state '\(state)'")
+            if r.status != 0 { throw FixtureError("cannot mount a tmpfs for the state: \(r.err)") }
+        }
         try mount()
     }
 
@@ -115,7 +124,9 @@ final class MountFixture: @unchecked Sendable {
         if isMounted { shell("fusermount3 -u -z '\(mnt)' || umount -l '\(mnt)'") }
         if let pid = daemonPID, kill(pid, 0) == 0 {
             kill(pid, SIGKILL)
+            usleep(100_000)
         }
+        if stateDiskMiB != nil { shell("umount '\(state)' || umount -l '\(state)'") }
         try? FileManager.default.removeItem(atPath: base)
     }
 }

@@ -256,6 +256,33 @@ import Testing
         #expect(kib >= 11000, "the most recent file should still be local: \(kib) KiB")
     }
 
+    /// The disk under the cache fills up: a write makes room by evicting what is safe to
+    /// evict and goes on; when nothing more can go, the writer gets ENOSPC, and what was
+    /// written before is intact.
+    @Test func aFullCacheDiskEvictsThenRefusesWithENOSPC() throws {
+        let a = try MountFixture()
+        defer { a.cleanup() }
+        expectOK(a.sh("head -c 20000000 /dev/urandom > old && sha256sum old > \(a.base)/old.sum"))
+        expectOK(a.unmount())
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--upload-delay 0 --cache-size 1G", stateDiskMiB: 40)
+        defer { b.cleanup() }
+        expectOK(b.sh("sha256sum -c \(a.base)/old.sum > /dev/null"), "download")
+        #expect(b.sh("du -k old | cut -f1").out != "0\n")
+        // 30 MB does not fit beside the 20 MB download: old is evicted to make room.
+        let w = b.sh("head -c 30000000 /dev/urandom > new && sha256sum new > \(b.base)/new.sum && echo written")
+        expectOK(w, "write after eviction")
+        #expect(b.sh("du -k old | cut -f1").out == "0\n", "old should be a placeholder again")
+        // More than the disk holds: ENOSPC for the writer; new is untouched.
+        let full = b.sh("{ head -c 60000000 /dev/zero > huge; } 2>&1; echo rc=$?")
+        #expect(full.out.contains("No space left on device") && !full.out.contains("rc=0"), "\(full.out)")
+        expectOK(b.sh("rm -f huge && sha256sum -c \(b.base)/new.sum > /dev/null"), "new after ENOSPC")
+        // And it all reaches the store.
+        expectOK(b.unmount())
+        let c = try MountFixture(store: a.store, name: "device-c")
+        defer { c.cleanup() }
+        expectOK(c.sh("sha256sum -c \(b.base)/new.sum > /dev/null && sha256sum -c \(a.base)/old.sum > /dev/null"), "third device")
+    }
+
     /// df shows the store's quota; a file over it is kept locally and reported as not uploaded.
     @Test func dfShowsTheQuotaAndOverQuotaWritesStayLocal() throws {
         let m = try MountFixture(extra: "--quota 50M")
