@@ -9,9 +9,12 @@ public enum SyncError: Error, CustomStringConvertible {
     case local(String)
     /// The download was dropped: the item changed in the store or was removed.
     case superseded(ino: UInt64)
+    /// A read waited longer than the read timeout for its bytes.
+    case timedOut(key: String, seconds: Double)
 
     public var description: String {
         switch self {
+        case let .timedOut(key, s): return "\(key): the store did not send the bytes within \(Int(s)) s"
         case .superseded(let ino): return "the download of inode \(ino) was dropped: the item changed in the store"
         case .noRemoteCopy(let ino): return "inode \(ino) has no copy in the store"
         case let .sizeMismatch(key, e, g): return "\(key): store sent \(g) bytes, expected \(e)"
@@ -38,8 +41,12 @@ public final class Materializer: @unchecked Sendable {
     let logger: Logger
     public let chunkSize: Int64
     public let parallelism: Int
-    /// Chunks fetched ahead of a read.
+    /// Chunks fetched ahead of a read at first; the window doubles with each sequential
+    /// read, up to `maxReadahead`, and starts over after a seek.
     public let readahead: Int
+    public var maxReadahead = 64
+    /// Seconds a read waits for its bytes before it fails (EIO at the mount); the fetch goes on.
+    public var readTimeout: TimeInterval = 60
     /// Fetch the rest of a file after its first read (false: only what is read).
     public let completeInBackground: Bool
     /// Attempts per chunk before a read fails.
@@ -71,6 +78,9 @@ public final class Materializer: @unchecked Sendable {
         /// Chunks a reader is waiting for: fetched before anything else starts.
         var urgent: Set<Int> = []
         var nextSequential = 0
+        /// Where the last read ended, and the readahead window it earned.
+        var lastReadEnd: Int64 = -1
+        var window = 0
         var workers = 0
         /// The last failure: background and readahead fetching stop until a reader asks again.
         var error: Error?
@@ -162,19 +172,35 @@ public final class Materializer: @unchecked Sendable {
         if range.lowerBound >= upper { return }
         let first = Int(range.lowerBound / chunkSize), last = Int((upper - 1) / chunkSize)
         let needed = (first ... last).filter { !job.present[$0] }
-        if needed.isEmpty { return }
-        job.error = nil
-        for c in needed { job.failed[c] = nil }
-        let ahead = (last + 1 ..< min(job.present.count, last + 1 + readahead)).filter { !job.present[$0] }
-        job.wanted = needed + ahead + job.wanted.filter { !needed.contains($0) && !ahead.contains($0) }
+        // Sequential reads (this one starts within a chunk of where the last ended) grow the
+        // window, also when their bytes are here already (fetched ahead for them).
+        if job.lastReadEnd >= 0 && abs(range.lowerBound - job.lastReadEnd) <= chunkSize {
+            job.window = min(maxReadahead, max(readahead, job.window * 2))
+        } else {
+            job.window = readahead
+        }
+        job.lastReadEnd = upper
+        let ahead = (last + 1 ..< min(job.present.count, last + 1 + job.window))
+            .filter { !job.present[$0] && !job.inFlight.contains($0) }
+        if needed.isEmpty && ahead.isEmpty { return }
+        if !needed.isEmpty {
+            job.error = nil
+            for c in needed { job.failed[c] = nil }
+        }
+        let front = Set(needed).union(ahead)
+        job.wanted = needed + ahead + job.wanted.filter { !front.contains($0) }
         job.urgent.formUnion(needed)
         spawnWorkersLocked(job)
+        if needed.isEmpty { return }
         defer { for c in needed where job.present[c] || job.failed[c] != nil { job.urgent.remove(c) } }
+        let deadline = Date(timeIntervalSinceNow: readTimeout)
         while needed.contains(where: { !job.present[$0] }) {
             // Only a failure of a fetch made for this call counts: one that began before it
             // (while the store was down, say) must not fail a read made once it is back.
             if let c = needed.first(where: { job.failed[$0] != nil }), let e = job.failed[c] { throw e }
-            cond.wait()
+            if !cond.wait(until: deadline) && Date() >= deadline {
+                throw SyncError.timedOut(key: job.key, seconds: readTimeout)
+            }
         }
     }
 

@@ -60,6 +60,7 @@ struct Daemon {
         let uploader = Uploader(state: state, store: store, coordinator: coordinator, cache: cache,
                                 deviceID: deviceID, logger: logger)
         let materializer = Materializer(store: store, state: state, cache: cache, logger: logger)
+        materializer.readTimeout = plan.readTimeout
         let fs: FileSystem
         do {
             fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,

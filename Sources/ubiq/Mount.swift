@@ -46,6 +46,9 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds an upload waits after the last change to a file (coalesces bursts of saves).")
     var uploadDelay: Double = 2
 
+    @Option(help: "Seconds a read of a file that is not here waits for the store before it fails with EIO.")
+    var readTimeout: Double = 60
+
     @Option(help: "Seconds between looks at the store for other devices' changes (ubiq sync looks at once).")
     var pollInterval: Double = 3
 
@@ -82,7 +85,7 @@ struct Mount: ParsableCommand {
         p.executableURL = exe
         var args = ["mount", "--foreground", "--notify-ready", "--store", plan.storeURL, "--state", plan.stateDir,
                     "--drain-timeout", String(drainTimeout), "--upload-delay", String(uploadDelay),
-                    "--poll-interval", String(pollInterval)]
+                    "--poll-interval", String(pollInterval), "--read-timeout", String(readTimeout)]
         for o in options { args += ["-o", o] }
         if writebackCache { args.append("--writeback-cache") }
         if let noDownloadFor { args += ["--no-download-for", noDownloadFor] }
@@ -124,12 +127,16 @@ struct MountPlan {
     var drainTimeout: Double
     var uploadDelay: Double
     var pollInterval: Double
+    var readTimeout: Double
     var hydration: HydrationPolicy
     var cacheSize: Int64
     /// nil: leave the store's quota as it is; 0: remove it.
     var quota: Int64?
 
     static func check(_ m: Mount) throws -> MountPlan {
+        guard m.readTimeout > 0, m.readTimeout <= 86_400 else {
+            throw UserError("--read-timeout must be between 0 and 86400 seconds, not \(m.readTimeout)")
+        }
         guard m.pollInterval > 0, m.pollInterval <= 86_400 else {
             throw UserError("--poll-interval must be between 0 and 86400 seconds, not \(m.pollInterval)")
         }
@@ -200,7 +207,7 @@ struct MountPlan {
         fo.writebackCache = m.writebackCache
         fo.mountOptions = m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" }
         return MountPlan(mountpoint: mp, storeURL: "dir:" + storePath, storePath: storePath, stateDir: stateDir,
-                         fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay), pollInterval: m.pollInterval,
+                         fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay), pollInterval: m.pollInterval, readTimeout: m.readTimeout,
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),

@@ -591,6 +591,47 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         #expect(try read(d, fh, chunk, 100) == Array(bytes[Int(chunk) ..< Int(chunk) + 100]))
     }
 
+    /// A store that does not answer: the read fails after the read timeout (EIO at the
+    /// mount), the fetch goes on, and a later read gets the bytes.
+    @Test func aReadThatWaitsTooLongFailsAndALaterOneWorks() throws {
+        let size = 8 << 20
+        let (store, bytes) = try Self.storeWithFile(size)
+        let faulty = FaultyStore(store)
+        let d = try Device(store: store, remote: faulty, completeInBackground: false)
+        d.materializer.readTimeout = 1
+        let ino = try d.ino("big.bin")
+        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        defer { d.fs.release(fh) }
+        faulty.hold(readsAt: 5 << 20)
+        let start = Date()
+        #expect(throws: FSError.self) { try read(d, fh, 5 << 20, 100) }
+        let waited = Date().timeIntervalSince(start)
+        #expect(waited >= 0.9 && waited < 5, "waited \(waited) s")
+        faulty.release(readsAt: 5 << 20)
+        #expect(try read(d, fh, 5 << 20, 100) == Array(bytes[(5 << 20) ..< (5 << 20) + 100]))
+    }
+
+    /// Sequential reads earn a growing readahead window, also when they find their bytes here.
+    @Test func readaheadGrowsWithSequentialReads() throws {
+        let size = 64 << 20
+        let (store, _) = try Self.storeWithFile(size)
+        let counting = CountingStore(store)
+        let d = try Device(store: store, remote: counting, completeInBackground: false)
+        let ino = try d.ino("big.bin")
+        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        defer { d.fs.release(fh) }
+        // One read: its chunk and the first window (4 chunks).
+        _ = try read(d, fh, 0, 1 << 20)
+        usleep(300_000)
+        let first = counting.bytesRead
+        #expect(first <= 5 << 20)
+        // Six more sequential reads: the window doubles each time (8, 16, 32, 64 chunks...).
+        for i in 1 ... 6 { _ = try read(d, fh, Int64(i) << 20, 1 << 20) }
+        let deadline = Date(timeIntervalSinceNow: 10)
+        while counting.bytesRead < 40 << 20 && Date() < deadline { usleep(20_000) }
+        #expect(counting.bytesRead >= 40 << 20, "only \(counting.bytesRead) bytes fetched ahead")
+    }
+
     /// The store's quota is full: the edit stays here, the error says why, the upload is
     /// retried, and it goes out once there is room. df shows the quota.
     @Test func quotaRefusalsKeepTheEditAndRetry() throws {
