@@ -55,6 +55,32 @@ import Testing
         #expect(r.out == "ok\n150000000\nall-local\n")
     }
 
+    /// A 1 GiB placeholder costs nothing to list, stat, measure, inspect or rename (the
+    /// daemon's count of content bytes fetched stays 0), and reads stream from it.
+    @Test func aBigPlaceholderCostsNothingUntilRead() throws {
+        let m = try MountFixture(extra: "--upload-delay 0")
+        defer { m.cleanup() }
+        expectOK(m.sh("mkdir d && truncate -s 1G d/big && echo small > d/small"))
+        expectOK(m.unmount())
+        let b = try MountFixture(store: m.store, name: "device-b")
+        defer { b.cleanup() }
+        let r = b.sh("""
+            ls -lR > /dev/null && find . -type f > /dev/null && stat d/big > /dev/null
+            du --apparent-size --block-size=1 d/big | cut -f1; du --block-size=1 d/big | cut -f1
+            getfattr -d -m - d/big > /dev/null
+            mv d/big d/moved && mv d e
+            """)
+        expectOK(r)
+        #expect(r.out == "1073741824\n0\n", "\(r.out)")
+        expectOK(b.unmount())
+        let log = (try? String(contentsOfFile: b.state + "/ubiq.log", encoding: .utf8)) ?? ""
+        let fetched = log.split(separator: "\n").last { $0.contains("content bytes from the store") }
+            .flatMap { $0.split(separator: " ").drop { $0 != "fetched" }.dropFirst().first }.flatMap { Int($0) }
+        #expect(fetched == 0, "fetched \(String(describing: fetched)) content bytes without a read")
+        try b.mount()
+        expectOK(b.sh("[ \"$(head -c 4096 e/moved | tr -d '\\0' | wc -c)\" = 0 ] && [ \"$(tail -c 3 e/moved | wc -c)\" = 3 ]"), "reads")
+    }
+
     @Test func sigkillAfterFsyncLosesNothing() throws {
         let m = try MountFixture()
         defer { m.cleanup() }
