@@ -44,6 +44,7 @@ extension FileSystem {
             }
         }
         scheduleCacheLimitCheck()
+        emit(.status, ino)
     }
 
     /// Brings a placeholder's content into the cache (call holding an exclusive claim, without `lock`).
@@ -256,6 +257,7 @@ extension FileSystem {
         }
         // Opened and never read: no download keeps waiting for it.
         if lastClose { materializer.cancelIfIdle(h.ino) }
+        if h.canWrite { emit(.changed, h.ino) }
         // An update from the store waited for this close.
         if closed, waitingForClose.withLock({ $0.remove(h.ino) != nil }) { remoteRetry.withLock { $0 }?() }
         scheduleCacheLimitCheck()
@@ -309,6 +311,7 @@ extension FileSystem {
             return attributes(n)
         }
         kickUploader()
+        emit(.changed, ino)
         return a
     }
 
@@ -389,6 +392,7 @@ extension FileSystem {
             n.xattrs[name] = value
         }
         kickUploader()
+        emit(.changed, ino)
     }
 
     public func removexattr(_ ino: UInt64, _ name: [UInt8]) throws {
@@ -409,5 +413,6 @@ extension FileSystem {
             n.xattrs[name] = nil
         }
         kickUploader()
+        emit(.changed, ino)
     }
 }

@@ -74,6 +74,11 @@ public final class FileSystem: @unchecked Sendable {
 
     /// Tells the kernel to drop its cached pages of an inode (set by the FUSE binding).
     let kernelCache = Mutex<(@Sendable (UInt64) -> Void)?>(nil)
+    /// Where the daemon's control socket is (answered as the root's unlisted
+    /// `user.ubiq.control-socket`, so the CLI finds it from any path).
+    public let controlSocketPath = Mutex<String?>(nil)
+    /// Events for `ubiq watch` and `ubiq query --watch`.
+    public let events = EventBus()
     /// Items whose remote update waits for their last close, and what to call then.
     let waitingForClose = Mutex<Set<UInt64>>([])
     let remoteRetry = Mutex<(@Sendable () -> Void)?>(nil)
@@ -107,6 +112,7 @@ public final class FileSystem: @unchecked Sendable {
         try load(rootOwner: rootOwner)
         uploader?.setBusyCheck { [weak self] ino in self?.isOpenForWriting(ino) ?? false }
         uploader?.setQuietCheck { [weak self] in self?.secondsSinceLastChange ?? .infinity }
+        uploader?.setOutcomeHook { [weak self] ino, conflict in self?.emit(conflict ? .conflict : .status, ino) }
         materializer.setCompletion { [weak self] ino in self?.contentArrived(ino) }
         resumePinnedDownloads()
     }

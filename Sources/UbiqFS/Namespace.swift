@@ -57,6 +57,7 @@ extension FileSystem {
             attributes(try makeNode(in: try directory(parent), name: name, type: UInt32(S_IFDIR), perm: mode, caller: caller))
         }
         kickUploader()
+        emit(.changed, a.ino)
         return a
     }
 
@@ -72,6 +73,7 @@ extension FileSystem {
                                     perm: mode, caller: caller, rdev: (type == UInt32(S_IFCHR) || type == UInt32(S_IFBLK)) ? rdev : 0))
         }
         kickUploader()
+        emit(.changed, a.ino)
         return a
     }
 
@@ -84,6 +86,7 @@ extension FileSystem {
                                     caller: caller, target: target))
         }
         kickUploader()
+        emit(.changed, a.ino)
         return a
     }
 
@@ -110,6 +113,7 @@ extension FileSystem {
         }()
         if let made {
             kickUploader()
+            emit(.changed, made.0.ino)
             return made
         }
         // Opening an existing file through create: count the lookup as the kernel will.
@@ -150,6 +154,7 @@ extension FileSystem {
             return attributes(n)
         }
         kickUploader()
+        emit(.changed, a.ino)
         return a
     }
 
@@ -173,6 +178,8 @@ extension FileSystem {
 
     private func removeName(_ parent: UInt64, _ name: [UInt8], directory wantDir: Bool) throws {
         if name.count > maxNameBytes { throw FSError.nameTooLong }
+        let gone = events.hasSubscribers ? path(of: parent).map { Self.join($0, name) } : nil
+        var removed: UInt64 = 0
         while true {
             let target = try peek(parent, name)
             let c = try claim([parent, target], .delete)
@@ -203,12 +210,19 @@ extension FileSystem {
                 } else {
                     n.nlink -= 1
                 }
+                removed = target
                 reapIfUnreferenced(n)
                 return true
             }
             if done { break }
         }
         kickUploader()
+        if let gone { emit(.deleted, removed, path: gone) }
+    }
+
+    static func join(_ dir: String, _ name: [UInt8]) -> String {
+        let n = String(decoding: name, as: UTF8.self)
+        return dir.isEmpty ? n : dir + "/" + n
     }
 
     /// rename(2) and renameat2(2) with RENAME_NOREPLACE / RENAME_EXCHANGE.
@@ -219,8 +233,11 @@ extension FileSystem {
         }
         if name.count > maxNameBytes || newName.count > maxNameBytes { throw FSError.nameTooLong }
         try Self.validate(name: newName)
+        let from = events.hasSubscribers ? path(of: parent).map { Self.join($0, name) } : nil
+        var moved: UInt64 = 0
         while true {
             let src = try peek(parent, name)
+            moved = src
             let dst = try? peek(newParent, newName)
             var items = [parent, newParent, src]
             if let dst { items.append(dst) }
@@ -230,6 +247,7 @@ extension FileSystem {
             if done { break }
         }
         kickUploader()
+        if let from { emit(.moved, moved, path: path(of: newParent).map { Self.join($0, newName) }, from: from) }
     }
 
     private func renameLocked(_ parent: UInt64, _ name: [UInt8], _ newParent: UInt64, _ newName: [UInt8],

@@ -102,6 +102,7 @@ extension FileSystem {
         }
         guard let ino = try makeRemoteNode(in: parent, name: name, type: type, meta: info.metadata, size: info.size,
                                            remote: info) else { return false }
+        emit(.changedRemotely, ino)
         if type == UInt32(S_IFREG) && info.size > 0, try isPinned(ino) {
             try? materializer.start(ino)
         }
@@ -213,6 +214,7 @@ extension FileSystem {
         }()
         guard applied else { return false }
         invalidateKernelCache(ino)
+        emit(.changedRemotely, ino)
         if refetch || (contentChanged && info.size > 0 && (try? isPinned(ino)) == true) {
             try? materializer.start(ino)
         }
@@ -237,6 +239,7 @@ extension FileSystem {
             kickUploader()
             return true
         }
+        let gone = events.hasSubscribers ? path(of: ino) : nil
         let c = try claim([e.parent, ino], .delete)
         let removed: Bool = try {
             defer { coordinator.release(c) }
@@ -266,7 +269,10 @@ extension FileSystem {
                 return true
             }
         }()
-        if removed { invalidateKernelEntry(e.parent, e.name) }
+        if removed {
+            invalidateKernelEntry(e.parent, e.name)
+            if let gone { emit(.deleted, ino, path: gone) }
+        }
         return removed
     }
 

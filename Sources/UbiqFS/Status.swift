@@ -52,6 +52,10 @@ extension FileSystem {
 
     /// The value of a read-only status attribute (`name` without "user.ubiq."); nil: not one.
     func statusAttribute(_ ino: UInt64, _ name: String) throws -> [UInt8]? {
+        if ino == rootIno && name == "control-socket" {
+            guard let p = controlSocketPath.withLock({ $0 }) else { throw FSError.noAttribute }
+            return Array(p.utf8)
+        }
         if ino == rootIno && name == "cache-bytes" { return Array(String(localContentBytes).utf8) }
         if ino == rootIno && name == "cache-limit" { return Array(String(cacheLimit ?? 0).utf8) }
         let known = Self.statusAttributes.contains(name) || Self.folderAttributes.contains(name)
@@ -156,5 +160,32 @@ extension FileSystem {
                           uploadError: conflict ? String(upError!.dropFirst(Uploader.conflictPrefix.count)) : (upError ?? ""),
                           localBytes: local, size: isFile ? rec.size : 0, itemsNotDownloaded: 0, itemsUploading: 0,
                           itemsConflicts: 0, itemsErrors: 0, items: 0)
+    }
+}
+
+extension FileSystem {
+    /// The folder at `path` (names below the root, "/"-separated; "" is the root).
+    public func folder(at path: String) throws -> UInt64 {
+        try withLock {
+            var cur = rootIno
+            for part in path.split(separator: "/") where part != "." {
+                guard let next = try directory(cur).children[Array(part.utf8)] else { throw FSError.notFound }
+                cur = next
+            }
+            _ = try directory(cur)
+            return cur
+        }
+    }
+
+    /// `ubiq query`: items under the folder `scope` that match `spec`, from the state database.
+    public func query(scope: String, _ spec: QuerySpec) throws -> [QueryRow] {
+        let start = try folder(at: scope)
+        var rows = try readState { try $0.query(scope: start, spec) }
+        for i in rows.indices where rows[i].status == "placeholder" && materializer.localBytes(rows[i].ino) != nil {
+            rows[i].status = "downloading"
+        }
+        if let wanted = spec.status { rows = rows.filter { wanted.contains($0.status) } }
+        if let limit = spec.limit, rows.count > limit { rows = Array(rows.prefix(max(0, limit))) }
+        return rows
     }
 }

@@ -39,6 +39,7 @@ public final class Uploader: @unchecked Sendable {
     private var busyCheck: @Sendable (UInt64) -> Bool = { _ in false }
     private var quietCheck: @Sendable () -> TimeInterval = { .infinity }
     private var waitingSince: Date?
+    private var outcomeHook: @Sendable (UInt64, Bool) -> Void = { _, _ in }
 
     /// Uploads wait while local changes are still arriving (a `tar x`, a `cp -a`) so they
     /// do not compete with them for the disk, for at most `maxDeferral` seconds.
@@ -54,6 +55,11 @@ public final class Uploader: @unchecked Sendable {
     /// `check(ino)` says whether the file is still being written (then it waits).
     public func setBusyCheck(_ check: @escaping @Sendable (UInt64) -> Bool) {
         cond.lock(); busyCheck = check; cond.unlock()
+    }
+
+    /// `hook(ino, conflict)` is told when an item's upload ended (done, failed, or a conflict).
+    public func setOutcomeHook(_ hook: @escaping @Sendable (UInt64, Bool) -> Void) {
+        cond.lock(); outcomeHook = hook; cond.unlock()
     }
 
     /// `check()` gives the seconds since the last local change.
@@ -202,6 +208,12 @@ public final class Uploader: @unchecked Sendable {
                 }
             } catch {
                 logger.error("outbox update failed: \(error)")
+            }
+            cond.lock(); let hook = outcomeHook; cond.unlock()
+            switch outcome {
+            case .done, .permanent, .retry: hook(item.ino, false)
+            case .conflict: hook(item.ino, true)
+            case .deferred: break
             }
             switch outcome {
             case .retry(let why): logger.warning("upload of inode \(item.ino) failed, will retry: \(why)")

@@ -78,6 +78,16 @@ struct Daemon {
         try? FileManager.default.createDirectory(atPath: (registry as NSString).deletingLastPathComponent,
                                                  withIntermediateDirectories: true)
         try? JSONEncoder().encode(record).write(to: URL(fileURLWithPath: registry))
+        let control = ControlServer(path: plan.stateDir + "/control.sock", fs: fs, feed: feed, uploader: uploader,
+                                    info: ["mount": plan.mountpoint, "store": plan.storeURL, "device": deviceID,
+                                           "state": plan.stateDir, "cacheLimit": String(plan.cacheSize)],
+                                    logger: logger)
+        do {
+            try control.start()
+            fs.controlSocketPath.withLock { $0 = control.path }
+        } catch {
+            logger.warning("no control socket (\(error)): ubiq query, watch and sync will not reach this mount")
+        }
         uploader.refreshUsage(force: true)
         uploader.start()
         feed.start()
@@ -94,6 +104,7 @@ struct Daemon {
         if let stats = server.operationStats { logger.info("operation times: \(stats)") }
         logger.info("fetched \(materializer.bytesFetched) content bytes from the store in this run")
         feed.stop()
+        control.stop()
         server.unmount()
         materializer.saveAllProgress()
         fs.writeAccessTimes()

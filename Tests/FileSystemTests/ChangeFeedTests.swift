@@ -244,3 +244,85 @@ import UbiqStore
         #expect(root.status == "conflict" && root.itemsConflicts == 1)
     }
 }
+
+/// `ubiq query` against a reference: the same predicates applied by walking the tree.
+@Suite struct QueryTests {
+    struct Item { var path: String; var name: String; var depth: Int; var type: String; var size: Int64; var mtime: Int64; var status: String }
+
+    func walk(_ d: Device, _ ino: UInt64, _ prefix: String, _ depth: Int, into out: inout [Item]) throws {
+        let fh = try d.fs.opendir(ino)
+        defer { d.fs.releasedir(fh) }
+        for e in try d.fs.readdir(fh, offset: 0) where e.name != n(".") && e.name != n("..") {
+            let name = String(decoding: e.name, as: UTF8.self)
+            let path = prefix.isEmpty ? name : prefix + "/" + name
+            let a = try d.fs.getattr(e.ino)
+            let type = a.isDirectory ? "folder" : (a.type == UInt32(S_IFREG) ? "file" : (a.type == UInt32(S_IFLNK) ? "symlink" : "other"))
+            out.append(Item(path: path, name: name, depth: depth, type: type, size: type == "file" ? a.size : 0, mtime: a.mtime,
+                            status: try d.fs.itemStatus(e.ino).status))
+            if a.isDirectory { try walk(d, e.ino, path, depth + 1, into: &out) }
+        }
+    }
+
+    @Test func queriesMatchAWalkOfTheTree() throws {
+        var rng = SystemRandomNumberGenerator()
+        let store = try newStore()
+        let d = try Device(store: store)
+        var dirs = [""]
+        for i in 0 ..< 300 {
+            let parent = dirs.randomElement(using: &rng)!
+            let ext = ["txt", "pdf", "jpg", "md"].randomElement(using: &rng)!
+            let path = (parent.isEmpty ? "" : parent + "/") + (Int.random(in: 0 ..< 5, using: &rng) == 0 ? "dir\(i)" : "f\(i).\(ext)")
+            if path.hasSuffix("dir\(i)") {
+                try d.mkdir(path)
+                dirs.append(path)
+            } else {
+                try d.write(path, String(repeating: "x", count: Int.random(in: 0 ..< 3000, using: &rng)))
+            }
+            if i == 150 { d.sync() }  // half uploaded, half waiting
+        }
+        _ = try d.fs.symlink(n("f1.txt"), rootIno, n("link"), caller: .root)
+        var all: [Item] = []
+        try walk(d, rootIno, "", 1, into: &all)
+        let midTime = all.map(\.mtime).sorted()[all.count / 2]
+        for _ in 0 ..< 40 {
+            var q = QuerySpec()
+            let scope = dirs.randomElement(using: &rng)!
+            if Bool.random(using: &rng) { q.name = ["*.txt", "f1*", "dir*", "*[0-9].md", "?5*"].randomElement(using: &rng)! }
+            if Bool.random(using: &rng) { q.minDepth = Int.random(in: 1 ... 3, using: &rng) }
+            if Bool.random(using: &rng) { q.maxDepth = Int.random(in: 1 ... 3, using: &rng) }
+            if Bool.random(using: &rng) { q.type = ["file", "folder", "symlink"].randomElement(using: &rng)! }
+            if Bool.random(using: &rng) { q.minSize = Int64.random(in: 0 ..< 2000, using: &rng) }
+            if Bool.random(using: &rng) { q.maxSize = Int64.random(in: 1000 ..< 3000, using: &rng) }
+            if Bool.random(using: &rng) { q.modifiedAfter = midTime }
+            if Bool.random(using: &rng) { q.status = [["current"], ["uploading"], ["current", "uploading"]].randomElement(using: &rng)! }
+            q.sort = StateTransaction.sortKeys.randomElement(using: &rng)!
+            q.descending = Bool.random(using: &rng)
+            let got = try d.fs.query(scope: scope, q)
+            // The reference: walk, filter, sort the same way.
+            let base = scope.isEmpty ? 0 : scope.split(separator: "/").count
+            var want = all.filter { scope.isEmpty || $0.path.hasPrefix(scope + "/") }.map { item -> Item in
+                var i = item
+                i.path = scope.isEmpty ? item.path : String(item.path.dropFirst(scope.count + 1))
+                i.depth = item.depth - base
+                return i
+            }
+            want = want.filter { i in
+                (q.name.map { fnmatch($0, i.name, 0) == 0 } ?? true) && (q.minDepth.map { i.depth >= $0 } ?? true)
+                    && (q.maxDepth.map { i.depth <= $0 } ?? true) && (q.type.map { i.type == $0 } ?? true)
+                    && (q.minSize.map { i.size >= $0 } ?? true) && (q.maxSize.map { i.size <= $0 } ?? true)
+                    && (q.modifiedAfter.map { i.mtime > $0 } ?? true) && (q.status.map { $0.contains(i.status) } ?? true)
+            }
+            let key: (Item) -> String = { i in
+                switch q.sort {
+                case "name": return i.name + "\u{0}" + i.path
+                case "size": return String(format: "%020lld", i.size) + "\u{0}" + i.path
+                case "time": return String(format: "%020lld", i.mtime) + "\u{0}" + i.path
+                default: return i.path
+                }
+            }
+            want.sort { (key($0) < key($1)) != (q.descending ?? false) }
+            #expect(got.map(\.path) == want.map(\.path), "query \(q) in \(scope.debugDescription)")
+            #expect(got.map(\.status) == want.map(\.status))
+        }
+    }
+}

@@ -16,6 +16,19 @@ import Testing
         return r
     }
 
+    /// Starts `ubiq ARGS` with its output going to the file `output`; does not wait.
+    func spawn(_ args: [String], output: String) -> Process {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: ubiqBinary)
+        p.arguments = args
+        FileManager.default.createFile(atPath: output, contents: nil)
+        p.standardOutput = FileHandle(forWritingAtPath: output)
+        p.standardError = p.standardOutput
+        p.standardInput = FileHandle.nullDevice
+        try? p.run()
+        return p
+    }
+
     @Test func changesOnOneMountAppearOnTheOther() throws {
         let a = try MountFixture(extra: "--upload-delay 0")
         defer { a.cleanup() }
@@ -35,9 +48,43 @@ import Testing
         #expect(a.sh("\(ubiqBinary) sync .").out.hasPrefix("synced "))
     }
 
+    /// `ubiq watch` on one device sees what another device does; `ubiq query --watch` sees
+    /// its results change; the control socket is its owner's alone.
+    @Test func watchAndQuerySeeAnotherDevicesChanges() throws {
+        let a = try MountFixture(extra: "--upload-delay 0")
+        defer { a.cleanup() }
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--poll-interval 1")
+        defer { b.cleanup() }
+        #expect(shell("stat -c '%a %U %F' \(b.state)/control.sock").out == "600 root socket\n")
+        expectOK(b.sh("mkdir -p docs"))
+        let watch = b.base + "/watch.out", query = b.base + "/query.out"
+        // Both streams run in the background, and are stopped at the end.
+        let streams = [spawn(["watch", b.mnt + "/docs"], output: watch),
+                       spawn(["query", "--name", "*.txt", "--watch", "--interval", "0.3", b.mnt], output: query)]
+        defer { for p in streams where p.isRunning { p.terminate() } }
+        usleep(1_000_000)
+        expectOK(a.sh("mkdir -p docs && echo hello > docs/from-a.txt && echo x > docs/other.bin"))
+        let seen = eventually(b, "grep -q '\"event\":\"changed-remotely\".*docs/from-a.txt' \(watch) && grep -q '\"change\":\"added\".*from-a.txt' \(query)")
+        let outputs = { "watch: \((try? String(contentsOfFile: watch, encoding: .utf8)) ?? "-") query: \((try? String(contentsOfFile: query, encoding: .utf8)) ?? "-") log: \(shell("tail -5 \(b.state)/ubiq.log; ls -la \(b.mnt)/docs").out)" }
+        expectOK(seen, "events from another device; \(outputs())")
+        expectOK(a.sh("rm docs/from-a.txt"))
+        expectOK(eventually(b, "grep -q '\"event\":\"deleted\".*docs/from-a.txt' \(watch) && grep -q '\"change\":\"removed\".*from-a.txt' \(query)"), "deletes; \(outputs())")
+        // The query stream never mentions what does not match it.
+        #expect(!(((try? String(contentsOfFile: query, encoding: .utf8)) ?? "").contains("other.bin")))
+        // And a query answers at once, from the database.
+        let q = b.ubiq("query --type file --json \(b.mnt)")
+        expectOK(q)
+        #expect(q.out.contains("other.bin") && !q.out.contains("from-a.txt"), "\(q.out)")
+        #expect(b.ubiq("query --sort nonsense \(b.mnt)").status != 0)
+    }
+
     @Test func syncOutsideAMountIsAClearError() throws {
         let r = shell("\(ubiqBinary) sync /tmp")
         #expect(r.status != 0)
         #expect(r.err.contains("not in a ubiq mount"), "\(r.err)")
+        for cmd in ["query /tmp", "watch /tmp"] {
+            let e = shell("\(ubiqBinary) \(cmd)")
+            #expect(e.status != 0 && e.err.contains("not in a ubiq mount"), "\(cmd): \(e.err)")
+        }
     }
 }

@@ -1,0 +1,118 @@
+import Foundation
+import Synchronization
+import UbiqState
+
+/// Something that happened to an item, for `ubiq watch` and `ubiq query --watch`
+/// (NSFilePresenter's notifications, as a stream).
+public struct ItemEvent: Sendable, Equatable {
+    public enum Kind: String, Sendable {
+        /// Created or changed on this device.
+        case changed
+        /// Added or changed by another device (arrived through the change feed).
+        case changedRemotely = "changed-remotely"
+        /// Its sync status moved on (uploaded, downloaded, an error).
+        case status
+        /// Another device's newer version met this device's edit.
+        case conflict
+        case deleted
+        /// Renamed or moved; `from` is where it was.
+        case moved
+    }
+    public var kind: Kind
+    /// The path inside the mount ("" for the root), as bytes joined with "/".
+    public var path: String
+    public var from: String?
+    public var ino: UInt64
+    public var time: Date
+}
+
+/// Fans events out to subscribers; each has a bounded queue of its own (a slow reader
+/// loses the oldest events, and is told how many).
+public final class EventBus: @unchecked Sendable {
+    public final class Subscription: @unchecked Sendable {
+        let cond = NSCondition()
+        var queue: [ItemEvent] = []
+        var dropped = 0
+        var closed = false
+        let limit: Int
+        init(limit: Int) { self.limit = limit }
+
+        /// Waits up to `timeout` for events; returns them (and how many were lost), or nil once closed.
+        public func next(timeout: TimeInterval) -> (events: [ItemEvent], dropped: Int)? {
+            cond.lock(); defer { cond.unlock() }
+            let deadline = Date(timeIntervalSinceNow: timeout)
+            while queue.isEmpty && !closed && Date() < deadline { _ = cond.wait(until: deadline) }
+            if closed && queue.isEmpty { return nil }
+            defer { queue.removeAll(); dropped = 0 }
+            return (queue, dropped)
+        }
+
+        func push(_ e: ItemEvent) {
+            cond.lock()
+            if queue.count >= limit { queue.removeFirst(); dropped += 1 }
+            queue.append(e)
+            cond.signal()
+            cond.unlock()
+        }
+
+        func close() { cond.lock(); closed = true; cond.broadcast(); cond.unlock() }
+    }
+
+    private let subscribers = Mutex<[ObjectIdentifier: Subscription]>([:])
+
+    public init() {}
+
+    public var hasSubscribers: Bool { subscribers.withLock { !$0.isEmpty } }
+
+    public func subscribe(limit: Int = 10_000) -> Subscription {
+        let s = Subscription(limit: limit)
+        subscribers.withLock { $0[ObjectIdentifier(s)] = s }
+        return s
+    }
+
+    public func unsubscribe(_ s: Subscription) {
+        subscribers.withLock { $0[ObjectIdentifier(s)] = nil }
+        s.close()
+    }
+
+    func publish(_ e: ItemEvent) {
+        for s in subscribers.withLock({ Array($0.values) }) { s.push(e) }
+    }
+}
+
+extension FileSystem {
+    /// The path of `ino` inside the mount (its first name), or nil when it has none.
+    public func path(of ino: UInt64) -> String? {
+        if ino == rootIno { return "" }
+        let isDir = withLock { nodes[ino]?.isDirectory }
+        guard let isDir else { return nil }
+        if !isDir {
+            // A file: its entry tells the folder it is in.
+            guard let e = try? state.read({ try $0.entries(of: ino).first }), let dir = path(of: e.parent) else { return nil }
+            let name = String(decoding: e.name, as: UTF8.self)
+            return dir.isEmpty ? name : dir + "/" + name
+        }
+        // Folders know their parent.
+        let names: [[UInt8]]? = withLock {
+            var out: [[UInt8]] = []
+            var cur = ino
+            var depth = 0
+            while cur != rootIno && depth < 4096 {
+                guard let n = nodes[cur], let parent = nodes[n.parent],
+                      let name = parent.children.first(where: { $0.value == cur })?.key else { return nil }
+                out.append(name)
+                cur = n.parent
+                depth += 1
+            }
+            return out.reversed()
+        }
+        return names.map { $0.map { String(decoding: $0, as: UTF8.self) }.joined(separator: "/") }
+    }
+
+    /// Publishes an event about `ino` (nothing is computed when nobody listens).
+    func emit(_ kind: ItemEvent.Kind, _ ino: UInt64, path known: String? = nil, from: String? = nil) {
+        guard events.hasSubscribers else { return }
+        guard let p = known ?? path(of: ino) else { return }
+        events.publish(ItemEvent(kind: kind, path: p, from: from, ino: ino, time: Date()))
+    }
+}

@@ -1,0 +1,110 @@
+import Foundation
+import GRDB
+
+/// What `ubiq query` asks (NSMetadataQuery's predicate, scope and sort), answered from
+/// the state database by one recursive query: no walk of the mounted tree.
+public struct QuerySpec: Sendable, Codable, Equatable {
+    /// Shell glob on the item's name (case-sensitive, `*`, `?`, `[...]`).
+    public var name: String?
+    /// Depth below the scope folder: 1 = its direct children.
+    public var minDepth: Int?
+    public var maxDepth: Int?
+    /// Status words (see docs/status.md); any of them.
+    public var status: [String]?
+    /// `file`, `folder`, `symlink` or `other`.
+    public var type: String?
+    public var minSize: Int64?
+    public var maxSize: Int64?
+    /// Modification time bounds, nanoseconds since the epoch.
+    public var modifiedAfter: Int64?
+    public var modifiedBefore: Int64?
+    /// `path` (default), `name`, `size` or `time`.
+    public var sort: String?
+    public var descending: Bool?
+    public var limit: Int?
+    public init() {}
+}
+
+/// One item a query found.
+public struct QueryRow: Sendable, Codable, Equatable {
+    public var ino: UInt64
+    /// Path below the scope folder.
+    public var path: String
+    public var name: String
+    public var depth: Int
+    public var type: String
+    public var size: Int64
+    public var mtimeNs: Int64
+    /// As in docs/status.md, except `downloading`, which only the daemon knows (it adjusts).
+    public var status: String
+    public var pinned: Bool
+}
+
+extension StateTransaction {
+    public static let sortKeys = ["path", "name", "size", "time"]
+
+    /// Items under folder `scope` that match `q`, sorted (status filtering is left to the
+    /// caller, which knows what is downloading).
+    public func query(scope: UInt64, _ q: QuerySpec) throws -> [QueryRow] {
+        var filters: [String] = []
+        var args: [DatabaseValueConvertible?] = [Int64(bitPattern: scope), q.maxDepth]
+        if let g = q.name { filters.append("name GLOB ?"); args.append(g) }
+        if let d = q.minDepth { filters.append("depth >= ?"); args.append(d) }
+        if let t = q.type {
+            switch t {
+            case "file": filters.append("type = \(S_IFREG)")
+            case "folder": filters.append("type = \(S_IFDIR)")
+            case "symlink": filters.append("type = \(S_IFLNK)")
+            default: filters.append("type NOT IN (\(S_IFREG), \(S_IFDIR), \(S_IFLNK))")
+            }
+        }
+        if let v = q.minSize { filters.append("size >= ?"); args.append(v) }
+        if let v = q.maxSize { filters.append("size <= ?"); args.append(v) }
+        if let v = q.modifiedAfter { filters.append("mtime > ?"); args.append(v) }
+        if let v = q.modifiedBefore { filters.append("mtime < ?"); args.append(v) }
+        let order: String
+        switch q.sort ?? "path" {
+        case "name": order = "name, path"
+        case "size": order = "size, path"
+        case "time": order = "mtime, path"
+        default: order = "path"
+        }
+        let dir = (q.descending ?? false) ? " DESC" : ""
+        let sql = """
+            WITH RECURSIVE tree(ino, path, name, depth, remote) AS (
+              SELECT ino, CAST(name AS TEXT), CAST(name AS TEXT), 1, remote_key FROM entries WHERE parent = ?1
+              UNION ALL
+              SELECT e.ino, tree.path || '/' || CAST(e.name AS TEXT), CAST(e.name AS TEXT), tree.depth + 1, e.remote_key
+              FROM entries e JOIN tree ON e.parent = tree.ino
+              WHERE ?2 IS NULL OR tree.depth < ?2
+            )
+            SELECT * FROM (
+              SELECT tree.ino, tree.path, tree.name, tree.depth, i.type, i.size, i.mtime, i.pinned,
+                CASE
+                  WHEN i.upload_error LIKE 'conflict: %' THEN 'conflict'
+                  WHEN i.upload_error IS NOT NULL THEN 'error'
+                  WHEN EXISTS (SELECT 1 FROM outbox o WHERE o.ino = tree.ino) THEN 'uploading'
+                  WHEN tree.remote IS NULL THEN 'local'
+                  WHEN i.type = \(S_IFREG) AND i.present = 0 THEN 'placeholder'
+                  ELSE 'current'
+                END AS status
+              FROM tree JOIN inodes i ON i.ino = tree.ino
+            )
+            \(filters.isEmpty ? "" : "WHERE " + filters.joined(separator: " AND "))
+            ORDER BY \(order.split(separator: ",").map { $0 + dir }.joined(separator: ","))
+            """
+        // A limit is applied by the caller, after the status filter.
+        return try Row.fetchAll(db, sql: sql, arguments: StatementArguments(args)).map { r in
+            let type: Int64 = r["type"]
+            let t: String
+            switch UInt32(type) {
+            case UInt32(S_IFREG): t = "file"
+            case UInt32(S_IFDIR): t = "folder"
+            case UInt32(S_IFLNK): t = "symlink"
+            default: t = "other"
+            }
+            return QueryRow(ino: UInt64(bitPattern: r["ino"]), path: r["path"], name: r["name"], depth: r["depth"], type: t,
+                            size: t == "file" ? r["size"] : 0, mtimeNs: r["mtime"], status: r["status"], pinned: r["pinned"])
+        }
+    }
+}

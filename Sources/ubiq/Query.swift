@@ -1,0 +1,220 @@
+import ArgumentParser
+import Foundation
+import UbiqState
+
+struct Query: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Find items by name, place, status, size or time, from the mount's database (no walk of the tree).",
+        discussion: """
+            Answers from the daemon's state database, like NSMetadataQuery: fast on large trees, and
+            never downloading. Prints "status size modified path" lines, or with --json one JSON array
+            (docs/status.md). --watch prints the results as JSON lines ("added"), then a "gathered"
+            line, then "added", "changed" and "removed" lines as the results change, at most once per
+            --interval, until interrupted.
+
+            Examples:
+              ubiq query --name '*.pdf' ~/Ubiquity
+              ubiq query --status placeholder --min-size 100M --sort size --reverse ~/Ubiquity
+              ubiq query --newer-than 2h --type file --json ~/Ubiquity/Projects
+              ubiq query --status uploading,error --watch ~/Ubiquity
+            """)
+
+    @Option(help: ArgumentHelp("Shell glob on the name (case-sensitive).", valueName: "GLOB"))
+    var name: String?
+
+    @Option(help: ArgumentHelp("Status words, comma-separated: current, placeholder, downloading, uploading, local, error, conflict.", valueName: "S,..."))
+    var status: String?
+
+    @Option(help: ArgumentHelp("file, folder, symlink or other.", valueName: "TYPE"))
+    var type: String?
+
+    @Option(help: ArgumentHelp("At least this size, e.g. 10M.", valueName: "SIZE"))
+    var minSize: String?
+
+    @Option(help: ArgumentHelp("At most this size.", valueName: "SIZE"))
+    var maxSize: String?
+
+    @Option(help: ArgumentHelp("Modified within this long (30m, 2h, 7d) or after this date (2026-11-01).", valueName: "WHEN"))
+    var newerThan: String?
+
+    @Option(help: ArgumentHelp("Modified before this long ago, or before this date.", valueName: "WHEN"))
+    var olderThan: String?
+
+    @Option(help: "Depth below PATH at least (1: its direct children).")
+    var minDepth: Int?
+
+    @Option(help: "Depth below PATH at most.")
+    var maxDepth: Int?
+
+    @Option(help: ArgumentHelp("path, name, size or time.", valueName: "KEY"))
+    var sort: String = "path"
+
+    @Flag(help: "Sort in descending order.")
+    var reverse = false
+
+    @Option(help: "At most this many results.")
+    var limit: Int?
+
+    @Flag(help: "One JSON array (with --watch: JSON lines).")
+    var json = false
+
+    @Flag(help: "Keep running and print changes to the results as JSON lines.")
+    var watch = false
+
+    @Option(help: "With --watch: seconds to gather changes before reporting them.")
+    var interval: Double = 1
+
+    @Argument(help: "A folder in a ubiq mount: the scope of the query.")
+    var path: String
+
+    func validate() throws {
+        guard StateTransaction.sortKeys.contains(sort) else { throw ValidationError("--sort must be one of path, name, size, time") }
+        if let type, !["file", "folder", "symlink", "other"].contains(type) {
+            throw ValidationError("--type must be one of file, folder, symlink, other")
+        }
+        let words = ["current", "placeholder", "downloading", "uploading", "local", "error", "conflict"]
+        for s in statusList where !words.contains(s) { throw ValidationError("unknown status \(s); one of \(words.joined(separator: ", "))") }
+        if let m = minDepth, m < 0 { throw ValidationError("--min-depth must not be negative") }
+        if let m = maxDepth, m < 1 { throw ValidationError("--max-depth must be at least 1") }
+        if interval <= 0 { throw ValidationError("--interval must be positive") }
+    }
+
+    var statusList: [String] { status.map { $0.split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) } } ?? [] }
+
+    func spec() throws -> QuerySpec {
+        var q = QuerySpec()
+        q.name = name
+        q.status = status == nil ? nil : statusList
+        q.type = type
+        q.minDepth = minDepth
+        q.maxDepth = maxDepth
+        q.sort = sort
+        q.descending = reverse
+        q.limit = limit
+        func size(_ s: String, _ flag: String) throws -> Int64 {
+            guard let v = MountPlan.parseSize(s) else { throw ValidationError("invalid \(flag) \(s): use a size like 500K, 10M or 2G") }
+            return v
+        }
+        if let s = minSize { q.minSize = try size(s, "--min-size") }
+        if let s = maxSize { q.maxSize = try size(s, "--max-size") }
+        if let w = newerThan { q.modifiedAfter = try Self.when(w) }
+        if let w = olderThan { q.modifiedBefore = try Self.when(w) }
+        return q
+    }
+
+    /// "30m", "2h", "7d", "45s" ago, or a date ("2026-11-01", "2026-11-01T10:00:00Z"): ns since the epoch.
+    static func when(_ s: String) throws -> Int64 {
+        let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604_800]
+        if let u = s.last, let mult = units[u], let n = Double(s.dropLast()), n >= 0 {
+            return Int64((Date().timeIntervalSince1970 - n * mult) * 1e9)
+        }
+        let iso = ISO8601DateFormatter()
+        if let d = iso.date(from: s) { return Int64(d.timeIntervalSince1970 * 1e9) }
+        iso.formatOptions = [.withFullDate]
+        if let d = iso.date(from: s) { return Int64(d.timeIntervalSince1970 * 1e9) }
+        throw ValidationError("cannot read \(s) as a time: use 30m, 2h, 7d, or a date like 2026-11-01")
+    }
+
+    func run() throws {
+        let q = try spec()
+        let client = ControlClient.connect(for: path)
+        defer { client.close() }
+        let abs = Paths.absolute(path)
+        var isDir: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: abs, isDirectory: &isDir), isDir.boolValue else { fail("\(path) is not a folder") }
+        let scope = client.relative(abs)
+        let specObject = try JSONSerialization.jsonObject(with: JSONEncoder().encode(q))
+        func fetch(_ c: ControlClient) throws -> [QueryRow] {
+            let reply = c.request(["op": "query", "scope": scope, "spec": specObject])
+            let data = try JSONSerialization.data(withJSONObject: reply["items"] ?? [])
+            return try JSONDecoder().decode([QueryRow].self, from: data)
+        }
+        let rows = try fetch(client)
+        if !watch {
+            if json {
+                let list = rows.map { item($0, abs) }
+                let data = try JSONSerialization.data(withJSONObject: list, options: [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes])
+                print(String(decoding: data, as: UTF8.self))
+            } else {
+                let fmt = DateFormatter()
+                fmt.dateFormat = "yyyy-MM-dd HH:mm"
+                for r in rows {
+                    let size = r.type == "file" ? humanBytes(r.size) : "-"
+                    let when = fmt.string(from: Date(timeIntervalSince1970: Double(r.mtimeNs) / 1e9))
+                    print("\(r.status.padding(toLength: 11, withPad: " ", startingAt: 0)) \(size.padding(toLength: 9, withPad: " ", startingAt: 0)) \(when)  \(join(abs, r.path))")
+                }
+            }
+            return
+        }
+        // --watch: the results, then their changes, gathered over --interval.
+        var current = Dictionary(rows.map { ($0.path, $0) }, uniquingKeysWith: { a, _ in a })
+        for r in rows { emit("added", r, abs) }
+        say(jsonLine(["change": "gathered", "count": rows.count]))
+        let events = ControlClient.connect(for: path)
+        _ = events.request(["op": "watch", "scope": scope])
+        let queries = ControlClient.connect(for: path)
+        while events.nextLine() != nil {
+            // Something changed: wait out the interval (more may come), then compare.
+            let until = Date(timeIntervalSinceNow: interval)
+            while Date() < until { usleep(20_000) }
+            let fresh = Dictionary(try fetch(queries).map { ($0.path, $0) }, uniquingKeysWith: { a, _ in a })
+            for (p, r) in fresh.sorted(by: { $0.key < $1.key }) {
+                if let old = current[p] {
+                    if old != r { emit("changed", r, abs) }
+                } else {
+                    emit("added", r, abs)
+                }
+            }
+            for (p, r) in current.sorted(by: { $0.key < $1.key }) where fresh[p] == nil { emit("removed", r, abs) }
+            current = fresh
+        }
+        fail("the daemon of \(client.mount) went away")
+    }
+
+    private func join(_ base: String, _ rel: String) -> String { rel.isEmpty ? base : base + "/" + rel }
+
+    private func item(_ r: QueryRow, _ base: String) -> [String: Any] {
+        let iso = ISO8601DateFormatter()
+        iso.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return ["path": join(base, r.path), "name": r.name, "type": r.type, "size": r.size, "depth": r.depth,
+                "modified": iso.string(from: Date(timeIntervalSince1970: Double(r.mtimeNs) / 1e9)),
+                "status": r.status, "pinned": r.pinned]
+    }
+
+    private func emit(_ change: String, _ r: QueryRow, _ base: String) {
+        var o = item(r, base)
+        o["change"] = change
+        say(jsonLine(o))
+    }
+}
+
+struct Watch: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print what happens under a folder, as JSON lines, until interrupted.",
+        discussion: """
+            Events: changed (here), changed-remotely (by another device), status (uploaded,
+            downloaded, failed), conflict, deleted, moved (with "from"). Each line:
+              {"event":"changed","path":"/home/me/Ubiquity/a.txt","time":"2026-11-23T12:00:00.000Z"}
+
+            Example:
+              ubiq watch ~/Ubiquity/Projects
+            """)
+
+    @Argument(help: "A folder (or file) in a ubiq mount.")
+    var path: String
+
+    func run() throws {
+        let client = ControlClient.connect(for: path)
+        defer { client.close() }
+        let abs = Paths.absolute(path)
+        _ = client.request(["op": "watch", "scope": client.relative(abs)])
+        let base = client.mount
+        while let e = client.nextLine() {
+            var o = e
+            if let p = e["path"] as? String { o["path"] = p.isEmpty ? base : base + "/" + p }
+            if let f = e["from"] as? String { o["from"] = f.isEmpty ? base : base + "/" + f }
+            say(jsonLine(o))
+        }
+        fail("the daemon of \(client.mount) went away")
+    }
+}
