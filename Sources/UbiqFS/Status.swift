@@ -118,6 +118,10 @@ extension FileSystem {
         return s
     }
 
+    /// The item's own status word (for a folder: the folder itself, not what is under it;
+    /// what `ubiq query` reports).
+    public func ownStatus(_ ino: UInt64) throws -> String { try fileStatus(ino).status }
+
     /// Most urgent last.
     static func rank(_ status: String) -> Int {
         ["current", "placeholder", "local", "downloading", "uploading", "error", "conflict"].firstIndex(of: status) ?? 0

@@ -234,11 +234,11 @@ public struct StateTransaction {
     // MARK: meta
 
     public func meta(_ key: String) throws -> String? {
-        try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = ?", arguments: [key])
+        try String.fetchOne(db, cached: "SELECT value FROM meta WHERE key = ?", arguments: [key])
     }
 
     public func setMeta(_ key: String, _ value: String) throws {
-        try db.execute(sql: "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", arguments: [key, value])
+        try db.execute(cached: "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", arguments: [key, value])
     }
 
     // MARK: inodes
@@ -260,18 +260,18 @@ public struct StateTransaction {
 
     public func deleteInode(_ ino: UInt64) throws {
         let i = Int64(bitPattern: ino)
-        try db.execute(sql: "DELETE FROM inodes WHERE ino = ?", arguments: [i])
-        try db.execute(sql: "DELETE FROM xattrs WHERE ino = ?", arguments: [i])
-        try db.execute(sql: "DELETE FROM outbox WHERE ino = ?", arguments: [i])
+        try db.execute(cached: "DELETE FROM inodes WHERE ino = ?", arguments: [i])
+        try db.execute(cached: "DELETE FROM xattrs WHERE ino = ?", arguments: [i])
+        try db.execute(cached: "DELETE FROM outbox WHERE ino = ?", arguments: [i])
     }
 
     public func inode(_ ino: UInt64) throws -> InodeRecord? {
-        try Row.fetchOne(db, sql: "SELECT * FROM inodes WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
+        try Row.fetchOne(db, cached: "SELECT * FROM inodes WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
             .map(Self.inodeRecord)
     }
 
     public func allInodes() throws -> [InodeRecord] {
-        try Row.fetchAll(db, sql: "SELECT * FROM inodes").map(Self.inodeRecord)
+        try Row.fetchAll(db, cached: "SELECT * FROM inodes").map(Self.inodeRecord)
     }
 
     static func inodeRecord(_ r: Row) -> InodeRecord {
@@ -287,7 +287,7 @@ public struct StateTransaction {
     /// True when every change to `ino` is in the store: nothing queued, last upload
     /// covered the current content and metadata, and it has a copy there.
     public func isUploaded(_ ino: UInt64) throws -> Bool {
-        try Bool.fetchOne(db, sql: """
+        try Bool.fetchOne(db, cached: """
             SELECT i.uploaded_content_gen >= i.content_gen AND i.upload_error IS NULL
               AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.ino = i.ino)
               AND EXISTS (SELECT 1 FROM entries e WHERE e.ino = i.ino AND e.remote_key IS NOT NULL)
@@ -298,7 +298,7 @@ public struct StateTransaction {
     /// True when the device holds no change to `ino` the store lacks: nothing queued, and
     /// the last upload covered the current content and metadata.
     public func isClean(_ ino: UInt64) throws -> Bool {
-        try Bool.fetchOne(db, sql: """
+        try Bool.fetchOne(db, cached: """
             SELECT i.uploaded_content_gen >= i.content_gen AND i.uploaded_meta_gen >= i.meta_gen
               AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.ino = i.ino)
             FROM inodes i WHERE i.ino = ?
@@ -307,30 +307,30 @@ public struct StateTransaction {
 
     /// Replaces every extended attribute of `ino`.
     public func replaceXattrs(_ ino: UInt64, _ attrs: [[UInt8]: [UInt8]]) throws {
-        try db.execute(sql: "DELETE FROM xattrs WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
+        try db.execute(cached: "DELETE FROM xattrs WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
         for (k, v) in attrs { try setXattr(ino, name: k, value: v) }
     }
 
     public func uploadState(_ ino: UInt64) throws -> UploadState? {
-        try Row.fetchOne(db, sql: "SELECT uploaded_content_gen, uploaded_meta_gen, upload_error FROM inodes WHERE ino = ?",
+        try Row.fetchOne(db, cached: "SELECT uploaded_content_gen, uploaded_meta_gen, upload_error FROM inodes WHERE ino = ?",
                          arguments: [Int64(bitPattern: ino)]).map {
             UploadState(uploadedContentGen: $0[0], uploadedMetaGen: $0[1], error: $0[2])
         }
     }
 
     public func markUploaded(_ ino: UInt64, contentGen: Int64, metaGen: Int64) throws {
-        try db.execute(sql: """
+        try db.execute(cached: """
             UPDATE inodes SET uploaded_content_gen = max(uploaded_content_gen, ?),
               uploaded_meta_gen = max(uploaded_meta_gen, ?), upload_error = NULL WHERE ino = ?
             """, arguments: [contentGen, metaGen, Int64(bitPattern: ino)])
     }
 
     public func setUploadError(_ ino: UInt64, _ error: String?) throws {
-        try db.execute(sql: "UPDATE inodes SET upload_error = ? WHERE ino = ?", arguments: [error, Int64(bitPattern: ino)])
+        try db.execute(cached: "UPDATE inodes SET upload_error = ? WHERE ino = ?", arguments: [error, Int64(bitPattern: ino)])
     }
 
     public func maxInode() throws -> Int64 {
-        try Int64.fetchOne(db, sql: "SELECT coalesce(max(ino), 1) FROM inodes") ?? 1
+        try Int64.fetchOne(db, cached: "SELECT coalesce(max(ino), 1) FROM inodes") ?? 1
     }
 
 
@@ -370,56 +370,56 @@ public struct StateTransaction {
     }
 
     public func allEntries() throws -> [EntryRecord] {
-        try Row.fetchAll(db, sql: "SELECT * FROM entries").map(Self.entryRecord)
+        try Row.fetchAll(db, cached: "SELECT * FROM entries").map(Self.entryRecord)
     }
 
     public func entries(of ino: UInt64) throws -> [EntryRecord] {
-        try Row.fetchAll(db, sql: "SELECT * FROM entries WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
+        try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
             .map(Self.entryRecord)
     }
 
     public func entry(parent: UInt64, name: [UInt8]) throws -> EntryRecord? {
-        try Row.fetchOne(db, sql: "SELECT * FROM entries WHERE parent = ? AND name = ?",
+        try Row.fetchOne(db, cached: "SELECT * FROM entries WHERE parent = ? AND name = ?",
                          arguments: [Int64(bitPattern: parent), Data(name)]).map(Self.entryRecord)
     }
 
     /// The entry (if any) whose object sits at `key` in the store.
     public func entries(remoteKey key: String) throws -> [EntryRecord] {
-        try Row.fetchAll(db, sql: "SELECT * FROM entries WHERE remote_key = ?", arguments: [key]).map(Self.entryRecord)
+        try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE remote_key = ?", arguments: [key]).map(Self.entryRecord)
     }
 
     public func children(of parent: UInt64) throws -> [EntryRecord] {
-        try Row.fetchAll(db, sql: "SELECT * FROM entries WHERE parent = ?", arguments: [Int64(bitPattern: parent)])
+        try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE parent = ?", arguments: [Int64(bitPattern: parent)])
             .map(Self.entryRecord)
     }
 
     public func setRemote(entryID: Int64, key: String?, version: String?, tag: String? = nil) throws {
-        try db.execute(sql: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ? WHERE id = ?",
+        try db.execute(cached: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ? WHERE id = ?",
                        arguments: [key, version, tag, entryID])
     }
 
     /// Records that entry `entryID`'s object now sits at `key`@`version`. If the
     /// entry was removed meanwhile, the object is an orphan: a tombstone deletes it.
     public func recordRemote(entryID: Int64, key: String, version: String, tag: String? = nil) throws {
-        try db.execute(sql: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ? WHERE id = ?",
+        try db.execute(cached: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ? WHERE id = ?",
                        arguments: [key, version, tag, entryID])
         if db.changesCount == 0 { try addTombstone(key: key, version: version) }
     }
 
     public func addTombstone(key: String, version: String?) throws {
-        try db.execute(sql: "INSERT INTO tombstones (remote_key, remote_version) VALUES (?, ?)", arguments: [key, version])
+        try db.execute(cached: "INSERT INTO tombstones (remote_key, remote_version) VALUES (?, ?)", arguments: [key, version])
     }
 
     public func hasTombstone(key: String) throws -> Bool {
-        try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM tombstones WHERE remote_key = ?)", arguments: [key]) ?? false
+        try Bool.fetchOne(db, cached: "SELECT EXISTS (SELECT 1 FROM tombstones WHERE remote_key = ?)", arguments: [key]) ?? false
     }
 
     public func tombstoneKeys() throws -> Set<String> {
-        Set(try String.fetchAll(db, sql: "SELECT remote_key FROM tombstones"))
+        Set(try String.fetchAll(db, cached: "SELECT remote_key FROM tombstones"))
     }
 
     public func remoteKeys() throws -> Set<String> {
-        Set(try String.fetchAll(db, sql: "SELECT remote_key FROM entries WHERE remote_key IS NOT NULL"))
+        Set(try String.fetchAll(db, cached: "SELECT remote_key FROM entries WHERE remote_key IS NOT NULL"))
     }
 
     static func entryRecord(_ r: Row) -> EntryRecord {
@@ -432,47 +432,47 @@ public struct StateTransaction {
 
     /// Keys whose remote change waits (a reader has the file open, say); applied later.
     public func feedPending() throws -> [String] {
-        try String.fetchAll(db, sql: "SELECT key FROM feed_pending ORDER BY key")
+        try String.fetchAll(db, cached: "SELECT key FROM feed_pending ORDER BY key")
     }
 
     public func setFeedPending(_ keys: Set<String>) throws {
-        try db.execute(sql: "DELETE FROM feed_pending")
-        for k in keys { try db.execute(sql: "INSERT INTO feed_pending (key) VALUES (?)", arguments: [k]) }
+        try db.execute(cached: "DELETE FROM feed_pending")
+        for k in keys { try db.execute(cached: "INSERT INTO feed_pending (key) VALUES (?)", arguments: [k]) }
     }
 
     // MARK: partial downloads
 
     /// Chunks of `ino` known to be in its cache file (synced), for `version` in `chunkSize` chunks.
     public func saveDownload(_ ino: UInt64, version: String, chunkSize: Int64, present: [Bool]) throws {
-        try db.execute(sql: "INSERT OR REPLACE INTO downloads (ino, version, chunk_size, chunks) VALUES (?, ?, ?, ?)",
+        try db.execute(cached: "INSERT OR REPLACE INTO downloads (ino, version, chunk_size, chunks) VALUES (?, ?, ?, ?)",
                        arguments: [Int64(bitPattern: ino), version, chunkSize, Data(present.map { $0 ? 1 : 0 })])
     }
 
     public func download(_ ino: UInt64) throws -> (version: String, chunkSize: Int64, present: [Bool])? {
-        try Row.fetchOne(db, sql: "SELECT version, chunk_size, chunks FROM downloads WHERE ino = ?",
+        try Row.fetchOne(db, cached: "SELECT version, chunk_size, chunks FROM downloads WHERE ino = ?",
                          arguments: [Int64(bitPattern: ino)]).map {
             ($0["version"], $0["chunk_size"], [UInt8]($0["chunks"] as Data).map { $0 != 0 })
         }
     }
 
     public func removeDownload(_ ino: UInt64) throws {
-        try db.execute(sql: "DELETE FROM downloads WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
+        try db.execute(cached: "DELETE FROM downloads WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
     }
 
     // MARK: xattrs
 
     public func setXattr(_ ino: UInt64, name: [UInt8], value: [UInt8]) throws {
-        try db.execute(sql: "INSERT OR REPLACE INTO xattrs (ino, name, value) VALUES (?, ?, ?)",
+        try db.execute(cached: "INSERT OR REPLACE INTO xattrs (ino, name, value) VALUES (?, ?, ?)",
                        arguments: [Int64(bitPattern: ino), Data(name), Data(value)])
     }
 
     public func removeXattr(_ ino: UInt64, name: [UInt8]) throws {
-        try db.execute(sql: "DELETE FROM xattrs WHERE ino = ? AND name = ?", arguments: [Int64(bitPattern: ino), Data(name)])
+        try db.execute(cached: "DELETE FROM xattrs WHERE ino = ? AND name = ?", arguments: [Int64(bitPattern: ino), Data(name)])
     }
 
     public func xattrs(_ ino: UInt64) throws -> [[UInt8]: [UInt8]] {
         var out: [[UInt8]: [UInt8]] = [:]
-        for r in try Row.fetchAll(db, sql: "SELECT name, value FROM xattrs WHERE ino = ?", arguments: [Int64(bitPattern: ino)]) {
+        for r in try Row.fetchAll(db, cached: "SELECT name, value FROM xattrs WHERE ino = ?", arguments: [Int64(bitPattern: ino)]) {
             out[[UInt8](r["name"] as Data)] = [UInt8](r["value"] as Data)
         }
         return out
@@ -480,7 +480,7 @@ public struct StateTransaction {
 
     public func allXattrs() throws -> [UInt64: [[UInt8]: [UInt8]]] {
         var out: [UInt64: [[UInt8]: [UInt8]]] = [:]
-        for r in try Row.fetchAll(db, sql: "SELECT ino, name, value FROM xattrs") {
+        for r in try Row.fetchAll(db, cached: "SELECT ino, name, value FROM xattrs") {
             out[UInt64(bitPattern: r["ino"]), default: [:]][[UInt8](r["name"] as Data)] = [UInt8](r["value"] as Data)
         }
         return out
@@ -500,7 +500,7 @@ public struct StateTransaction {
 
     /// Items due now, oldest first.
     public func dueOutbox(limit: Int, asOf now: Date = Date()) throws -> [OutboxItem] {
-        try Row.fetchAll(db, sql: "SELECT ino, seq, attempts FROM outbox WHERE not_before <= ? ORDER BY seq LIMIT ?",
+        try Row.fetchAll(db, cached: "SELECT ino, seq, attempts FROM outbox WHERE not_before <= ? ORDER BY seq LIMIT ?",
                          arguments: [now.timeIntervalSince1970, limit]).map {
             OutboxItem(ino: UInt64(bitPattern: $0[0]), seq: $0[1], attempts: $0[2])
         }
@@ -508,11 +508,11 @@ public struct StateTransaction {
 
     /// Removes the row only if it was not re-queued since `seq` was read.
     public func completeOutbox(_ ino: UInt64, seq: Int64) throws {
-        try db.execute(sql: "DELETE FROM outbox WHERE ino = ? AND seq = ?", arguments: [Int64(bitPattern: ino), seq])
+        try db.execute(cached: "DELETE FROM outbox WHERE ino = ? AND seq = ?", arguments: [Int64(bitPattern: ino), seq])
     }
 
     public func retryOutbox(_ ino: UInt64, after delay: TimeInterval) throws {
-        try db.execute(sql: """
+        try db.execute(cached: """
             UPDATE outbox SET attempts = attempts + 1, not_before = ?,
               seq = (SELECT coalesce(max(seq), 0) + 1 FROM outbox) WHERE ino = ?
             """, arguments: [Date().timeIntervalSince1970 + delay, Int64(bitPattern: ino)])
@@ -521,20 +521,20 @@ public struct StateTransaction {
     /// Inodes whose upload failed for good (kept locally, with the reason); ones still
     /// queued for another try are counted by `outboxCount`.
     public func uploadErrorCount() throws -> Int {
-        try Int.fetchOne(db, sql: """
+        try Int.fetchOne(db, cached: """
             SELECT count(*) FROM inodes WHERE upload_error IS NOT NULL AND ino NOT IN (SELECT ino FROM outbox)
             """) ?? 0
     }
 
     /// Inodes with changes waiting in the outbox.
     public func outboxInodes() throws -> Set<UInt64> {
-        Set(try Int64.fetchAll(db, sql: "SELECT ino FROM outbox").map { UInt64(bitPattern: $0) })
+        Set(try Int64.fetchAll(db, cached: "SELECT ino FROM outbox").map { UInt64(bitPattern: $0) })
     }
 
     /// Inodes whose last upload failed, with why.
     public func uploadErrors() throws -> [UInt64: String] {
         var out: [UInt64: String] = [:]
-        for r in try Row.fetchAll(db, sql: "SELECT ino, upload_error FROM inodes WHERE upload_error IS NOT NULL") {
+        for r in try Row.fetchAll(db, cached: "SELECT ino, upload_error FROM inodes WHERE upload_error IS NOT NULL") {
             out[UInt64(bitPattern: r["ino"])] = r["upload_error"]
         }
         return out
@@ -542,11 +542,11 @@ public struct StateTransaction {
 
     /// Whether `ino` waits in the outbox.
     public func isQueued(_ ino: UInt64) throws -> Bool {
-        try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM outbox WHERE ino = ?)", arguments: [Int64(bitPattern: ino)]) ?? false
+        try Bool.fetchOne(db, cached: "SELECT EXISTS (SELECT 1 FROM outbox WHERE ino = ?)", arguments: [Int64(bitPattern: ino)]) ?? false
     }
 
     public func outboxCount() throws -> Int {
-        try Int.fetchOne(db, sql: "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM tombstones)") ?? 0
+        try Int.fetchOne(db, cached: "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM tombstones)") ?? 0
     }
 
     // MARK: tombstones
@@ -554,11 +554,37 @@ public struct StateTransaction {
     public struct Tombstone: Sendable { public var id: Int64; public var key: String; public var version: String? }
 
     public func tombstones(limit: Int) throws -> [Tombstone] {
-        try Row.fetchAll(db, sql: "SELECT id, remote_key, remote_version FROM tombstones ORDER BY id LIMIT ?",
+        try Row.fetchAll(db, cached: "SELECT id, remote_key, remote_version FROM tombstones ORDER BY id LIMIT ?",
                          arguments: [limit]).map { Tombstone(id: $0[0], key: $0[1], version: $0[2]) }
     }
 
     public func removeTombstone(_ id: Int64) throws {
-        try db.execute(sql: "DELETE FROM tombstones WHERE id = ?", arguments: [id])
+        try db.execute(cached: "DELETE FROM tombstones WHERE id = ?", arguments: [id])
+    }
+}
+
+// Statements the state runs again and again are prepared once per connection: preparing
+// costs more than running them (GRDB's authorizer inspects every column read).
+extension Row {
+    static func fetchOne(_ db: Database, cached sql: String, arguments: StatementArguments = StatementArguments()) throws -> Row? {
+        try fetchOne(db.cachedStatement(sql: sql), arguments: arguments)
+    }
+    static func fetchAll(_ db: Database, cached sql: String, arguments: StatementArguments = StatementArguments()) throws -> [Row] {
+        try fetchAll(db.cachedStatement(sql: sql), arguments: arguments)
+    }
+}
+
+extension DatabaseValueConvertible where Self: StatementColumnConvertible {
+    static func fetchOne(_ db: Database, cached sql: String, arguments: StatementArguments = StatementArguments()) throws -> Self? {
+        try fetchOne(db.cachedStatement(sql: sql), arguments: arguments)
+    }
+    static func fetchAll(_ db: Database, cached sql: String, arguments: StatementArguments = StatementArguments()) throws -> [Self] {
+        try fetchAll(db.cachedStatement(sql: sql), arguments: arguments)
+    }
+}
+
+extension Database {
+    func execute(cached sql: String, arguments: StatementArguments = StatementArguments()) throws {
+        try cachedStatement(sql: sql).execute(arguments: arguments)
     }
 }

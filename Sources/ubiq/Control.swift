@@ -107,8 +107,17 @@ final class ControlServer: @unchecked Sendable {
             case "query":
                 let spec = try JSONDecoder().decode(QuerySpec.self, from: JSONSerialization.data(withJSONObject: req["spec"] ?? [:]))
                 let rows = try fs.query(scope: req["scope"] as? String ?? "", spec)
-                let data = try JSONEncoder().encode(rows)
-                _ = Self.sendRaw(c, "{\"ok\":true,\"items\":" + String(decoding: data, as: UTF8.self) + "}\n")
+                // Written by hand: JSONEncoder takes a second for 100,000 rows.
+                var out = "{\"ok\":true,\"items\":["
+                out.reserveCapacity(rows.count * 160)
+                for (i, r) in rows.enumerated() {
+                    if i > 0 { out += "," }
+                    out += "{\"ino\":\(r.ino),\"path\":" + jsonString(r.path) + ",\"name\":" + jsonString(r.name)
+                    out += ",\"depth\":\(r.depth),\"type\":\"\(r.type)\",\"size\":\(r.size),\"mtimeNs\":\(r.mtimeNs)"
+                    out += ",\"status\":\"\(r.status)\",\"pinned\":\(r.pinned)}"
+                }
+                out += "]}\n"
+                if !Self.sendRaw(c, out) { return false }
             case "watch":
                 let scope = (req["scope"] as? String ?? "").split(separator: "/").joined(separator: "/")
                 _ = try fs.folder(at: scope)
@@ -177,22 +186,29 @@ final class LineReader {
     let fd: Int32
     private var buffer: [UInt8] = []
     private var start = 0
+    /// Where the search for the next newline goes on (what is before it has none).
+    private var scanned = 0
     init(_ fd: Int32) { self.fd = fd }
 
     func next(limit: Int) -> String? {
         var chunk = [UInt8](repeating: 0, count: 1 << 16)
         while true {
-            if let nl = buffer[start...].firstIndex(of: UInt8(ascii: "\n")) {
+            if let nl = buffer[max(start, scanned)...].firstIndex(of: UInt8(ascii: "\n")) {
                 let line = String(decoding: buffer[start ..< nl], as: UTF8.self)
                 start = nl + 1
-                if start > 1 << 20 { buffer.removeFirst(start); start = 0 }
+                scanned = start
+                if start > 1 << 20 { buffer.removeFirst(start); start = 0; scanned = 0 }
                 return line
             }
+            scanned = buffer.count
             if buffer.count - start > limit { return nil }
             let n = read(fd, &chunk, chunk.count)
             if n < 0 && errno == EINTR { continue }
             if n <= 0 {
-                if buffer.count > start { defer { buffer.removeAll(); start = 0 }; return String(decoding: buffer[start...], as: UTF8.self) }
+                if buffer.count > start {
+                    defer { buffer.removeAll(); start = 0; scanned = 0 }
+                    return String(decoding: buffer[start...], as: UTF8.self)
+                }
                 return nil
             }
             buffer.append(contentsOf: chunk[..<n])
@@ -234,13 +250,21 @@ struct ControlClient {
     }
 
     func request(_ object: [String: Any]) -> [String: Any] {
-        guard ControlServer.send(fd, object) else { fail("the daemon of \(mount) closed the connection") }
-        guard let line = reader.next(limit: 1 << 30),
-              let reply = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else {
-            fail("the daemon of \(mount) closed the connection")
+        guard let reply = try? JSONSerialization.jsonObject(with: Data(requestRaw(object).utf8)) as? [String: Any] else {
+            fail("the daemon of \(mount) sent an answer that is not JSON")
         }
-        if reply["ok"] as? Bool != true { fail(reply["error"] as? String ?? "the daemon refused the request") }
         return reply
+    }
+
+    /// Sends a request; returns its answer line as it came (after checking it says ok).
+    func requestRaw(_ object: [String: Any]) -> String {
+        guard ControlServer.send(fd, object) else { fail("the daemon of \(mount) closed the connection") }
+        guard let line = reader.next(limit: 1 << 30) else { fail("the daemon of \(mount) closed the connection") }
+        if !line.hasPrefix("{\"ok\":true") {
+            let reply = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+            fail(reply?["error"] as? String ?? "the daemon refused the request")
+        }
+        return line
     }
 
     /// The next line of a stream (nil when the daemon closed it).

@@ -258,7 +258,7 @@ import UbiqStore
             let a = try d.fs.getattr(e.ino)
             let type = a.isDirectory ? "folder" : (a.type == UInt32(S_IFREG) ? "file" : (a.type == UInt32(S_IFLNK) ? "symlink" : "other"))
             out.append(Item(path: path, name: name, depth: depth, type: type, size: type == "file" ? a.size : 0, mtime: a.mtime,
-                            status: try d.fs.itemStatus(e.ino).status))
+                            status: try d.fs.ownStatus(e.ino)))
             if a.isDirectory { try walk(d, e.ino, path, depth + 1, into: &out) }
         }
     }
