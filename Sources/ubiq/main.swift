@@ -7,4 +7,11 @@ var unblocked = sigset_t()
 sigemptyset(&unblocked)
 for s in [SIGTERM, SIGINT, SIGHUP, SIGPIPE] { sigaddset(&unblocked, s) }
 pthread_sigmask(SIG_UNBLOCK, &unblocked, nil)
-Ubiq.main()
+
+// mount(8) and /etc/fstab call `ubiq SOURCE MOUNTPOINT -o OPTIONS` (through mount.fuse3):
+// that is `ubiq mount`.
+if let args = MountHelper.rewrite(Array(CommandLine.arguments.dropFirst())) {
+    Ubiq.main(args)
+} else {
+    Ubiq.main()
+}

@@ -81,6 +81,32 @@ import Testing
         expectOK(b.sh("[ \"$(head -c 4096 e/moved | tr -d '\\0' | wc -c)\" = 0 ] && [ \"$(tail -c 3 e/moved | wc -c)\" = 3 ]"), "reads")
     }
 
+    /// An /etc/fstab line mounts it (mount(8) → mount.fuse3 → `ubiq SOURCE DIR -o OPTIONS`),
+    /// with ubiq's own options among the mount options; umount(8) unmounts and uploads.
+    @Test func anFstabLineMountsIt() throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-fstab-\(UUID().uuidString.prefix(8))").path
+        let mnt = base + "/mnt"
+        try FileManager.default.createDirectory(atPath: mnt, withIntermediateDirectories: true)
+        defer {
+            shell("umount '\(mnt)' 2>/dev/null || fusermount3 -u -z '\(mnt)' 2>/dev/null; sleep 0.5")
+            try? FileManager.default.removeItem(atPath: base)
+        }
+        // Type "fuse" with "PROGRAM#SOURCE" names the binary; with ubiq on the system PATH,
+        // type "fuse.ubiq" and a plain SOURCE do the same (README).
+        let line = "\(ubiqBinary)#dir:\(base)/store \(mnt) fuse noauto,state=\(base)/state,cache_size=1G,poll_interval=2 0 0\n"
+        try line.write(toFile: base + "/fstab", atomically: true, encoding: .utf8)
+        expectOK(shell("mount -T \(base)/fstab \(mnt)"), "mount from fstab")
+        #expect(shell("grep ' \(mnt) ' /proc/mounts").out.contains("fuse.ubiq"))
+        expectOK(shell("echo via-fstab > \(mnt)/f && [ \"$(getfattr -n user.ubiq.cache-limit --only-values \(mnt))\" = 1073741824 ]"))
+        expectOK(shell("umount \(mnt)"), "umount")
+        // The daemon uploads what is pending after the unmount, then exits.
+        let deadline = Date(timeIntervalSinceNow: 30)
+        while shell("pgrep -f 'state \(base)/state'").status == 0 && Date() < deadline { usleep(100_000) }
+        let again = try MountFixture(store: base + "/store", name: "other")
+        defer { again.cleanup() }
+        #expect(again.sh("cat f").out == "via-fstab\n")
+    }
+
     @Test func sigkillAfterFsyncLosesNothing() throws {
         let m = try MountFixture()
         defer { m.cleanup() }

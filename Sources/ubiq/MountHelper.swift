@@ -1,0 +1,46 @@
+import Foundation
+
+/// The calling convention of mount(8) for FUSE types (`mount -t fuse.ubiq SOURCE DIR`, or an
+/// `/etc/fstab` line with type `fuse.ubiq`): mount.fuse3 runs `ubiq SOURCE DIR -o OPTIONS`.
+/// ubiq's own options go in OPTIONS with `_` or `-` (`state=DIR,cache_size=20G`); the rest
+/// are FUSE mount options.
+enum MountHelper {
+    static let valued = ["state", "cache-size", "quota", "poll-interval", "upload-delay", "read-timeout",
+                         "drain-timeout", "no-download-for"]
+    static let flags = ["writeback-cache", "download-for-all"]
+    /// Options mount(8) or fstab may pass that mean nothing to a FUSE mount.
+    static let ignored: Set<String> = ["defaults", "auto", "noauto", "user", "users", "nouser", "nofail", "_netdev", "rw"]
+
+    static func rewrite(_ args: [String]) -> [String]? {
+        guard args.count >= 2, !args[0].hasPrefix("-"), args[1].hasPrefix("/"),
+              !Ubiq.configuration.subcommands.contains(where: { $0._commandName == args[0] }) else { return nil }
+        var out = ["mount", "--store", args[0]]
+        var fuse: [String] = []
+        var i = 2
+        while i < args.count {
+            let a = args[i]
+            if a == "-o", i + 1 < args.count {
+                for opt in args[i + 1].split(separator: ",").map(String.init) {
+                    let parts = opt.split(separator: "=", maxSplits: 1).map(String.init)
+                    let key = parts[0].replacingOccurrences(of: "_", with: "-")
+                    if valued.contains(key), parts.count == 2 {
+                        // fstab separates list items with ':' (a ',' would end the option).
+                        out += ["--" + key, key == "no-download-for" ? parts[1].replacingOccurrences(of: ":", with: ",") : parts[1]]
+                    } else if flags.contains(key) {
+                        out.append("--" + key)
+                    } else if ignored.contains(opt) || opt.hasPrefix("x-") || opt.hasPrefix("comment=") {
+                        continue
+                    } else {
+                        fuse.append(opt)
+                    }
+                }
+                i += 2
+            } else {
+                i += 1  // -n, -v, -s and the like from mount(8): nothing to do
+            }
+        }
+        if !fuse.isEmpty { out += ["-o", fuse.joined(separator: ",")] }
+        out.append(args[1])
+        return out
+    }
+}
