@@ -35,18 +35,25 @@ extension FileSystem {
             try tx.upsert(dir.rec)
             try tx.enqueue(ino, delay: delay)
         }
-        nextIno = ino + 1
+        let n = attachLocked(rec, in: dir, name: name)
+        n.lookups = 1
+        return n
+    }
+
+    /// Puts a new inode, already recorded in LocalState, in memory under `name` in `dir`
+    /// (with `lock` held).
+    func attachLocked(_ rec: InodeRecord, in dir: Node, name: [UInt8]) -> Node {
+        nextIno = max(nextIno, rec.ino + 1)
         let n = Node(rec)
-        if type == UInt32(S_IFDIR) {
+        if n.isDirectory {
             n.parent = dir.rec.ino
             n.nlink = 2
             dir.nlink += 1
         } else {
             n.nlink = 1
         }
-        nodes[ino] = n
-        dir.children[name] = ino
-        n.lookups = 1
+        nodes[rec.ino] = n
+        dir.children[name] = rec.ino
         return n
     }
 

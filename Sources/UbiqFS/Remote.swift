@@ -136,18 +136,7 @@ extension FileSystem {
                                    remoteVersion: remote?.version, remoteTag: remote?.contentTag)
                 try tx.replaceXattrs(ino, xattrs)
             }
-            nextIno = ino + 1
-            let n = Node(rec)
-            n.xattrs = xattrs
-            if type == UInt32(S_IFDIR) {
-                n.parent = parent
-                n.nlink = 2
-                dir.nlink += 1
-            } else {
-                n.nlink = 1
-            }
-            nodes[ino] = n
-            dir.children[name] = ino
+            attachLocked(rec, in: dir, name: name).xattrs = xattrs
             return ino
         }
         if ino != nil { invalidateKernelEntry(parent, name) }

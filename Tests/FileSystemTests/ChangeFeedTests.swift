@@ -326,3 +326,62 @@ import UbiqStore
         }
     }
 }
+
+/// The status attributes through every state a file passes, read as getfattr reads them.
+@Suite struct StatusAttributeTests {
+    func attr(_ d: Device, _ ino: UInt64, _ name: String) throws -> String {
+        String(decoding: try d.fs.getxattr(ino, n("user.ubiq." + name)), as: UTF8.self)
+    }
+
+    @Test func everyStateShowsInTheAttributes() throws {
+        let size = 8 << 20
+        let (store, _) = try StreamingTests.storeWithFile(size)
+        let faulty = FaultyStore(store)
+        let d = try Device(store: store, remote: faulty)
+        let ino = try d.ino("big.bin")
+        // Placeholder.
+        #expect(try attr(d, ino, "status") == "placeholder")
+        #expect(try attr(d, ino, "downloading-status") == "not-downloaded")
+        #expect(try attr(d, ino, "percent-downloaded") == "0")
+        // Downloading: the store holds one chunk back; the percent rises and stops short.
+        faulty.hold(readsAt: 6 << 20)
+        try d.fs.download(ino)
+        let deadline = Date(timeIntervalSinceNow: 10)
+        while (Int(try attr(d, ino, "percent-downloaded")) ?? 0) < 50 && Date() < deadline { usleep(10_000) }
+        #expect(try attr(d, ino, "status") == "downloading")
+        #expect(try attr(d, ino, "downloading") == "1")
+        let percent = Int(try attr(d, ino, "percent-downloaded")) ?? -1
+        #expect(percent >= 50 && percent < 100, "percent \(percent)")
+        // Downloaded.
+        faulty.release(readsAt: 6 << 20)
+        while try attr(d, ino, "downloading-status") != "current" && Date() < deadline.addingTimeInterval(10) { usleep(10_000) }
+        #expect(try attr(d, ino, "status") == "current")
+        #expect(try attr(d, ino, "percent-downloaded") == "100")
+        #expect(try attr(d, ino, "uploaded") == "1")
+        #expect(!(try attr(d, ino, "version")).isEmpty)
+        // Modified: uploading until it is in the store.
+        try d.write("big.bin", "edited")
+        #expect(try attr(d, ino, "status") == "uploading")
+        #expect(try attr(d, ino, "uploading") == "1")
+        #expect(try attr(d, ino, "uploaded") == "0")
+        d.sync()
+        #expect(try attr(d, ino, "status") == "current")
+        #expect(try attr(d, ino, "percent-uploaded") == "100")
+        // Error: the store refuses; the reason is there to read, and it clears once it works.
+        faulty.fail(.put, with: .failed("injected refusal"))
+        try d.write("big.bin", "edited again")
+        _ = d.uploader.processRound(ignoringDelay: true)
+        #expect(try attr(d, ino, "status") == "error")
+        #expect(try attr(d, ino, "uploading-error").contains("injected refusal"))
+        #expect(try d.fs.itemStatus(rootIno).itemsErrors == 1)
+        faulty.heal()
+        try d.write("big.bin", "and again")
+        d.sync()
+        #expect(try attr(d, ino, "status") == "current")
+        #expect(try attr(d, ino, "uploading-error") == "")
+        // Read-only names refuse writes; unknown names are errors, not stored.
+        #expect(throws: FSError.notPermitted) { try d.fs.setxattr(ino, n("user.ubiq.status"), n("x"), mode: .any) }
+        #expect(throws: FSError.notPermitted) { try d.fs.setxattr(ino, n("user.ubiq.made-up"), n("x"), mode: .any) }
+        #expect(throws: FSError.noAttribute) { try d.fs.getxattr(ino, n("user.ubiq.made-up")) }
+    }
+}

@@ -452,6 +452,15 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         return (store, bytes)
     }
 
+    /// A device over a store that faults on demand, with a `size`-byte placeholder open
+    /// for reading (fetched only as it is read).
+    static func openOverFaultyStore(_ size: Int) throws -> (Device, DirectoryStore, FaultyStore, [UInt8], UInt64) {
+        let (store, bytes) = try storeWithFile(size)
+        let faulty = FaultyStore(store)
+        let d = try Device(store: store, remote: faulty, completeInBackground: false)
+        return (d, store, faulty, bytes, try d.fs.open(try d.ino("big.bin"), flags: O_RDONLY))
+    }
+
     func read(_ d: Device, _ fh: UInt64, _ offset: Int64, _ count: Int) throws -> [UInt8] {
         var buf = [UInt8](repeating: 0, count: count)
         let n = try buf.withUnsafeMutableBytes { try d.fs.read(fh, offset: offset, count: count, into: $0.baseAddress!) }
@@ -538,12 +547,7 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
     /// The store is down: a read of what is not here fails with EIO in bounded time, what is
     /// here still reads, and once the store is back the same read works.
     @Test func storeFailuresGiveEIOAndTheNextReadTriesAgain() throws {
-        let size = 16 << 20
-        let (store, bytes) = try Self.storeWithFile(size)
-        let faulty = FaultyStore(store)
-        let d = try Device(store: store, remote: faulty, completeInBackground: false)
-        let ino = try d.ino("big.bin")
-        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        let (d, store, faulty, bytes, fh) = try Self.openOverFaultyStore(16 << 20)
         defer { d.fs.release(fh) }
         #expect(try read(d, fh, 0, 100) == Array(bytes[0 ..< 100]))
         faulty.fail(.read)
@@ -566,12 +570,7 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
     /// A failed readahead fetch fails no reader: a read waits for its own range only, and
     /// only the failure of that range fails it.
     @Test func aFailedReadaheadFailsNoOtherRead() throws {
-        let size = 16 << 20
-        let (store, bytes) = try Self.storeWithFile(size)
-        let faulty = FaultyStore(store)
-        let d = try Device(store: store, remote: faulty, completeInBackground: false)
-        let ino = try d.ino("big.bin")
-        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        let (d, _, faulty, bytes, fh) = try Self.openOverFaultyStore(16 << 20)
         defer { d.fs.release(fh) }
         let chunk: Int64 = 1 << 20  // the Device's chunk size
         faulty.hold(readsAt: chunk)  // the readahead of the first read
@@ -594,14 +593,9 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
     /// A store that does not answer: the read fails after the read timeout (EIO at the
     /// mount), the fetch goes on, and a later read gets the bytes.
     @Test func aReadThatWaitsTooLongFailsAndALaterOneWorks() throws {
-        let size = 8 << 20
-        let (store, bytes) = try Self.storeWithFile(size)
-        let faulty = FaultyStore(store)
-        let d = try Device(store: store, remote: faulty, completeInBackground: false)
-        d.materializer.readTimeout = 1
-        let ino = try d.ino("big.bin")
-        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        let (d, _, faulty, bytes, fh) = try Self.openOverFaultyStore(8 << 20)
         defer { d.fs.release(fh) }
+        d.materializer.readTimeout = 1
         faulty.hold(readsAt: 5 << 20)
         let start = Date()
         #expect(throws: FSError.self) { try read(d, fh, 5 << 20, 100) }
