@@ -107,6 +107,41 @@ import Testing
         #expect(again.sh("cat f").out == "via-fstab\n")
     }
 
+    /// `ubiq service install` writes a systemd user unit that systemd accepts, whose
+    /// ExecStart mounts and whose ExecStop unmounts; bad mount options are refused first.
+    @Test func aSystemdUserUnitMountsAndUnmounts() throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-unit-\(UUID().uuidString.prefix(8))").path
+        defer {
+            shell("fusermount3 -u -z '\(base)/mnt' 2>/dev/null; pkill -f 'state \(base)/state' || true")
+            try? FileManager.default.removeItem(atPath: base)
+        }
+        let env = ["XDG_CONFIG_HOME": base + "/config", "XDG_RUNTIME_DIR": base + "/run"]
+        try FileManager.default.createDirectory(atPath: base + "/run", withIntermediateDirectories: true)
+        let bad = shell("\(ubiqBinary) service install --no-start \(base)/mnt -- --cache-size banana", env: env)
+        #expect(bad.status != 0 && bad.err.contains("invalid --cache-size"), "\(bad.err)")
+        let r = shell("\(ubiqBinary) service install --no-start \(base)/mnt -- --store dir:\(base)/store --state \(base)/state", env: env)
+        expectOK(r)
+        let unit = shell("ls \(base)/config/systemd/user/ubiq-*.service").out.trimmingCharacters(in: .whitespacesAndNewlines)
+        expectOK(shell("systemd-analyze verify --user \(unit)", env: env), "systemd accepts the unit")
+        let text = (try? String(contentsOfFile: unit, encoding: .utf8)) ?? ""
+        let line = { (key: String) in text.split(separator: "\n").first { $0.hasPrefix(key + "=") }.map { String($0.dropFirst(key.count + 1)) } ?? "" }
+        // Run ExecStart as systemd would (in the foreground, in the background here), then ExecStop.
+        let start = Process()
+        start.executableURL = URL(fileURLWithPath: "/bin/sh")
+        start.arguments = ["-c", "exec " + line("ExecStart")]
+        start.standardOutput = FileHandle.nullDevice
+        start.standardError = FileHandle.nullDevice
+        try start.run()
+        let deadline = Date(timeIntervalSinceNow: 20)
+        while shell("grep -q ' \(base)/mnt fuse.ubiq' /proc/mounts").status != 0 && Date() < deadline { usleep(100_000) }
+        expectOK(shell("echo unit > \(base)/mnt/f && cat \(base)/mnt/f"), "mounted by ExecStart")
+        expectOK(shell(line("ExecStop")), "ExecStop")
+        start.waitUntilExit()
+        #expect(start.terminationStatus == 0)
+        expectOK(shell("\(ubiqBinary) service uninstall \(base)/mnt", env: env))
+        #expect(shell("ls \(base)/config/systemd/user/").out.isEmpty)
+    }
+
     @Test func sigkillAfterFsyncLosesNothing() throws {
         let m = try MountFixture()
         defer { m.cleanup() }
