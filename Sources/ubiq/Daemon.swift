@@ -34,7 +34,13 @@ struct Daemon {
         do {
             let dir = try DirectoryStore(root: URL(fileURLWithPath: plan.storePath))
             if let q = plan.quota { try dir.setQuota(q > 0 ? q : nil) }
-            store = dir
+            // A slow link, for tests and demonstrations (docs/testing.md).
+            if let rate = ProcessInfo.processInfo.environment["UBIQ_STORE_READ_RATE"].flatMap({ MountPlan.parseSize($0) }) {
+                store = ThrottledStore(dir, bytesPerSecond: Double(rate))
+                logger.info("content reads from the store limited to \(rate) bytes/s (UBIQ_STORE_READ_RATE)")
+            } else {
+                store = dir
+            }
             state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true)
             state.restoreReserve()
             cache = try ContentCache(directory: URL(fileURLWithPath: plan.stateDir + "/cache"))

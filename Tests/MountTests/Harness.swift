@@ -60,14 +60,15 @@ final class MountFixture: @unchecked Sendable {
     /// The state directory is a tmpfs of this many MiB (a small disk that fills up).
     let stateDiskMiB: Int?
 
-    init(store: String? = nil, name: String = "mnt", extra: String = "", stateDiskMiB: Int? = nil) throws {
+    init(store: String? = nil, name: String = "mnt", extra: String = "", stateDiskMiB: Int? = nil,
+         daemonEnv: [String: String] = [:]) throws {
         self.extra = extra
         self.stateDiskMiB = stateDiskMiB
         base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-mt-\(UUID().uuidString.prefix(8))").path
         mnt = base + "/" + name
         self.store = store ?? base + "/store"
         state = base + "/state"
-        env = ["XDG_STATE_HOME": base + "/xdg-state", "XDG_DATA_HOME": base + "/xdg-data"]
+        env = ["XDG_STATE_HOME": base + "/xdg-state", "XDG_DATA_HOME": base + "/xdg-data"].merging(daemonEnv) { a, _ in a }
         try FileManager.default.createDirectory(atPath: mnt, withIntermediateDirectories: true)
         if let mib = stateDiskMiB {
             try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)

@@ -307,6 +307,32 @@ import Testing
         #expect(b.ubiq("status /tmp").status != 0)
     }
 
+    /// Over a slow link, the attributes follow a download as it goes: downloading, the
+    /// percent rising, then current.
+    @Test func statusFollowsADownloadOverASlowLink() throws {
+        let a = try MountFixture()
+        defer { a.cleanup() }
+        expectOK(a.sh("head -c 16000000 /dev/urandom > big"))
+        expectOK(a.unmount())
+        let b = try MountFixture(store: a.store, name: "device-b", daemonEnv: ["UBIQ_STORE_READ_RATE": "8M"])
+        defer { b.cleanup() }
+        let r = b.sh("""
+            setfattr -n user.ubiq.action -v download big
+            for i in $(seq 100); do
+              echo "$(getfattr -n user.ubiq.status --only-values big) $(getfattr -n user.ubiq.percent-downloaded --only-values big)"
+              [ "$(getfattr -n user.ubiq.downloading-status --only-values big)" = current ] && break
+              sleep 0.2
+            done
+            """)
+        expectOK(r)
+        let samples = r.out.split(separator: "\n").map { $0.split(separator: " ") }
+        let percents = samples.compactMap { $0.count == 2 ? Int($0[1]) : nil }
+        #expect(samples.last.map { $0 == ["current", "100"] } ?? false, "\(r.out)")
+        #expect(samples.contains { $0.first == "downloading" }, "\(r.out)")
+        #expect(Set(percents.filter { $0 > 0 && $0 < 100 }).count >= 3, "the percent should rise in steps: \(percents)")
+        #expect(percents == percents.sorted(), "the percent never goes back: \(percents)")
+    }
+
     /// A program named like a thumbnailer gets no download (and fails cleanly); cat works.
     @Test func thumbnailersDoNotDownload() throws {
         let a = try MountFixture()

@@ -1,0 +1,48 @@
+import Foundation
+import Synchronization
+
+/// Wraps a store and limits how fast content comes from it (bytes per second, shared by
+/// all reads), the way a slow link would. For tests and demonstrations: the daemon uses it
+/// when UBIQ_STORE_READ_RATE is set (docs/testing.md).
+public final class ThrottledStore: CloudStore, Sendable {
+    public let inner: any CloudStore
+    public let bytesPerSecond: Double
+    /// When the link is next free (seconds since the reference date).
+    private let nextFree = Mutex<Double>(0)
+
+    public init(_ inner: any CloudStore, bytesPerSecond: Double) {
+        self.inner = inner
+        self.bytesPerSecond = max(1, bytesPerSecond)
+    }
+
+    public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        let data = try await inner.read(key, version: version, range: range)
+        let cost = Double(data.count) / bytesPerSecond
+        let wait = nextFree.withLock { next -> Double in
+            let now = Date().timeIntervalSinceReferenceDate
+            let start = max(now, next)
+            next = start + cost
+            return next - now
+        }
+        if wait > 0 { try await Task.sleep(nanoseconds: UInt64(wait * 1e9)) }
+        return data
+    }
+
+    public func head(_ key: String) async throws -> ObjectInfo { try await inner.head(key) }
+    public func list(prefix: String) async throws -> [ObjectInfo] { try await inner.list(prefix: prefix) }
+    public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
+                    condition: WriteCondition) async throws -> ObjectInfo {
+        try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition)
+    }
+    public func copy(from source: String, version: String, to destination: String,
+                     metadata: ObjectMetadata?, condition: WriteCondition) async throws -> ObjectInfo {
+        try await inner.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
+    }
+    public func delete(_ key: String, condition: WriteCondition) async throws { try await inner.delete(key, condition: condition) }
+    public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+        try await inner.changes(since: cursor, limit: limit)
+    }
+    public func currentCursor() async throws -> String { try await inner.currentCursor() }
+    public func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
+    public func usage() async throws -> StoreUsage? { try await inner.usage() }
+}
