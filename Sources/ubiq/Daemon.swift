@@ -84,7 +84,7 @@ struct Daemon {
         try? FileManager.default.createDirectory(atPath: (registry as NSString).deletingLastPathComponent,
                                                  withIntermediateDirectories: true)
         try? JSONEncoder().encode(record).write(to: URL(fileURLWithPath: registry))
-        let control = ControlServer(path: plan.stateDir + "/control.sock", fs: fs, feed: feed, uploader: uploader,
+        let control = ControlServer(path: Self.controlSocketPath(plan), fs: fs, feed: feed, uploader: uploader,
                                     info: ["mount": plan.mountpoint, "store": plan.storeURL, "device": deviceID,
                                            "state": plan.stateDir, "cacheLimit": String(plan.cacheSize)],
                                     logger: logger)
@@ -128,6 +128,22 @@ struct Daemon {
         try? FileManager.default.removeItem(atPath: plan.stateDir + "/unmount-request")
         logger.info("stopped")
         exit(0)
+    }
+
+    /// `<state>/control.sock`; where that is longer than a socket address may be (108 bytes),
+    /// a private directory of the user's runtime directory (or /tmp) instead.
+    static func controlSocketPath(_ plan: MountPlan) -> String {
+        let preferred = plan.stateDir + "/control.sock"
+        if preferred.utf8.count < 100 { return preferred }
+        let runtime = ProcessInfo.processInfo.environment["XDG_RUNTIME_DIR"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? "/tmp/ubiq-\(getuid())"
+        mkdir(runtime, 0o700)
+        // Only a directory of our own, closed to others (another user may have made /tmp/ubiq-UID).
+        var st = stat()
+        guard lstat(runtime, &st) == 0, st.st_uid == getuid(), (st.st_mode & S_IFMT) == S_IFDIR, st.st_mode & 0o077 == 0 else {
+            return preferred  // too long: the server says why, and runs without a socket
+        }
+        return runtime + "/ubiq-" + String(Paths.mountID(plan.mountpoint).suffix(8)) + ".sock"
     }
 
     /// `ubiq unmount --timeout S` leaves its wish in the state directory.

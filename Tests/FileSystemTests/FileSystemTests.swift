@@ -44,7 +44,7 @@ final class Device: @unchecked Sendable {
         materializer = Materializer(store: remote, state: state, cache: cache, logger: logger,
                                     chunkSize: 1 << 20, completeInBackground: completeInBackground)
         try Importer(store: remote, state: state, cache: cache, logger: logger).run()
-        let coordinator = Coordinator(defaultTimeout: 5)
+        let coordinator = Coordinator(defaultTimeout: 30)
         uploader = Uploader(state: state, store: remote, coordinator: coordinator, cache: cache,
                             deviceID: dir.lastPathComponent, logger: logger)
         fs = try FileSystem(state: state, coordinator: coordinator, cache: cache,
@@ -58,7 +58,8 @@ final class Device: @unchecked Sendable {
     /// Brings in the store's changes (what the feed's thread does every few seconds).
     func pull() { #expect(throws: Never.self) { try feed.poll() } }
 
-    func sync() { #expect(uploader.drain(timeout: 10)) }
+    /// Uploads everything pending (generous: a disk busy with other suites can make one fsync take seconds).
+    func sync() { #expect(uploader.drain(timeout: 60)) }
 
     // Conveniences in path terms.
     func ino(_ path: String) throws -> UInt64 {
