@@ -10,8 +10,7 @@ pthread_sigmask(SIG_UNBLOCK, &unblocked, nil)
 
 // mount(8) and /etc/fstab call `ubiq SOURCE MOUNTPOINT -o OPTIONS` (through mount.fuse3):
 // that is `ubiq mount`.
-if let args = MountHelper.rewrite(Array(CommandLine.arguments.dropFirst())) {
-    Ubiq.main(args)
-} else {
-    Ubiq.main()
-}
+// `ubiq mount` takes its defaults from the config file (Config).
+let given = Array(CommandLine.arguments.dropFirst())
+let args = Config.apply(to: MountHelper.rewrite(given) ?? given)
+Ubiq.main(args)

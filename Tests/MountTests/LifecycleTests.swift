@@ -142,6 +142,36 @@ import Testing
         #expect(shell("ls \(base)/config/systemd/user/").out.isEmpty)
     }
 
+    /// `~/.config/ubiq/config` gives `ubiq mount` its defaults; the command line wins; a bad
+    /// line is one clear error and nothing is mounted.
+    @Test func theConfigFileGivesMountDefaults() throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-config-\(UUID().uuidString.prefix(8))").path
+        defer {
+            shell("fusermount3 -u -z '\(base)/m1' 2>/dev/null; fusermount3 -u -z '\(base)/m2' 2>/dev/null; pkill -f 'state \(base)/' || true")
+            try? FileManager.default.removeItem(atPath: base)
+        }
+        try FileManager.default.createDirectory(atPath: base + "/config/ubiq", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: base + "/m1", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: base + "/m2", withIntermediateDirectories: true)
+        let env = ["XDG_CONFIG_HOME": base + "/config", "XDG_STATE_HOME": base + "/xdg"]
+        try "# defaults\nstore = dir:\(base)/store\ncache-size = 1G   # small\nwriteback-cache = false\n"
+            .write(toFile: base + "/config/ubiq/config", atomically: true, encoding: .utf8)
+        let limit = { (m: String) in shell("getfattr -n user.ubiq.cache-limit --only-values \(m)").out }
+        expectOK(shell("\(ubiqBinary) mount --state \(base)/state1 \(base)/m1", env: env))
+        #expect(limit(base + "/m1") == "1073741824")
+        expectOK(shell("echo configured > \(base)/m1/f"))
+        expectOK(shell("\(ubiqBinary) mount --state \(base)/state2 --cache-size 2G \(base)/m2", env: env))
+        #expect(limit(base + "/m2") == "2147483648")
+        // The second mount is another device of the store the config names.
+        let seen = shell("for i in $(seq 100); do \(ubiqBinary) sync \(base)/m2 > /dev/null; [ -f \(base)/m2/f ] && break; sleep 0.2; done; cat \(base)/m2/f")
+        #expect(seen.out == "configured\n", "\(seen.out) \(seen.err)")
+        expectOK(shell("\(ubiqBinary) unmount \(base)/m1 && \(ubiqBinary) unmount \(base)/m2", env: env))
+        try "cache-size = 1G\nbogus = 1\n".write(toFile: base + "/config/ubiq/config", atomically: true, encoding: .utf8)
+        let bad = shell("\(ubiqBinary) mount --state \(base)/state1 \(base)/m1", env: env)
+        #expect(bad.status != 0 && bad.err.contains("line 2: unknown setting bogus"), "\(bad.err)")
+        #expect(shell("grep -q ' \(base)/m1 ' /proc/mounts").status != 0)
+    }
+
     @Test func sigkillAfterFsyncLosesNothing() throws {
         let m = try MountFixture()
         defer { m.cleanup() }
@@ -323,6 +353,7 @@ import Testing
               [ "$(getfattr -n user.ubiq.downloading-status --only-values big)" = current ] && break
               sleep 0.2
             done
+            echo "$(getfattr -n user.ubiq.status --only-values big) $(getfattr -n user.ubiq.percent-downloaded --only-values big)"
             """)
         expectOK(r)
         let samples = r.out.split(separator: "\n").map { $0.split(separator: " ") }
