@@ -4,6 +4,11 @@ import Foundation
 struct Service: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Mount at login with a systemd user unit.",
+        discussion: """
+            Examples:
+              ubiq service install ~/Ubiquity
+              ubiq service uninstall ~/Ubiquity
+            """,
         subcommands: [ServiceInstall.self, ServiceUninstall.self])
 }
 
