@@ -16,6 +16,8 @@ public struct ItemStatus: Sendable, Equatable {
     public var percentDownloaded: Int
     public var uploaded: Bool
     public var uploading: Bool
+    /// 100 when uploaded; while an upload is under way, how far it has got; else 0.
+    public var percentUploaded: Int = 0
     public var conflict: Bool
     public var pinned: Bool
     /// The store version this item stands for ("" when it has none).
@@ -76,7 +78,7 @@ extension FileSystem {
         case (false, "percent-downloaded"): value = String(s.percentDownloaded)
         case (false, "uploaded"): value = flag(s.uploaded)
         case (false, "uploading"): value = flag(s.uploading)
-        case (false, "percent-uploaded"): value = s.uploaded ? "100" : "0"
+        case (false, "percent-uploaded"): value = String(s.percentUploaded)
         case (false, "conflicts"): value = flag(s.conflict)
         case (false, "version"): value = s.version
         case (false, "downloading-error"): value = s.downloadError
@@ -155,10 +157,12 @@ extension FileSystem {
             status = "local"
         } else if isFile && !rec.present { status = "placeholder" } else { status = "current" }
         let percent = isFile ? (rec.present ? 100 : (rec.size == 0 ? 0 : Int(local * 100 / rec.size))) : 100
+        let percentUploaded = (!isQueued && entry != nil && upError == nil) ? 100 : (uploader?.uploadPercent(ino) ?? 0)
         return ItemStatus(status: status, isDirectory: isDir,
                           downloadingStatus: !isFile ? "current" : (!rec.present ? "not-downloaded" : (waiting ? "downloaded" : "current")),
                           downloading: downloading, percentDownloaded: percent,
                           uploaded: !isQueued && entry != nil && upError == nil, uploading: isQueued,
+                          percentUploaded: percentUploaded,
                           conflict: conflict, pinned: ownPinOnly ? rec.pinned : ((try? isPinned(ino)) ?? false),
                           version: entry?.remoteVersion ?? "", downloadError: downloadError,
                           uploadError: conflict ? String(upError!.dropFirst(Uploader.conflictPrefix.count)) : (upError ?? ""),

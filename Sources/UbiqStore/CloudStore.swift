@@ -243,3 +243,9 @@ public enum StoreKey {
         return (body.split(separator: "/", omittingEmptySubsequences: false).map(String.init), dir)
     }
 }
+
+/// Progress of the store call under way in this task, for stores that can tell (a
+/// DirectoryStore put reports the bytes it has copied). Set with `$bytesSent.withValue`.
+public enum StoreProgress {
+    @TaskLocal public static var bytesSent: (@Sendable (Int64) -> Void)?
+}

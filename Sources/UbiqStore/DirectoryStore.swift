@@ -369,7 +369,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                 let inp = open(source.path, O_RDONLY | O_CLOEXEC)
                 if inp < 0 { throw Self.ioError("opening \(source.path)", errno) }
                 defer { close(inp) }
-                do { size = try FileCopy.copy(from: inp, to: out) } catch let e as LocalWriteError {
+                do { size = try FileCopy.copy(from: inp, to: out, progress: StoreProgress.bytesSent) } catch let e as LocalWriteError {
                     throw Self.ioError("writing \(tmp.path)", e.errno)
                 }
             }
@@ -412,11 +412,12 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
 /// Kernel-side file copy (copy_file_range), falling back to read/write.
 public enum FileCopy {
     /// Copies everything from the current offset of `inp` to `out`; returns bytes copied.
-    public static func copy(from inp: Int32, to out: Int32) throws -> Int64 {
+    /// `progress` is told the running total (then the copy goes in 8 MiB steps).
+    public static func copy(from inp: Int32, to out: Int32, progress: (@Sendable (Int64) -> Void)? = nil) throws -> Int64 {
         var total: Int64 = 0
         while true {
-            let n = cubiq_copy_file_range(inp, out, 1 << 30)
-            if n > 0 { total += Int64(n); continue }
+            let n = cubiq_copy_file_range(inp, out, progress == nil ? 1 << 30 : 8 << 20)
+            if n > 0 { total += Int64(n); progress?(total); continue }
             if n == 0 { return total }
             if errno == EINTR { continue }
             if errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP { break }
@@ -439,6 +440,7 @@ public enum FileCopy {
                 off += w
             }
             total += Int64(n)
+            progress?(total)
         }
     }
 }

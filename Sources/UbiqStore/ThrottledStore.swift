@@ -7,12 +7,15 @@ import Synchronization
 public final class ThrottledStore: CloudStore, Sendable {
     public let inner: any CloudStore
     public let bytesPerSecond: Double
+    /// Upload rate (nil: not limited). Puts are slowed as the store reports their progress.
+    public let writeBytesPerSecond: Double?
     /// When the link is next free (seconds since the reference date).
     private let nextFree = Mutex<Double>(0)
 
-    public init(_ inner: any CloudStore, bytesPerSecond: Double) {
+    public init(_ inner: any CloudStore, bytesPerSecond: Double, writeBytesPerSecond: Double? = nil) {
         self.inner = inner
         self.bytesPerSecond = max(1, bytesPerSecond)
+        self.writeBytesPerSecond = writeBytesPerSecond.map { max(1, $0) }
     }
 
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
@@ -32,7 +35,20 @@ public final class ThrottledStore: CloudStore, Sendable {
     public func list(prefix: String) async throws -> [ObjectInfo] { try await inner.list(prefix: prefix) }
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
                     condition: WriteCondition) async throws -> ObjectInfo {
-        try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition)
+        guard let rate = writeBytesPerSecond else {
+            return try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition)
+        }
+        let outer = StoreProgress.bytesSent
+        let start = Date()
+        // The store reports what it has copied; each report waits until the link would have carried it.
+        let slowed: @Sendable (Int64) -> Void = { sent in
+            let due = Double(sent) / rate - Date().timeIntervalSince(start)
+            if due > 0 { Thread.sleep(forTimeInterval: due) }
+            outer?(sent)
+        }
+        return try await StoreProgress.$bytesSent.withValue(slowed) {
+            try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition)
+        }
     }
     public func copy(from source: String, version: String, to destination: String,
                      metadata: ObjectMetadata?, condition: WriteCondition) async throws -> ObjectInfo {

@@ -30,6 +30,18 @@ public final class Uploader: @unchecked Sendable {
 
     public var storeUsage: StoreUsage? { usage.withLock { $0 } }
 
+    /// Percent of each upload under way (as far as the store tells).
+    final class Progress: @unchecked Sendable {
+        private let lock = NSLock()
+        private var percent: [UInt64: Int] = [:]
+        func set(_ ino: UInt64, _ p: Int?) { lock.lock(); percent[ino] = p; lock.unlock() }
+        func get(_ ino: UInt64) -> Int? { lock.lock(); defer { lock.unlock() }; return percent[ino] }
+    }
+    private let progress = Progress()
+
+    /// How far the upload of `ino` has got, while one is under way (nil: none is).
+    public func uploadPercent(_ ino: UInt64) -> Int? { progress.get(ino) }
+
     // Guarded by `cond`.
     private let cond = NSCondition()
     private var running = false
@@ -336,7 +348,16 @@ public final class Uploader: @unchecked Sendable {
                     let source = staged
                     let info: ObjectInfo
                     do {
-                        info = try runBlocking { try await store.put(key, contentsOf: source, metadata: meta, condition: condition) }
+                        let total = max(1, s.rec.size)
+                        let progress = self.progress
+                        progress.set(ino, 0)
+                        defer { progress.set(ino, nil) }
+                        let report: @Sendable (Int64) -> Void = { sent in progress.set(ino, Int(min(99, sent * 100 / total))) }
+                        info = try runBlocking {
+                            try await StoreProgress.$bytesSent.withValue(report) {
+                                try await store.put(key, contentsOf: source, metadata: meta, condition: condition)
+                            }
+                        }
                     } catch StoreError.preconditionFailed(_, let current) {
                         switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
                                                  condition: condition, current: current) {

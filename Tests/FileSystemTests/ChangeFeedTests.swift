@@ -384,4 +384,24 @@ import UbiqStore
         #expect(throws: FSError.notPermitted) { try d.fs.setxattr(ino, n("user.ubiq.made-up"), n("x"), mode: .any) }
         #expect(throws: FSError.noAttribute) { try d.fs.getxattr(ino, n("user.ubiq.made-up")) }
     }
+
+    /// The upload percent moves while a big file goes up over a slow link.
+    @Test func uploadPercentRises() throws {
+        let store = try newStore()
+        let d = try Device(store: store, remote: ThrottledStore(store, bytesPerSecond: 1e12, writeBytesPerSecond: Double(16 << 20)))
+        try d.write("big", String(repeating: "u", count: 48 << 20))
+        let ino = try d.ino("big")
+        #expect(try attr(d, ino, "percent-uploaded") == "0")
+        let done = DispatchSemaphore(value: 0)
+        Thread { d.sync(); done.signal() }.start()
+        var seen: [Int] = []
+        while done.wait(timeout: .now() + 0.1) == .timedOut {
+            if let p = Int(try attr(d, ino, "percent-uploaded")) { seen.append(p) }
+        }
+        let middle = Set(seen.filter { $0 > 0 && $0 < 100 })
+        #expect(middle.count >= 3, "percent-uploaded should rise in steps: \(seen)")
+        #expect(seen == seen.sorted(), "and never go back: \(seen)")
+        #expect(try attr(d, ino, "percent-uploaded") == "100")
+        #expect(try attr(d, ino, "status") == "current")
+    }
 }
