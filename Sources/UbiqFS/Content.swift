@@ -260,7 +260,9 @@ extension FileSystem {
         if h.canWrite { emit(.changed, h.ino) }
         // An update from the store waited for this close.
         if closed, waitingForClose.withLock({ $0.remove(h.ino) != nil }) { remoteRetry.withLock { $0 }?() }
-        scheduleCacheLimitCheck()
+        // Only writing can have grown the cache here (downloads check when they finish):
+        // the check walks every inode, so a close after reading does not ask for it.
+        if h.canWrite { scheduleCacheLimitCheck() }
     }
 
     /// chmod, chown, utimens, truncate. `fh` is the handle of ftruncate/futimens, if any.

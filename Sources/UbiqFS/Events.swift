@@ -89,8 +89,7 @@ extension FileSystem {
         if !isDir {
             // A file: its entry tells the folder it is in.
             guard let e = try? state.read({ try $0.entries(of: ino).first }), let dir = path(of: e.parent) else { return nil }
-            let name = String(decoding: e.name, as: UTF8.self)
-            return dir.isEmpty ? name : dir + "/" + name
+            return Self.join(dir, e.name)
         }
         // Folders know their parent.
         let names: [[UInt8]]? = withLock {

@@ -92,7 +92,11 @@ extension FileSystem {
     public func itemStatus(_ ino: UInt64) throws -> ItemStatus {
         let isDir = try withLock { try node(ino).isDirectory }
         if !isDir { return try fileStatus(ino) }
-        let (queued, errors) = try readState { tx in (try tx.outboxInodes(), try tx.uploadErrors()) }
+        // Three queries for the whole subtree, whatever its size (partial indexes keep them
+        // proportional to what is pending, not to the tree).
+        let (queued, errors, notInStore) = try readState { tx in
+            (try tx.outboxInodes(), try tx.uploadErrors(), try tx.inodesNotInStore())
+        }
         let inos = withLock { subtree(ino) }
         var s = ItemStatus(status: "current", isDirectory: true, downloadingStatus: "", downloading: false,
                            percentDownloaded: 0, uploaded: true, uploading: false, conflict: false,
@@ -101,7 +105,9 @@ extension FileSystem {
                            itemsErrors: 0, items: 0)
         var rank = Self.rank("current")
         for i in inos {
-            let f = try fileStatus(i, queued: queued.contains(i), error: .some(errors[i]), ownPinOnly: i != ino)
+            let known = SyncFacts(queued: queued.contains(i), error: errors[i]?.error, conflict: errors[i]?.conflict ?? false,
+                                  inStore: !notInStore.contains(i), version: "")
+            let f = try fileStatus(i, known: known, ownPinOnly: i != ino)
             if i != ino { s.items += 1 }
             if f.isDirectory == false && f.downloadingStatus == "not-downloaded" { s.itemsNotDownloaded += 1 }
             if f.uploading { s.itemsUploading += 1 }
@@ -133,39 +139,56 @@ extension FileSystem {
         do { return try state.read(body) } catch { throw FSError.io("state database: \(error)") }
     }
 
-    private func fileStatus(_ ino: UInt64, queued: Bool? = nil, error: String?? = nil,
-                            ownPinOnly: Bool = false) throws -> ItemStatus {
+    /// What the state database says of an item's sync.
+    struct SyncFacts {
+        var queued: Bool
+        var error: String?
+        var conflict: Bool
+        var inStore: Bool
+        /// The store version ("" when not in the store, or not asked for).
+        var version: String
+    }
+
+    private func syncFacts(_ ino: UInt64) throws -> SyncFacts {
+        try readState { tx in
+            let up = try tx.uploadState(ino)
+            let entry = try tx.entries(of: ino).first { $0.remoteKey != nil }
+            return SyncFacts(queued: try tx.isQueued(ino), error: up?.error, conflict: up?.conflict ?? false,
+                             inStore: entry != nil, version: entry?.remoteVersion ?? "")
+        }
+    }
+
+    /// The status of one item, its own (`known`: facts read in bulk for a summary).
+    private func fileStatus(_ ino: UInt64, known: SyncFacts? = nil, ownPinOnly: Bool = false) throws -> ItemStatus {
         let (rec, isDir) = try withLock { () -> (InodeRecord, Bool) in
             let n = try node(ino)
             return (n.rec, n.isDirectory)
         }
-        let (isQueued, upError, entry) = try readState { tx -> (Bool, String?, EntryRecord?) in
-            (try queued ?? tx.isQueued(ino), try error ?? (tx.uploadState(ino)?.error),
-             try tx.entries(of: ino).first { $0.remoteKey != nil })
-        }
+        let facts = try known ?? syncFacts(ino)
+        let (isQueued, upError, inStore) = (facts.queued, facts.error, facts.inStore)
         let isFile = rec.type == UInt32(S_IFREG)
         let partial = isFile && !rec.present ? materializer.localBytes(ino) : nil
         let local: Int64 = isFile ? (rec.present ? rec.size : (partial ?? 0)) : 0
         let downloading = partial != nil
-        let conflict = upError?.hasPrefix(Uploader.conflictPrefix) ?? false
+        let conflict = upError != nil && facts.conflict
         let downloadError = isFile ? (materializer.lastError(ino) ?? "") : ""
         let waiting = waitingForClose.withLock { $0.contains(ino) }
         let status: String
         if conflict { status = "conflict" } else if upError != nil || !downloadError.isEmpty { status = "error" } else if isQueued {
             status = "uploading"
-        } else if downloading { status = "downloading" } else if entry == nil && ino != rootIno {
+        } else if downloading { status = "downloading" } else if !inStore && ino != rootIno {
             status = "local"
         } else if isFile && !rec.present { status = "placeholder" } else { status = "current" }
         let percent = isFile ? (rec.present ? 100 : (rec.size == 0 ? 0 : Int(local * 100 / rec.size))) : 100
-        let percentUploaded = (!isQueued && entry != nil && upError == nil) ? 100 : (uploader?.uploadPercent(ino) ?? 0)
+        let uploaded = !isQueued && inStore && upError == nil
+        let percentUploaded = uploaded ? 100 : (uploader?.uploadPercent(ino) ?? 0)
         return ItemStatus(status: status, isDirectory: isDir,
                           downloadingStatus: !isFile ? "current" : (!rec.present ? "not-downloaded" : (waiting ? "downloaded" : "current")),
                           downloading: downloading, percentDownloaded: percent,
-                          uploaded: !isQueued && entry != nil && upError == nil, uploading: isQueued,
+                          uploaded: uploaded, uploading: isQueued,
                           percentUploaded: percentUploaded,
                           conflict: conflict, pinned: ownPinOnly ? rec.pinned : ((try? isPinned(ino)) ?? false),
-                          version: entry?.remoteVersion ?? "", downloadError: downloadError,
-                          uploadError: conflict ? String(upError!.dropFirst(Uploader.conflictPrefix.count)) : (upError ?? ""),
+                          version: facts.version, downloadError: downloadError, uploadError: upError ?? "",
                           localBytes: local, size: isFile ? rec.size : 0, itemsNotDownloaded: 0, itemsUploading: 0,
                           itemsConflicts: 0, itemsErrors: 0, items: 0)
     }

@@ -60,6 +60,8 @@ public struct UploadState: Sendable, Equatable {
     public var uploadedContentGen: Int64
     public var uploadedMetaGen: Int64
     public var error: String?
+    /// The last upload met another device's newer version (the error says which).
+    public var conflict = false
 }
 
 public enum StateError: Error, CustomStringConvertible {
@@ -162,6 +164,15 @@ public final class LocalState: Sendable {
                 ALTER TABLE entries ADD COLUMN remote_tag TEXT;
                 CREATE INDEX entries_remote_key ON entries (remote_key) WHERE remote_key IS NOT NULL;
                 CREATE TABLE feed_pending (key TEXT PRIMARY KEY);
+                """)
+        }
+        m.registerMigration("v6: conflicts as a column; indexes for status summaries") { db in
+            try db.execute(sql: """
+                ALTER TABLE inodes ADD COLUMN upload_conflict INTEGER NOT NULL DEFAULT 0;
+                UPDATE inodes SET upload_conflict = 1, upload_error = substr(upload_error, 11)
+                  WHERE upload_error LIKE 'conflict: %';
+                CREATE INDEX inodes_upload_errors ON inodes (ino) WHERE upload_error IS NOT NULL;
+                CREATE INDEX entries_not_in_store ON entries (ino) WHERE remote_key IS NULL;
                 """)
         }
         return m
@@ -312,21 +323,25 @@ public struct StateTransaction {
     }
 
     public func uploadState(_ ino: UInt64) throws -> UploadState? {
-        try Row.fetchOne(db, cached: "SELECT uploaded_content_gen, uploaded_meta_gen, upload_error FROM inodes WHERE ino = ?",
-                         arguments: [Int64(bitPattern: ino)]).map {
-            UploadState(uploadedContentGen: $0[0], uploadedMetaGen: $0[1], error: $0[2])
+        try Row.fetchOne(db, cached: """
+            SELECT uploaded_content_gen, uploaded_meta_gen, upload_error, upload_conflict FROM inodes WHERE ino = ?
+            """, arguments: [Int64(bitPattern: ino)]).map {
+            UploadState(uploadedContentGen: $0[0], uploadedMetaGen: $0[1], error: $0[2], conflict: $0[3])
         }
     }
 
     public func markUploaded(_ ino: UInt64, contentGen: Int64, metaGen: Int64) throws {
         try db.execute(cached: """
             UPDATE inodes SET uploaded_content_gen = max(uploaded_content_gen, ?),
-              uploaded_meta_gen = max(uploaded_meta_gen, ?), upload_error = NULL WHERE ino = ?
+              uploaded_meta_gen = max(uploaded_meta_gen, ?), upload_error = NULL, upload_conflict = 0 WHERE ino = ?
             """, arguments: [contentGen, metaGen, Int64(bitPattern: ino)])
     }
 
-    public func setUploadError(_ ino: UInt64, _ error: String?) throws {
-        try db.execute(cached: "UPDATE inodes SET upload_error = ? WHERE ino = ?", arguments: [error, Int64(bitPattern: ino)])
+    /// Records why the last upload of `ino` failed (nil: it did not); `conflict`: because the
+    /// store has another device's newer version.
+    public func setUploadError(_ ino: UInt64, _ error: String?, conflict: Bool = false) throws {
+        try db.execute(cached: "UPDATE inodes SET upload_error = ?, upload_conflict = ? WHERE ino = ?",
+                       arguments: [error, error != nil && conflict, Int64(bitPattern: ino)])
     }
 
     public func maxInode() throws -> Int64 {
@@ -531,13 +546,22 @@ public struct StateTransaction {
         Set(try Int64.fetchAll(db, cached: "SELECT ino FROM outbox").map { UInt64(bitPattern: $0) })
     }
 
-    /// Inodes whose last upload failed, with why.
-    public func uploadErrors() throws -> [UInt64: String] {
-        var out: [UInt64: String] = [:]
-        for r in try Row.fetchAll(db, cached: "SELECT ino, upload_error FROM inodes WHERE upload_error IS NOT NULL") {
-            out[UInt64(bitPattern: r["ino"])] = r["upload_error"]
+    /// Inodes whose last upload failed: why, and whether it was a conflict.
+    public func uploadErrors() throws -> [UInt64: (error: String, conflict: Bool)] {
+        var out: [UInt64: (error: String, conflict: Bool)] = [:]
+        for r in try Row.fetchAll(db, cached: "SELECT ino, upload_error, upload_conflict FROM inodes WHERE upload_error IS NOT NULL") {
+            out[UInt64(bitPattern: r[0])] = (r[1], r[2])
         }
         return out
+    }
+
+    /// Inodes none of whose names is in the store yet (a partial index keeps this cheap:
+    /// only items not uploaded are in it).
+    public func inodesNotInStore() throws -> Set<UInt64> {
+        Set(try Int64.fetchAll(db, cached: """
+            SELECT DISTINCT e.ino FROM entries e INDEXED BY entries_not_in_store WHERE e.remote_key IS NULL
+              AND NOT EXISTS (SELECT 1 FROM entries k WHERE k.ino = e.ino AND k.remote_key IS NOT NULL)
+            """).map { UInt64(bitPattern: $0) })
     }
 
     /// Whether `ino` waits in the outbox.

@@ -81,7 +81,7 @@ extension StateTransaction {
             SELECT * FROM (
               SELECT tree.ino, tree.path, tree.name, tree.depth, i.type, i.size, i.mtime, i.pinned,
                 CASE
-                  WHEN i.upload_error LIKE 'conflict: %' THEN 'conflict'
+                  WHEN i.upload_conflict = 1 THEN 'conflict'
                   WHEN i.upload_error IS NOT NULL THEN 'error'
                   WHEN EXISTS (SELECT 1 FROM outbox o WHERE o.ino = tree.ino) THEN 'uploading'
                   WHEN tree.remote IS NULL THEN 'local'

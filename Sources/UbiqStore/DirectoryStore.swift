@@ -160,7 +160,8 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                     condition: WriteCondition) async throws -> ObjectInfo {
         try StoreKey.validate(key)
         // Refuse early what cannot fit, before copying it (the transaction checks again).
-        if let source, let u = try await usage(), let quota = u.quotaBytes,
+        // Only a store with a quota sums what it holds: that costs a scan of every object.
+        if let source, try dbRead({ db in try Self.quota(db) }) != nil, let u = try await usage(), let quota = u.quotaBytes,
            let attrs = try? FileManager.default.attributesOfItem(atPath: source.path),
            let size = attrs[.size] as? Int64, size > quota - u.usedBytes,
            size > quota - u.usedBytes + ((try? await head(key))?.size ?? 0) {
@@ -226,8 +227,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     /// Bytes of current objects, and the quota if one is set (`setQuota`).
     public func usage() async throws -> StoreUsage? {
         try dbRead { db in
-            StoreUsage(usedBytes: try Self.used(db),
-                       quotaBytes: try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'quota'").flatMap { Int64($0) })
+            StoreUsage(usedBytes: try Self.used(db), quotaBytes: try Self.quota(db))
         }
     }
 
@@ -241,6 +241,10 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                 try db.execute(sql: "DELETE FROM settings WHERE name = 'quota'")
             }
         }
+    }
+
+    private static func quota(_ db: Database) throws -> Int64? {
+        try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'quota'").flatMap { Int64($0) }
     }
 
     private static func used(_ db: Database) throws -> Int64 {
@@ -268,7 +272,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             try dbWrite { db in
                 let cur = try Self.current(db, key)
                 try Self.check(condition, key: key, current: cur?.info.version)
-                if let quota = try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'quota'").flatMap({ Int64($0) }),
+                if let quota = try Self.quota(db),
                    try Self.used(db) - (cur?.info.size ?? 0) + size > quota {
                     throw StoreError.quotaExceeded(key: key)
                 }

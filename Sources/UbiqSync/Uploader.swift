@@ -154,9 +154,6 @@ public final class Uploader: @unchecked Sendable {
 
     // MARK: - One round
 
-    /// Upload errors that are conflicts (the store has another device's newer version) start so.
-    public static let conflictPrefix = "conflict: "
-
     private enum Outcome { case done, retry(String), deferred, conflict(String), permanent(String) }
 
     /// Processes what is due; returns how many items were handled.
@@ -211,7 +208,7 @@ public final class Uploader: @unchecked Sendable {
                         try tx.setUploadError(item.ino, why)
                         try tx.retryOutbox(item.ino, after: min(60, 0.5 * pow(2, Double(min(item.attempts, 7)))))
                     case .conflict(let why):
-                        try tx.setUploadError(item.ino, Self.conflictPrefix + why)
+                        try tx.setUploadError(item.ino, why, conflict: true)
                         try tx.completeOutbox(item.ino, seq: item.seq)
                     case .permanent(let why):
                         try tx.setUploadError(item.ino, why)
