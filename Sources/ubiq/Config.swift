@@ -5,10 +5,7 @@ import Foundation
 /// options without their dashes' prefix (`store`, `cache-size`, `poll-interval`, ...);
 /// flags take `true` or `false`. What the command line says wins.
 enum Config {
-    static var path: String {
-        let config = ProcessInfo.processInfo.environment["XDG_CONFIG_HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? Paths.home + "/.config"
-        return config + "/ubiq/config"
-    }
+    static var path: String { Paths.configHome + "/ubiq/config" }
 
     static let valued = ["store"] + MountHelper.valued
     static let flags = MountHelper.flags

@@ -135,8 +135,7 @@ struct Daemon {
     static func controlSocketPath(_ plan: MountPlan) -> String {
         let preferred = plan.stateDir + "/control.sock"
         if preferred.utf8.count < 100 { return preferred }
-        let runtime = ProcessInfo.processInfo.environment["XDG_RUNTIME_DIR"].flatMap { $0.isEmpty ? nil : $0 }
-            ?? "/tmp/ubiq-\(getuid())"
+        let runtime = Paths.xdg("XDG_RUNTIME_DIR") ?? "/tmp/ubiq-\(getuid())"
         mkdir(runtime, 0o700)
         // Only a directory of our own, closed to others (another user may have made /tmp/ubiq-UID).
         var st = stat()

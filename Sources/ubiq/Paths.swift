@@ -4,13 +4,14 @@ import Foundation
 enum Paths {
     static var home: String { ProcessInfo.processInfo.environment["HOME"] ?? NSHomeDirectory() }
 
-    static var dataHome: String {
-        ProcessInfo.processInfo.environment["XDG_DATA_HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? home + "/.local/share"
+    /// An XDG base directory: the variable when set and not empty, else the default.
+    static func xdg(_ variable: String) -> String? {
+        ProcessInfo.processInfo.environment[variable].flatMap { $0.isEmpty ? nil : $0 }
     }
 
-    static var stateHome: String {
-        ProcessInfo.processInfo.environment["XDG_STATE_HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? home + "/.local/state"
-    }
+    static var dataHome: String { xdg("XDG_DATA_HOME") ?? home + "/.local/share" }
+    static var stateHome: String { xdg("XDG_STATE_HOME") ?? home + "/.local/state" }
+    static var configHome: String { xdg("XDG_CONFIG_HOME") ?? home + "/.config" }
 
     static var defaultStore: String { dataHome + "/ubiq/store" }
 

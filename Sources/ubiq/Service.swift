@@ -14,8 +14,7 @@ struct Service: ParsableCommand {
 
 /// Where systemd looks for a user's own units.
 func userUnitDirectory() -> String {
-    let config = ProcessInfo.processInfo.environment["XDG_CONFIG_HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? Paths.home + "/.config"
-    return config + "/systemd/user"
+    Paths.configHome + "/systemd/user"
 }
 
 func unitName(for mountpoint: String) -> String { "ubiq-" + Paths.mountID(mountpoint) + ".service" }
