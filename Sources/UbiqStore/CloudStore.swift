@@ -159,6 +159,11 @@ public protocol CloudStore: Sendable {
     func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
              condition: WriteCondition) async throws -> ObjectInfo
 
+    /// `put`, telling `progress` the bytes sent so far, as far as the store can tell (the
+    /// default tells nothing).
+    func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
+             condition: WriteCondition, progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo
+
     /// Server-side copy of `version` of `source` to `destination`, optionally
     /// with new metadata (copy onto itself updates metadata only).
     func copy(from source: String, version: String, to destination: String,
@@ -182,6 +187,11 @@ public protocol CloudStore: Sendable {
 }
 
 extension CloudStore {
+    public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
+                    condition: WriteCondition, progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
+        try await put(key, contentsOf: source, metadata: metadata, condition: condition)
+    }
+
     public func read(_ key: String, version: String, range: Range<Int64>, into fd: Int32, at offset: Int64) async throws -> Int64 {
         let data = try await read(key, version: version, range: range)
         try LocalWriteError.write(data, to: fd, at: offset)
@@ -242,10 +252,4 @@ public enum StoreKey {
         let body = dir ? String(key.dropLast()) : key
         return (body.split(separator: "/", omittingEmptySubsequences: false).map(String.init), dir)
     }
-}
-
-/// Progress of the store call under way in this task, for stores that can tell (a
-/// DirectoryStore put reports the bytes it has copied). Set with `$bytesSent.withValue`.
-public enum StoreProgress {
-    @TaskLocal public static var bytesSent: (@Sendable (Int64) -> Void)?
 }

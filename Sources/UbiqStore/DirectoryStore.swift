@@ -158,6 +158,12 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
 
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
                     condition: WriteCondition) async throws -> ObjectInfo {
+        try await put(key, contentsOf: source, metadata: metadata, condition: condition, progress: nil)
+    }
+
+    /// Reports the bytes copied into the store, every 8 MiB.
+    public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
+                    condition: WriteCondition, progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
         try StoreKey.validate(key)
         // Refuse early what cannot fit, before copying it (the transaction checks again).
         // Only a store with a quota sums what it holds: that costs a scan of every object.
@@ -168,7 +174,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             throw StoreError.quotaExceeded(key: key)
         }
         let version = Self.newVersion()
-        let size = try stageBlob(version: version, from: source)
+        let size = try stageBlob(version: version, from: source, progress: progress)
         return try install(key: key, version: version, size: size, metadata: metadata,
                            blob: version, condition: condition)
     }
@@ -361,7 +367,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     }
 
     /// Copies `source` into a new immutable blob; returns its size.
-    private func stageBlob(version: String, from source: URL?) throws -> Int64 {
+    private func stageBlob(version: String, from source: URL?, progress: (@Sendable (Int64) -> Void)?) throws -> Int64 {
         let tmp = root.appendingPathComponent("tmp").appendingPathComponent(version)
         let dst = blobURL(version)
         let out = open(tmp.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
@@ -373,7 +379,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                 let inp = open(source.path, O_RDONLY | O_CLOEXEC)
                 if inp < 0 { throw Self.ioError("opening \(source.path)", errno) }
                 defer { close(inp) }
-                do { size = try FileCopy.copy(from: inp, to: out, progress: StoreProgress.bytesSent) } catch let e as LocalWriteError {
+                do { size = try FileCopy.copy(from: inp, to: out, progress: progress) } catch let e as LocalWriteError {
                     throw Self.ioError("writing \(tmp.path)", e.errno)
                 }
             }

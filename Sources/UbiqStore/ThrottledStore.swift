@@ -35,10 +35,14 @@ public final class ThrottledStore: CloudStore, Sendable {
     public func list(prefix: String) async throws -> [ObjectInfo] { try await inner.list(prefix: prefix) }
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
                     condition: WriteCondition) async throws -> ObjectInfo {
+        try await put(key, contentsOf: source, metadata: metadata, condition: condition, progress: nil)
+    }
+
+    public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
+                    condition: WriteCondition, progress outer: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
         guard let rate = writeBytesPerSecond else {
-            return try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition)
+            return try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: outer)
         }
-        let outer = StoreProgress.bytesSent
         let start = Date()
         // The store reports what it has copied; each report waits until the link would have carried it.
         let slowed: @Sendable (Int64) -> Void = { sent in
@@ -46,9 +50,7 @@ public final class ThrottledStore: CloudStore, Sendable {
             if due > 0 { Thread.sleep(forTimeInterval: due) }
             outer?(sent)
         }
-        return try await StoreProgress.$bytesSent.withValue(slowed) {
-            try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition)
-        }
+        return try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: slowed)
     }
     public func copy(from source: String, version: String, to destination: String,
                      metadata: ObjectMetadata?, condition: WriteCondition) async throws -> ObjectInfo {

@@ -351,9 +351,7 @@ public final class Uploader: @unchecked Sendable {
                         defer { progress.set(ino, nil) }
                         let report: @Sendable (Int64) -> Void = { sent in progress.set(ino, Int(min(99, sent * 100 / total))) }
                         info = try runBlocking {
-                            try await StoreProgress.$bytesSent.withValue(report) {
-                                try await store.put(key, contentsOf: source, metadata: meta, condition: condition)
-                            }
+                            try await store.put(key, contentsOf: source, metadata: meta, condition: condition, progress: report)
                         }
                     } catch StoreError.preconditionFailed(_, let current) {
                         switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
