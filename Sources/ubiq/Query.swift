@@ -77,6 +77,7 @@ struct Query: ParsableCommand {
         if let m = minDepth, m < 0 { throw ValidationError("--min-depth must not be negative") }
         if let m = maxDepth, m < 1 { throw ValidationError("--max-depth must be at least 1") }
         if interval <= 0 { throw ValidationError("--interval must be positive") }
+        _ = try spec()  // sizes and times: refused here, with this command's usage
     }
 
     var statusList: [String] { status.map { $0.split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) } } ?? [] }
