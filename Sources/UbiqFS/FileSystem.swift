@@ -12,7 +12,10 @@ final class Node {
     /// Directories: the parent directory (root: itself).
     var parent: UInt64 = 0
     /// Directories: name → inode.
-    var children: [[UInt8]: UInt64] = [:]
+    var children: [[UInt8]: UInt64] = [:] { didSet { conflictIndex = nil } }
+    /// Directories: the conflict copies among `children`, by the name they were made for
+    /// (worked out when asked, dropped when `children` changes).
+    var conflictIndex: [[UInt8]: [[UInt8]]]?
     /// The kernel's lookup count (lookup, create, readdirplus add; forget subtracts).
     var lookups: UInt64 = 0
     var opens = 0
@@ -112,7 +115,11 @@ public final class FileSystem: @unchecked Sendable {
         try load(rootOwner: rootOwner)
         uploader?.setBusyCheck { [weak self] ino in self?.isOpenForWriting(ino) ?? false }
         uploader?.setQuietCheck { [weak self] in self?.secondsSinceLastChange ?? .infinity }
-        uploader?.setOutcomeHook { [weak self] ino, conflict in self?.emit(conflict ? .conflict : .status, ino) }
+        uploader?.setOutcomeHook { [weak self] ino, conflict in
+            self?.emit(conflict ? .conflict : .status, ino)
+            // A conflict copy was made in the store: bring it here now, not at the next poll.
+            if conflict, let poll = self?.remoteRetry.withLock({ $0 }) { poll() }
+        }
         materializer.setCompletion { [weak self] ino in self?.contentArrived(ino) }
         resumePinnedDownloads()
     }

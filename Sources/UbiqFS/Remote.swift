@@ -53,7 +53,9 @@ extension FileSystem {
             if e.remoteVersion == info.version { return true }
             return try updateFromRemote(e, info)
         }
-        if doomed { return true }  // deleted here; that delete is on its way to the store
+        // Deleted here, and that delete is on its way to the store: looked at again once it
+        // got there (if the store refuses it, this version is newer and comes in then).
+        if doomed { return false }
         return try addFromRemote(key, info)
     }
 
@@ -70,8 +72,9 @@ extension FileSystem {
             let existing = try withLock { try directory(parent).children[name] }
             if let existing {
                 guard withLock({ nodes[existing]?.isDirectory ?? false }) else {
-                    logger.warning("skipping \(key): a file here stands where its folder would be")
-                    return true
+                    // Tried again at each poll: the file may go, or move away.
+                    logger.info("not adding \(key) yet: a file here stands where its folder would be")
+                    return false
                 }
                 parent = existing
             } else {
@@ -93,12 +96,13 @@ extension FileSystem {
             }
             if let adopt {
                 try persist { tx in try tx.recordRemote(entryID: adopt.id, key: key, version: info.version, tag: info.contentTag) }
-            } else {
-                // Both sides made an item of this name: the local one's upload meets the
-                // store's and reports the conflict.
-                logger.info("not adding \(key) from the store: a local item has that name")
+                return true
             }
-            return true
+            // Both sides made an item of this name: the local one's upload meets the store's
+            // and keeps it as a conflict copy. Tried again at each poll until then (or until
+            // the local item moves away, and this one can come in).
+            logger.info("not adding \(key) from the store yet: a local item has that name")
+            return false
         }
         guard let ino = try makeRemoteNode(in: parent, name: name, type: type, meta: info.metadata, size: info.size,
                                            remote: info) else { return false }
@@ -145,11 +149,16 @@ extension FileSystem {
 
     private func updateFromRemote(_ e: EntryRecord, _ info: ObjectInfo) throws -> Bool {
         let ino = e.ino
-        let clean = try state.read { try $0.isClean(ino) }
-        guard clean, !isOpenForWriting(ino) else {
+        let local = try state.read { try $0.localChanges(ino) }
+        if local.content || isOpenForWriting(ino) {
+            // Changed on both sides: this device's upload meets the store's version and keeps
+            // both (a conflict copy). Tried again at each poll until that has happened.
             logger.info("\(e.remoteKey ?? "?") changed in the store and here: the local edit is kept for its upload to settle")
-            return true
+            return false
         }
+        // Metadata changed here only (a chmod, an xattr, a rename waiting to be uploaded): the
+        // store's content comes, and this device's metadata stays on it, to be uploaded on top.
+        let keepLocalMeta = local.metadata
         guard let kind = withLock({ nodes[ino].map { $0.rec.type } }) else { return true }
         let newType = (info.key.hasSuffix("/") ? ObjectKind.directory : info.metadata.kind).fileType
         if kind != newType {
@@ -183,14 +192,16 @@ extension FileSystem {
                     n.contentEpoch += 1
                 }
                 let m = info.metadata
-                n.rec.perm = m.mode & 0o7777
-                n.rec.uid = m.uid
-                n.rec.gid = m.gid
-                n.rec.mtimeNs = m.mtimeNs
                 n.rec.ctimeNs = now
-                n.rec.rdev = m.rdev
-                if let t = m.target { n.rec.target = [UInt8](t) }
-                n.xattrs = m.localXattrs
+                if contentChanged || !keepLocalMeta { n.rec.mtimeNs = m.mtimeNs }
+                if !keepLocalMeta {
+                    n.rec.perm = m.mode & 0o7777
+                    n.rec.uid = m.uid
+                    n.rec.gid = m.gid
+                    n.rec.rdev = m.rdev
+                    if let t = m.target { n.rec.target = [UInt8](t) }
+                    n.xattrs = m.localXattrs
+                }
                 let rec = n.rec, xattrs = n.xattrs
                 try persist { tx in
                     try tx.upsert(rec)
@@ -215,9 +226,14 @@ extension FileSystem {
     private func applyRemoteDelete(_ key: String) throws -> Bool {
         guard let e = try state.read({ try $0.entries(remoteKey: key).first }) else { return true }
         let ino = e.ino
-        let clean = try state.read { try $0.isClean(ino) }
-        let (isDir, hasChildren) = withLock { (nodes[ino]?.isDirectory ?? false, !(nodes[ino]?.children.isEmpty ?? true)) }
-        if !clean || isOpenForWriting(ino) || (isDir && hasChildren) {
+        let local = try state.read { try $0.localChanges(ino) }
+        let (isDir, hasChildren, present) = withLock {
+            (nodes[ino]?.isDirectory ?? false, !(nodes[ino]?.children.isEmpty ?? true), nodes[ino]?.rec.present ?? false)
+        }
+        // An edit beats a delete; so does a rename or a metadata change of what is here in
+        // full. A placeholder renamed or chmod-ed here goes: its bytes went with the delete.
+        let changedHere = local.content || (local.queued && (present || !withLock({ nodes[ino]?.isRegular ?? false })))
+        if changedHere || isOpenForWriting(ino) || (isDir && hasChildren) {
             // Changed here, or a folder with something the store never had in it: kept,
             // and uploaded again.
             logger.info("\(key) was deleted in the store but changed here: kept, and uploaded again")

@@ -98,6 +98,7 @@ extension FileSystem {
             (try tx.outboxInodes(), try tx.uploadErrors(), try tx.inodesNotInStore())
         }
         let inos = withLock { subtree(ino) }
+        let withCopies = itemsWithConflictCopies(inos)
         var s = ItemStatus(status: "current", isDirectory: true, downloadingStatus: "", downloading: false,
                            percentDownloaded: 0, uploaded: true, uploading: false, conflict: false,
                            pinned: (try? isPinned(ino)) ?? false, version: "", downloadError: "", uploadError: "",
@@ -106,13 +107,13 @@ extension FileSystem {
         var rank = Self.rank("current")
         for i in inos {
             let known = SyncFacts(queued: queued.contains(i), error: errors[i]?.error, conflict: errors[i]?.conflict ?? false,
-                                  inStore: !notInStore.contains(i), version: "")
+                                  inStore: !notInStore.contains(i), version: "", hasConflictCopies: withCopies.contains(i))
             let f = try fileStatus(i, known: known, ownPinOnly: i != ino)
             if i != ino { s.items += 1 }
             if f.isDirectory == false && f.downloadingStatus == "not-downloaded" { s.itemsNotDownloaded += 1 }
             if f.uploading { s.itemsUploading += 1 }
             if f.conflict { s.itemsConflicts += 1 }
-            if !f.uploadError.isEmpty && !f.conflict || !f.downloadError.isEmpty { s.itemsErrors += 1 }
+            if f.status == "error" { s.itemsErrors += 1 }
             s.localBytes += f.localBytes
             s.size += f.size
             let r = Self.rank(f.status)
@@ -135,7 +136,7 @@ extension FileSystem {
         ["current", "placeholder", "local", "downloading", "uploading", "error", "conflict"].firstIndex(of: status) ?? 0
     }
 
-    private func readState<T>(_ body: (StateTransaction) throws -> T) throws -> T {
+    func readState<T>(_ body: (StateTransaction) throws -> T) throws -> T {
         do { return try state.read(body) } catch { throw FSError.io("state database: \(error)") }
     }
 
@@ -147,15 +148,21 @@ extension FileSystem {
         var inStore: Bool
         /// The store version ("" when not in the store, or not asked for).
         var version: String
+        /// A conflict copy sits beside it.
+        var hasConflictCopies: Bool
     }
 
     private func syncFacts(_ ino: UInt64) throws -> SyncFacts {
-        try readState { tx in
+        var (facts, names) = try readState { tx in
             let up = try tx.uploadState(ino)
-            let entry = try tx.entries(of: ino).first { $0.remoteKey != nil }
-            return SyncFacts(queued: try tx.isQueued(ino), error: up?.error, conflict: up?.conflict ?? false,
-                             inStore: entry != nil, version: entry?.remoteVersion ?? "")
+            let entries = try tx.entries(of: ino)
+            let entry = entries.first { $0.remoteKey != nil }
+            return (SyncFacts(queued: try tx.isQueued(ino), error: up?.error, conflict: up?.conflict ?? false,
+                              inStore: entry != nil, version: entry?.remoteVersion ?? "", hasConflictCopies: false),
+                    entries.map { ($0.parent, $0.name) })
         }
+        facts.hasConflictCopies = hasConflictCopies(names)
+        return facts
     }
 
     /// The status of one item, its own (`known`: facts read in bulk for a summary).
@@ -170,12 +177,14 @@ extension FileSystem {
         let partial = isFile && !rec.present ? materializer.localBytes(ino) : nil
         let local: Int64 = isFile ? (rec.present ? rec.size : (partial ?? 0)) : 0
         let downloading = partial != nil
-        let conflict = upError != nil && facts.conflict
+        let conflict = (upError != nil && facts.conflict) || facts.hasConflictCopies
         let downloadError = isFile ? (materializer.lastError(ino) ?? "") : ""
         let waiting = waitingForClose.withLock { $0.contains(ino) }
         let status: String
-        if conflict { status = "conflict" } else if upError != nil || !downloadError.isEmpty { status = "error" } else if isQueued {
-            status = "uploading"
+        // A queued item whose upload failed waits to be tried again (the store is down, or
+        // full): it is uploading, and `uploading-error` says why it waits.
+        if conflict { status = "conflict" } else if isQueued { status = "uploading" } else if upError != nil || !downloadError.isEmpty {
+            status = "error"
         } else if downloading { status = "downloading" } else if !inStore && ino != rootIno {
             status = "local"
         } else if isFile && !rec.present { status = "placeholder" } else { status = "current" }
@@ -197,21 +206,17 @@ extension FileSystem {
 extension FileSystem {
     /// The folder at `path` (names below the root, "/"-separated; "" is the root).
     public func folder(at path: String) throws -> UInt64 {
-        try withLock {
-            var cur = rootIno
-            for part in path.split(separator: "/") where part != "." {
-                guard let next = try directory(cur).children[Array(part.utf8)] else { throw FSError.notFound }
-                cur = next
-            }
-            _ = try directory(cur)
-            return cur
-        }
+        let ino = try item(at: path)
+        _ = try withLock { try directory(ino) }
+        return ino
     }
 
     /// `ubiq query`: items under the folder `scope` that match `spec`, from the state database.
     public func query(scope: String, _ spec: QuerySpec) throws -> [QueryRow] {
         let start = try folder(at: scope)
         var rows = try readState { try $0.query(scope: start, spec) }
+        let withCopies = itemsWithConflictCopies(withLock { subtree(start) })
+        for i in rows.indices where withCopies.contains(rows[i].ino) { rows[i].status = "conflict" }
         for i in rows.indices where rows[i].status == "placeholder" && materializer.localBytes(rows[i].ino) != nil {
             rows[i].status = "downloading"
         }

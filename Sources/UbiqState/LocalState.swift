@@ -306,14 +306,15 @@ public struct StateTransaction {
             """, arguments: [Int64(bitPattern: ino)]) ?? false
     }
 
-    /// True when the device holds no change to `ino` the store lacks: nothing queued, and
-    /// the last upload covered the current content and metadata.
-    public func isClean(_ ino: UInt64) throws -> Bool {
-        try Bool.fetchOne(db, cached: """
-            SELECT i.uploaded_content_gen >= i.content_gen AND i.uploaded_meta_gen >= i.meta_gen
-              AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.ino = i.ino)
+    /// What of `ino` this device changed and has not uploaded: its content, its metadata,
+    /// and whether anything (a name, too) waits in the outbox.
+    public func localChanges(_ ino: UInt64) throws -> (content: Bool, metadata: Bool, queued: Bool) {
+        guard let row = try Row.fetchOne(db, cached: """
+            SELECT i.uploaded_content_gen < i.content_gen, i.uploaded_meta_gen < i.meta_gen,
+                   EXISTS (SELECT 1 FROM outbox o WHERE o.ino = i.ino)
             FROM inodes i WHERE i.ino = ?
-            """, arguments: [Int64(bitPattern: ino)]) ?? false
+            """, arguments: [Int64(bitPattern: ino)]) else { return (false, false, false) }
+        return (row[0], row[1], row[2])
     }
 
     /// Replaces every extended attribute of `ino`.

@@ -82,8 +82,8 @@ extension StateTransaction {
               SELECT tree.ino, tree.path, tree.name, tree.depth, i.type, i.size, i.mtime, i.pinned,
                 CASE
                   WHEN i.upload_conflict = 1 THEN 'conflict'
-                  WHEN i.upload_error IS NOT NULL THEN 'error'
                   WHEN EXISTS (SELECT 1 FROM outbox o WHERE o.ino = tree.ino) THEN 'uploading'
+                  WHEN i.upload_error IS NOT NULL THEN 'error'
                   WHEN tree.remote IS NULL THEN 'local'
                   WHEN i.type = \(S_IFREG) AND i.present = 0 THEN 'placeholder'
                   ELSE 'current'

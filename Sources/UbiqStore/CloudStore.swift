@@ -23,13 +23,15 @@ public struct ObjectMetadata: Codable, Sendable, Equatable {
     /// Who wrote this version: "<device>:<ino>:<generation>". Lets a device
     /// recognise its own upload after a crash instead of calling it a conflict.
     public var origin: String?
+    /// The writing device's name, for people (conflict copies are named after it).
+    public var device: String?
 
     public init(kind: ObjectKind, mode: UInt32 = 0o644, uid: UInt32 = 0, gid: UInt32 = 0,
                 mtimeNs: Int64 = 0, rdev: UInt64 = 0, target: Data? = nil,
-                xattrs: [String: Data] = [:], origin: String? = nil) {
+                xattrs: [String: Data] = [:], origin: String? = nil, device: String? = nil) {
         self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
         self.mtimeNs = mtimeNs; self.rdev = rdev; self.target = target
-        self.xattrs = xattrs; self.origin = origin
+        self.xattrs = xattrs; self.origin = origin; self.device = device
     }
 }
 

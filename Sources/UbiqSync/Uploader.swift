@@ -22,6 +22,8 @@ public final class Uploader: @unchecked Sendable {
     let coordinator: Coordinator
     let cache: ContentCache
     let deviceID: String
+    /// This device's name for people: conflict copies of this device's versions carry it.
+    public var deviceName: String
     let logger: Logger
 
     /// The store's usage and quota as last seen (refreshed in the background, for df).
@@ -62,6 +64,7 @@ public final class Uploader: @unchecked Sendable {
                 deviceID: String, logger: Logger) {
         self.state = state; self.store = store; self.coordinator = coordinator; self.cache = cache
         self.deviceID = deviceID; self.logger = logger
+        self.deviceName = String(deviceID.prefix(8))
     }
 
     /// `check(ino)` says whether the file is still being written (then it waits).
@@ -154,7 +157,8 @@ public final class Uploader: @unchecked Sendable {
 
     // MARK: - One round
 
-    private enum Outcome { case done, retry(String), deferred, conflict(String), permanent(String) }
+    /// `setAside`: uploaded, after keeping the store's other version as a conflict copy.
+    private enum Outcome { case done, retry(String), deferred, setAside(String), conflict(String), permanent(String) }
 
     /// Processes what is due; returns how many items were handled.
     @discardableResult
@@ -200,7 +204,7 @@ public final class Uploader: @unchecked Sendable {
             do {
                 try state.write { tx in
                     switch outcome {
-                    case .done:
+                    case .done, .setAside:
                         try tx.completeOutbox(item.ino, seq: item.seq)
                     case .deferred:
                         try tx.retryOutbox(item.ino, after: 0.5)
@@ -221,11 +225,12 @@ public final class Uploader: @unchecked Sendable {
             cond.lock(); let hook = outcomeHook; cond.unlock()
             switch outcome {
             case .done, .permanent, .retry: hook(item.ino, false)
-            case .conflict: hook(item.ino, true)
+            case .conflict, .setAside: hook(item.ino, true)
             case .deferred: break
             }
             switch outcome {
             case .retry(let why): logger.warning("upload of inode \(item.ino) failed, will retry: \(why)")
+            case .setAside(let copy): logger.notice("upload of inode \(item.ino): the store had another device's version; kept it as \(copy)")
             case .conflict(let why), .permanent(let why): logger.error("upload of inode \(item.ino): \(why)")
             default: break
             }
@@ -275,7 +280,7 @@ public final class Uploader: @unchecked Sendable {
         }
         return ObjectMetadata(kind: Self.kind(s.rec.type), mode: s.rec.perm, uid: s.rec.uid, gid: s.rec.gid,
                               mtimeNs: s.rec.mtimeNs, rdev: s.rec.rdev, target: s.rec.target.map { Data($0) },
-                              xattrs: x, origin: origin(s.rec.ino, generation))
+                              xattrs: x, origin: origin(s.rec.ino, generation), device: deviceName)
     }
 
     private func origin(_ ino: UInt64, _ generation: Int64) -> String { "\(deviceID):\(ino):\(generation)" }
@@ -303,6 +308,8 @@ public final class Uploader: @unchecked Sendable {
         var stagedIsCopy = true
         // Held through the put when there was no room to stage a copy (see below).
         var heldClaim: Claim?
+        // Other devices' versions kept as conflict copies on the way.
+        var setAside: [String] = []
         defer {
             if let staged, stagedIsCopy { unlink(staged.path) }
             if let heldClaim { coordinator.release(heldClaim) }
@@ -343,16 +350,19 @@ public final class Uploader: @unchecked Sendable {
                         ? .ifMatch(entry.remoteVersion!) : .ifAbsent
                     let meta = metadata(s, generation: s.rec.contentGen)
                     let source = staged
-                    let info: ObjectInfo
-                    do {
-                        let total = max(1, s.rec.size)
-                        let progress = self.progress
+                    let total = max(1, s.rec.size)
+                    let progress = self.progress
+                    func send(_ condition: WriteCondition) throws -> ObjectInfo {
                         progress.set(ino, 0)
                         defer { progress.set(ino, nil) }
                         let report: @Sendable (Int64) -> Void = { sent in progress.set(ino, Int(min(99, sent * 100 / total))) }
-                        info = try runBlocking {
+                        return try runBlocking {
                             try await store.put(key, contentsOf: source, metadata: meta, condition: condition, progress: report)
                         }
+                    }
+                    let info: ObjectInfo
+                    do {
+                        info = try send(condition)
                     } catch StoreError.preconditionFailed(_, let current) {
                         switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
                                                  condition: condition, current: current) {
@@ -361,6 +371,12 @@ public final class Uploader: @unchecked Sendable {
                             continue
                         case .wait: return .deferred
                         case .conflict(let why): return .conflict(why)
+                        case .over(let theirs, let copy):
+                            do { info = try send(theirs.map { .ifMatch($0) } ?? .ifAbsent) } catch StoreError.preconditionFailed {
+                                undoSetAside(copy)
+                                return .deferred  // changed again meanwhile: start over
+                            }
+                            if let copy { setAside.append(copy.key) }
                         }
                     }
                     try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag) }
@@ -372,11 +388,14 @@ public final class Uploader: @unchecked Sendable {
             if oldKey != key {
                 // Moved: server-side copy, then drop the old key. No content leaves the store.
                 let meta = metadata(s, generation: s.rec.contentGen)
+                func copy(_ condition: WriteCondition) throws -> ObjectInfo {
+                    try runBlocking {
+                        try await store.copy(from: oldKey, version: oldVersion, to: key, metadata: meta, condition: condition)
+                    }
+                }
                 let info: ObjectInfo
                 do {
-                    info = try runBlocking {
-                        try await store.copy(from: oldKey, version: oldVersion, to: key, metadata: meta, condition: .ifAbsent)
-                    }
+                    info = try copy(.ifAbsent)
                 } catch StoreError.preconditionFailed(_, let current) {
                     switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
                                              condition: .ifAbsent, current: current) {
@@ -386,6 +405,12 @@ public final class Uploader: @unchecked Sendable {
                         continue
                     case .wait: return .deferred
                     case .conflict(let why): return .conflict(why)
+                    case .over(let theirs, let aside):
+                        do { info = try copy(theirs.map { .ifMatch($0) } ?? .ifAbsent) } catch StoreError.preconditionFailed {
+                            undoSetAside(aside)
+                            return .deferred
+                        }
+                        if let aside { setAside.append(aside.key) }
                     }
                 }
                 try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag) }
@@ -398,12 +423,49 @@ public final class Uploader: @unchecked Sendable {
                     }
                     try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag) }
                 } catch StoreError.preconditionFailed {
-                    return .conflict("\(key) changed in the store since this device last saw it")
+                    switch try mergeMetadata(key: key, entry: entry, meta: meta, isPlaceholder: isRegular && !s.rec.present) {
+                    case .merged: break
+                    case .again: return .deferred
+                    case .dropped: return .done
+                    }
                 }
             }
         }
         try state.write { try $0.markUploaded(ino, contentGen: s.rec.contentGen, metaGen: s.rec.metaGen) }
-        return .done
+        return setAside.isEmpty ? .done : .setAside(setAside.joined(separator: ", "))
+    }
+
+    private enum Merge { case merged, again, dropped }
+
+    /// A metadata change (chmod, chown, xattrs, times) met a newer version in the store.
+    /// Metadata merges: this device's goes on top of the store's version, whatever its bytes.
+    /// When those bytes are new to this device, the entry is left at its old version, and the
+    /// merged version is not marked as this device's own, so the ChangeFeed brings the bytes.
+    private func mergeMetadata(key: String, entry: EntryRecord, meta: ObjectMetadata, isPlaceholder: Bool) throws -> Merge {
+        let store = self.store
+        let current: ObjectInfo
+        do { current = try runBlocking { try await store.head(key) } } catch StoreError.notFound {
+            // Deleted in the store. What is here in full is written again (an edit beats a
+            // delete); a placeholder goes with the delete (the ChangeFeed removes it).
+            if isPlaceholder { return .dropped }
+            try state.write { try $0.setRemote(entryID: entry.id, key: nil, version: nil) }
+            return .again
+        }
+        let sameBytes = current.contentTag != nil && current.contentTag == entry.remoteTag
+        var merged = meta
+        if !sameBytes {
+            merged.origin = "merge:\(deviceID)"
+            merged.mtimeNs = current.metadata.mtimeNs
+        }
+        let final = merged
+        let info: ObjectInfo
+        do {
+            info = try runBlocking {
+                try await store.copy(from: key, version: current.version, to: key, metadata: final, condition: .ifMatch(current.version))
+            }
+        } catch StoreError.preconditionFailed { return .again } catch StoreError.notFound { return .again }
+        if sameBytes { try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag) } }
+        return .merged
     }
 
     /// After an entry's object was written at `newKey`, delete where it was before.
@@ -419,13 +481,19 @@ public final class Uploader: @unchecked Sendable {
         }
     }
 
-    private enum Taken { case adopt(String, String?), wait, conflict(String) }
+    /// `over(version, copy)`: write again over the store's `version` (nil: the key is free
+    /// now), its content kept at `copy` first.
+    private enum Taken { case adopt(String, String?), wait, conflict(String), over(String?, copy: (key: String, version: String)?) }
 
     /// A conditional write found the key taken. Decide whose it is.
     private func resolveTaken(key: String, entryID: Int64, ino: UInt64, generation: Int64, isDir: Bool,
                               condition: WriteCondition, current: String?) throws -> Taken {
         let store = self.store
-        guard let info = try? runBlocking({ try await store.head(key) }) else { return .wait }
+        let info: ObjectInfo
+        do { info = try runBlocking { try await store.head(key) } } catch StoreError.notFound {
+            // Deleted in the store meanwhile: an edit beats a delete.
+            return isDir ? .wait : .over(nil, copy: nil)
+        } catch { return .wait }
         // Our own upload from before a crash, recorded in the store but not here.
         if info.metadata.origin == origin(ino, generation) { return .adopt(info.version, info.contentTag) }
         // Folders merge: the same folder made on two devices is one folder.
@@ -437,6 +505,47 @@ public final class Uploader: @unchecked Sendable {
             }
             if held { return .wait }
         }
-        return .conflict("\(key) changed in the store since this device last saw it (now \(current ?? "?"))")
+        let why = "\(key) changed in the store since this device last saw it (now \(current ?? "?"))"
+        if isDir { return .conflict(why) }
+        // Both sides changed it: this device's version takes the name, the store's is kept
+        // beside it as a conflict copy that every device sees.
+        guard let copy = try keepAsConflictCopy(key: key, theirs: info) else { return .conflict(why) }
+        return .over(info.version, copy: copy)
+    }
+
+    /// Copies (in the store) `theirs` to a conflict copy's name beside `key`. Nil when no
+    /// name could be had. A copy left by an attempt that crashed is found and used again.
+    private func keepAsConflictCopy(key: String, theirs: ObjectInfo) throws -> (key: String, version: String)? {
+        let store = self.store
+        let slash = key.lastIndex(of: "/")
+        let folder = slash.map { String(key[...$0]) } ?? ""
+        let name = slash.map { String(key[key.index(after: $0)...]) } ?? key
+        let device = theirs.metadata.device ?? theirs.metadata.origin.map { String($0.prefix(8)) } ?? "unknown"
+        let date = Date(timeIntervalSince1970: Double(theirs.metadata.mtimeNs) / 1e9)
+        var copyMeta = theirs.metadata
+        // Not any device's own write, this one's included: every ChangeFeed brings it in.
+        copyMeta.origin = "conflict-copy:\(deviceID)"
+        let meta = copyMeta
+        for n in 1...50 {
+            let copyKey = folder + ConflictName.make(for: name, device: device, date: date, counter: n)
+            do {
+                let made = try runBlocking {
+                    try await store.copy(from: key, version: theirs.version, to: copyKey, metadata: meta, condition: .ifAbsent)
+                }
+                return (copyKey, made.version)
+            } catch StoreError.preconditionFailed {
+                let there = try? runBlocking { try await store.head(copyKey) }
+                if let there, there.contentTag != nil, there.contentTag == theirs.contentTag { return (copyKey, there.version) }
+            }
+        }
+        logger.error("no free name for a conflict copy of \(key)")
+        return nil
+    }
+
+    /// Removes a conflict copy made for a write that then lost another race (it starts over).
+    private func undoSetAside(_ copy: (key: String, version: String)?) {
+        guard let copy else { return }
+        let store = self.store
+        try? runBlocking { try await store.delete(copy.key, condition: .ifMatch(copy.version)) }
     }
 }

@@ -233,13 +233,16 @@ import UbiqStore
         #expect(s.status == "placeholder" && s.downloadingStatus == "not-downloaded" && s.localBytes == 0 && s.uploaded)
         #expect(try b.fs.itemStatus(try b.ino("dir")).itemsNotDownloaded == 1)
         #expect(try b.read("dir/doc") == "base")
+        // The read returns with its bytes; the download is recorded complete just after, on its own thread.
+        try b.materializer.fetch(try b.ino("dir/doc"))
         #expect(try b.fs.itemStatus(try b.ino("dir/doc")).percentDownloaded == 100)
         try b.write("dir/doc", "from B")
         b.sync()
         try a.write("dir/doc", "from A")
         a.sync()
+        a.pull()  // the conflict copy of B's version arrives
         let c = try a.fs.itemStatus(try a.ino("dir/doc"))
-        #expect(c.status == "conflict" && c.conflict && c.uploadError.contains("changed in the store"))
+        #expect(c.status == "conflict" && c.conflict && c.uploadError.isEmpty)
         let root = try a.fs.itemStatus(rootIno)
         #expect(root.status == "conflict" && root.itemsConflicts == 1)
     }
@@ -374,6 +377,13 @@ import UbiqStore
         #expect(try attr(d, ino, "status") == "error")
         #expect(try attr(d, ino, "uploading-error").contains("injected refusal"))
         #expect(try d.fs.itemStatus(rootIno).itemsErrors == 1)
+        // The store cannot be reached: still uploading (it will be tried again), and why it waits.
+        faulty.fail(.put)
+        try d.write("big.bin", "offline edit")
+        _ = d.uploader.processRound(ignoringDelay: true)
+        #expect(try attr(d, ino, "status") == "uploading")
+        #expect(try attr(d, ino, "uploading-error").contains("unavailable"))
+        #expect(try d.fs.itemStatus(rootIno).itemsErrors == 0)
         faulty.heal()
         try d.write("big.bin", "and again")
         d.sync()

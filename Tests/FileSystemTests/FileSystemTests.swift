@@ -23,6 +23,8 @@ final class Device: @unchecked Sendable {
     var feed: ChangeFeed!
     var materializer: Materializer!
     let logger = Logger(label: "test")
+    /// The device's name for people (conflict copies carry it).
+    var name: String { "dev" + String(dir.lastPathComponent.suffix(4)) }
 
     init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true,
          hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil) throws {
@@ -47,6 +49,7 @@ final class Device: @unchecked Sendable {
         let coordinator = Coordinator(defaultTimeout: 30)
         uploader = Uploader(state: state, store: remote, coordinator: coordinator, cache: cache,
                             deviceID: dir.lastPathComponent, logger: logger)
+        uploader.deviceName = name
         fs = try FileSystem(state: state, coordinator: coordinator, cache: cache,
                             materializer: materializer,
                             uploader: uploader, logger: logger, uploadDelay: 0, hydration: hydration,
@@ -377,12 +380,19 @@ func n(_ s: String) -> [UInt8] { Array(s.utf8) }
         b.sync()
         try a.write("doc", "from A")
         a.sync()
-        // A's upload lost the race: the store keeps B's, A keeps its own bytes and an error.
-        let head = try runBlocking { try await store.head("doc") }
-        #expect(String(decoding: try runBlocking { try await store.read("doc", version: head.version, range: 0 ..< 100) }, as: UTF8.self) == "from B")
+        // A's upload met B's version: B's is kept in the store as a conflict copy, then A's
+        // takes the name. Neither is overwritten.
+        func text(_ key: String) throws -> String {
+            let head = try runBlocking { try await store.head(key) }
+            return String(decoding: try runBlocking { try await store.read(key, version: head.version, range: 0 ..< 100) }, as: UTF8.self)
+        }
+        #expect(try text("doc") == "from A")
+        let keys = try runBlocking { try await store.list(prefix: "") }.map(\.key)
+        #expect(keys.count == 2)
+        let copy = try #require(keys.first { ConflictName.target(of: $0) == "doc" })
+        #expect(copy.contains("(conflict \(b.name) "))
+        #expect(try text(copy) == "from B")
         #expect(try a.read("doc") == "from A")
-        let err = try a.state.read { try $0.uploadState(try a.ino("doc"))?.error }
-        #expect(err?.contains("changed in the store") == true)
     }
 
     @Test func renameChainsBeforeUploadConverge() throws {

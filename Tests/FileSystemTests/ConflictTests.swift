@@ -1,0 +1,214 @@
+import Foundation
+import Testing
+import UbiqFS
+import UbiqState
+import UbiqStore
+@testable import UbiqSync
+
+@Suite struct ConflictNameTests {
+    let date = Date(timeIntervalSince1970: 1_795_000_000)
+
+    @Test func namesRoundTrip() {
+        for name in ["report.txt", "Makefile", ".bashrc", "archive.tar.gz", "a b (1).txt", "x.", "notes (conflict).md",
+                     "weird.ext with space", String(repeating: "é", count: 120) + ".txt"] {
+            let copy = ConflictName.make(for: name, device: "laptop-3fa2", date: date)
+            #expect(copy.utf8.count <= 255)
+            #expect(copy.contains(" (conflict laptop-3fa2 "))
+            if name.utf8.count < 200 { #expect(ConflictName.target(of: copy) == name, "\(name) -> \(copy)") }
+            let second = ConflictName.make(for: name, device: "laptop-3fa2", date: date, counter: 2)
+            #expect(second != copy)
+            if name.utf8.count < 200 { #expect(ConflictName.target(of: second) == name) }
+        }
+        let copy = ConflictName.make(for: "report.txt", device: "my (odd) host/x", date: date)
+        #expect(ConflictName.origin(of: copy)?.device == "my--odd--host-x")
+        #expect(ConflictName.target(of: copy) == "report.txt")
+        #expect(ConflictName.split("archive.tar.gz") == ("archive.tar", ".gz"))
+    }
+
+    @Test func ordinaryNamesAreNotCopies() {
+        for name in ["report.txt", "a (conflict b).txt", "a (conflict dev 2026-11-23 1405).txt",
+                     "a (conflict dev 2026-11-23 140512 x).txt", " (conflict dev 2026-11-23 140512).txt",
+                     "a (conflict dev 2026-1l-23 140512).txt", "a (conflict dev 2026-11-23 140512)tail"] {
+            #expect(ConflictName.target(of: name) == nil, "\(name)")
+        }
+    }
+
+    @Test func longNamesAreShortenedToFit() {
+        let long = String(repeating: "n", count: 250) + ".txt"
+        let copy = ConflictName.make(for: long, device: "dev", date: date)
+        #expect(copy.utf8.count == 255)
+        #expect(copy.hasSuffix(").txt"))
+    }
+}
+
+/// Two and three devices changing one file at once: nothing is lost, every device ends
+/// with the same files, and settling it anywhere settles it everywhere.
+@Suite struct ConflictTests {
+    func copies(_ d: Device, _ folder: String = "", of name: String) throws -> [String] {
+        try d.names(folder).filter { ConflictName.target(of: $0) == name }
+    }
+
+    func status(_ d: Device, _ path: String) throws -> ItemStatus { try d.fs.itemStatus(try d.ino(path)) }
+
+    @Test func bothEditsAreKeptOnEveryDevice() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        try a.mkdir("docs")
+        try a.write("docs/plan.txt", "base")
+        a.sync()
+        b.pull()
+        try a.write("docs/plan.txt", "from A")
+        try b.write("docs/plan.txt", "from B")
+        a.sync()
+        b.sync()  // B's upload started from "base": the store has A's version now
+        a.pull()
+        b.pull()
+        for d in [a, b] {
+            #expect(try d.read("docs/plan.txt") == "from B")  // the device that met the conflict keeps its name
+            let copy = try copies(d, "docs", of: "plan.txt")
+            #expect(copy.count == 1)
+            #expect(copy.first?.contains("(conflict \(a.name) ") == true)
+            #expect(try d.read("docs/" + copy[0]) == "from A")
+            let s = try status(d, "docs/plan.txt")
+            #expect(s.status == "conflict" && s.conflict && s.uploadError.isEmpty)
+            #expect(try status(d, "docs/" + copy[0]).status != "conflict")
+            #expect(try d.fs.itemStatus(rootIno).itemsConflicts == 1)
+        }
+        // Nothing else happens: no more uploads, no more copies.
+        #expect(a.uploader.processRound(ignoringDelay: true) == 0)
+        #expect(b.uploader.processRound(ignoringDelay: true) == 0)
+        a.pull()
+        #expect(try a.names("docs").count == 2)
+
+        // Settled on A by deleting the copy: settled on B too.
+        let copy = try copies(a, "docs", of: "plan.txt")[0]
+        try a.fs.unlink(try a.ino("docs"), n(copy))
+        a.sync()
+        b.pull()
+        for d in [a, b] {
+            #expect(try d.names("docs") == ["plan.txt"])
+            #expect(try status(d, "docs/plan.txt").status == "current" || (try status(d, "docs/plan.txt").status) == "placeholder")
+        }
+    }
+
+    @Test func keepingTheOtherVersionReplacesTheFileEverywhere() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        try a.write("f.md", "base")
+        a.sync()
+        b.pull()
+        try a.write("f.md", "A's")
+        a.sync()
+        try b.write("f.md", "B's")
+        b.sync()
+        b.pull()
+        let copy = try copies(b, of: "f.md")[0]
+        // What `ubiq resolve --keep` does: the copy takes the name.
+        try b.fs.rename(rootIno, n(copy), rootIno, n("f.md"))
+        b.sync()
+        a.pull()
+        for d in [a, b] {
+            #expect(try d.names("") == ["f.md"])
+            #expect(try d.read("f.md") == "A's")
+            #expect(try status(d, "f.md").conflict == false)
+        }
+    }
+
+    @Test func threeDevicesEditingAtOnceLoseNothing() throws {
+        let store = try newStore()
+        let devices = [try Device(store: store), try Device(store: store), try Device(store: store)]
+        try devices[0].write("f", "base")
+        devices[0].sync()
+        for d in devices { d.pull() }
+        for (i, d) in devices.enumerated() { try d.write("f", "edit \(i)") }
+        for d in devices { d.sync() }
+        for d in devices { d.pull() }
+        for d in devices {
+            var seen = [try d.read("f")]
+            for c in try copies(d, of: "f") { seen.append(try d.read(c)) }
+            #expect(seen.sorted() == ["edit 0", "edit 1", "edit 2"])
+            #expect(try d.read("f") == "edit 2")
+        }
+    }
+
+    @Test func aConflictCopyLeftByACrashIsUsedAgain() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        try a.write("f.txt", "base")
+        a.sync()
+        b.pull()
+        try a.write("f.txt", "A's")
+        a.sync()
+        try b.write("f.txt", "B's")
+        // B made the copy, then died before its own version went up.
+        let theirs = try runBlocking { try await store.head("f.txt") }
+        let name = ConflictName.make(for: "f.txt", device: a.name,
+                                     date: Date(timeIntervalSince1970: Double(theirs.metadata.mtimeNs) / 1e9))
+        var meta = theirs.metadata
+        meta.origin = "conflict-copy:\(b.dir.lastPathComponent)"
+        let frozen = meta
+        _ = try runBlocking { try await store.copy(from: "f.txt", version: theirs.version, to: name, metadata: frozen, condition: .ifAbsent) }
+        b.sync()
+        b.pull()
+        #expect(try b.names("") == ["f.txt", name].sorted())  // that copy, no second one
+        #expect(try b.read(name) == "A's")
+        #expect(try b.read("f.txt") == "B's")
+    }
+
+    @Test func aMetadataChangeHereMergesWithAnEditThere() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        try a.write("script.sh", "echo 1")
+        a.sync()
+        b.pull()
+        try a.write("script.sh", "echo 2")
+        a.sync()
+        _ = try b.fs.setattr(try b.ino("script.sh"), AttributeChanges(mode: 0o755), caller: .root)
+        #expect(b.uploader.processRound(ignoringDelay: true) == 1)  // meets A's version: waits for it
+        b.pull()  // A's content arrives; B's mode stays
+        #expect(try b.fs.getattr(try b.ino("script.sh")).mode & 0o777 == 0o755)
+        b.sync()
+        a.pull()
+        for d in [a, b] {
+            #expect(try d.read("script.sh") == "echo 2")
+            #expect(try d.fs.getattr(try d.ino("script.sh")).mode & 0o777 == 0o755)
+            #expect(try d.names("") == ["script.sh"])
+        }
+    }
+
+    @Test func aRenameHereAndAnEditThereBothLand() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        try a.write("old.txt", "v1")
+        a.sync()
+        b.pull()
+        // B edits, and that arrives on A before A's rename goes up: the rename carries the edit.
+        try b.write("old.txt", "v2")
+        b.sync()
+        try a.fs.rename(rootIno, n("old.txt"), rootIno, n("new.txt"))
+        a.pull()
+        a.sync()
+        b.pull()
+        for d in [a, b] {
+            #expect(try d.names("") == ["new.txt"])
+            #expect(try d.read("new.txt") == "v2")
+        }
+        // A renames, and that goes up before B's edit: the edit keeps the old name.
+        try a.fs.rename(rootIno, n("new.txt"), rootIno, n("newer.txt"))
+        a.sync()
+        try b.write("new.txt", "v3")
+        b.sync()
+        a.pull()
+        b.pull()
+        for d in [a, b] {
+            #expect(try d.names("") == ["new.txt", "newer.txt"])
+            #expect(try d.read("new.txt") == "v3")
+            #expect(try d.read("newer.txt") == "v2")
+        }
+    }
+}
