@@ -23,7 +23,11 @@ public final class FaultyStore: CloudStore, Sendable {
         }
     }
 
-    public init(_ inner: any CloudStore) { self.inner = inner }
+    /// While a file exists at this path, every operation fails: the store cannot be reached.
+    /// (How tests of a mounted daemon take its store away: UBIQ_STORE_OFFLINE_FLAG.)
+    public let offlineFlag: String?
+
+    public init(_ inner: any CloudStore, offlineFlag: String? = nil) { self.inner = inner; self.offlineFlag = offlineFlag }
 
     /// From now on `op` fails with `error` (default: the store is unavailable).
     public func fail(_ op: Operation, with error: StoreError = .unavailable("injected fault")) {
@@ -56,6 +60,7 @@ public final class FaultyStore: CloudStore, Sendable {
     }
 
     private func check(_ op: Operation) throws {
+        if let flag = offlineFlag, access(flag, F_OK) == 0 { throw StoreError.unavailable("offline (\(flag) exists)") }
         if let e = failing.withLock({ $0[op] }) { throw e }
     }
 
@@ -95,6 +100,6 @@ public final class FaultyStore: CloudStore, Sendable {
     }
 
     public func currentCursor() async throws -> String { try check(.changes); return try await inner.currentCursor() }
-    public func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
-    public func usage() async throws -> StoreUsage? { try await inner.usage() }
+    public func versions(of key: String) async throws -> [ObjectInfo] { try check(.head); return try await inner.versions(of: key) }
+    public func usage() async throws -> StoreUsage? { try check(.head); return try await inner.usage() }
 }

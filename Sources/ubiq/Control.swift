@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import UbiqFS
 import UbiqState
+import UbiqStore
 import UbiqSync
 
 /// A Unix socket in the state directory (mode 0600: its owner only) for what is not per
@@ -12,12 +13,15 @@ final class ControlServer: @unchecked Sendable {
     let fs: FileSystem
     let feed: ChangeFeed
     let uploader: Uploader
+    let store: any CloudStore
     let info: [String: String]
     let logger: Logger
     private var fd: Int32 = -1
 
-    init(path: String, fs: FileSystem, feed: ChangeFeed, uploader: Uploader, info: [String: String], logger: Logger) {
-        self.path = path; self.fs = fs; self.feed = feed; self.uploader = uploader; self.info = info; self.logger = logger
+    init(path: String, fs: FileSystem, feed: ChangeFeed, uploader: Uploader, store: any CloudStore, info: [String: String],
+         logger: Logger) {
+        self.path = path; self.fs = fs; self.feed = feed; self.uploader = uploader; self.store = store; self.info = info
+        self.logger = logger
     }
 
     func start() throws {
@@ -118,6 +122,18 @@ final class ControlServer: @unchecked Sendable {
                 }
                 out += "]}\n"
                 if !Self.sendRaw(c, out) { return false }
+            case "history":
+                let item = try fs.storeItem(at: req["path"] as? String ?? "")
+                let store = self.store
+                let all = try runBlocking { try await store.versions(of: item.key) }
+                let list: [[String: Any]] = all.map { v in
+                    ["version": v.version, "size": v.size, "mtimeNs": v.metadata.mtimeNs, "device": v.metadata.device ?? "",
+                     "current": v.version == all.first?.version]
+                }
+                _ = Self.send(c, ["ok": true, "storeKey": item.key, "versions": list])
+            case "restore":
+                let version = try restore(path: req["path"] as? String ?? "", version: req["version"] as? String ?? "")
+                _ = Self.send(c, ["ok": true, "version": version])
             case "watch":
                 let scope = (req["scope"] as? String ?? "").split(separator: "/").joined(separator: "/")
                 _ = try fs.folder(at: scope)
@@ -145,6 +161,36 @@ final class ControlServer: @unchecked Sendable {
             return Self.send(c, ["ok": false, "error": "\(error)"])
         }
         return true
+    }
+
+    /// `ubiq restore`: writes a prior version of the item at `path` as its newest version
+    /// (in the store: nothing is downloaded), then brings that here. Returns the new version.
+    private func restore(path: String, version: String) throws -> String {
+        let item = try fs.storeItem(at: path)
+        if item.changedHere {
+            throw UserError("\(path) has changes here that are not in the store yet; try again once they are uploaded")
+        }
+        let store = self.store
+        let all = try runBlocking { try await store.versions(of: item.key) }
+        guard let old = all.first(where: { $0.version == version }) else {
+            throw UserError("\(path) has no version \(version) (ubiq versions --all lists them)")
+        }
+        if old.version == item.version { return item.version }
+        var meta = old.metadata
+        meta.origin = "restore:\(info["device"] ?? "")"
+        meta.device = info["deviceName"]
+        let restored = meta
+        let made: ObjectInfo
+        do {
+            made = try runBlocking {
+                try await store.copy(from: item.key, version: old.version, to: item.key, metadata: restored,
+                                     condition: .ifMatch(item.version))
+            }
+        } catch StoreError.preconditionFailed {
+            throw UserError("\(path) changed in the store meanwhile; run ubiq sync and try again")
+        }
+        try feed.poll()
+        return made.version
     }
 
     static func readLine(_ c: Int32, limit: Int = 1 << 20) -> String? { LineReader(c).next(limit: limit) }

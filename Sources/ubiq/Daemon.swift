@@ -28,18 +28,27 @@ struct Daemon {
         }
         _ = lockFD
         if notify { setsid() }
-        let store: any CloudStore
+        var store: any CloudStore
         let state: LocalState
         let cache: ContentCache
         do {
             let dir = try DirectoryStore(root: URL(fileURLWithPath: plan.storePath))
             if let q = plan.quota { try dir.setQuota(q > 0 ? q : nil) }
             // A slow link, for tests and demonstrations (docs/testing.md).
-            if let rate = ProcessInfo.processInfo.environment["UBIQ_STORE_READ_RATE"].flatMap({ MountPlan.parseSize($0) }) {
-                store = ThrottledStore(dir, bytesPerSecond: Double(rate))
-                logger.info("content reads from the store limited to \(rate) bytes/s (UBIQ_STORE_READ_RATE)")
+            let env = ProcessInfo.processInfo.environment
+            let readRate = env["UBIQ_STORE_READ_RATE"].flatMap { MountPlan.parseSize($0) }
+            let writeRate = env["UBIQ_STORE_WRITE_RATE"].flatMap { MountPlan.parseSize($0) }
+            if readRate != nil || writeRate != nil {
+                store = ThrottledStore(dir, bytesPerSecond: readRate.map(Double.init) ?? 1e15,
+                                       writeBytesPerSecond: writeRate.map(Double.init))
+                logger.info("the link to the store is slowed: reads \(readRate.map(String.init) ?? "-") bytes/s, writes \(writeRate.map(String.init) ?? "-") bytes/s (UBIQ_STORE_READ_RATE, UBIQ_STORE_WRITE_RATE)")
             } else {
                 store = dir
+            }
+            // A store that goes away while a file exists (for tests of offline work: docs/testing.md).
+            if let flag = env["UBIQ_STORE_OFFLINE_FLAG"], !flag.isEmpty {
+                store = FaultyStore(store, offlineFlag: flag)
+                logger.info("the store is unreachable while \(flag) exists (UBIQ_STORE_OFFLINE_FLAG)")
             }
             state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true)
             state.restoreReserve()
@@ -65,6 +74,10 @@ struct Daemon {
         let coordinator = Coordinator()
         let uploader = Uploader(state: state, store: store, coordinator: coordinator, cache: cache,
                                 deviceID: deviceID, logger: logger)
+        // The name conflict copies of this device's versions carry: the host, and enough of
+        // the device's id to tell two mounts on one host apart.
+        uploader.deviceName = ConflictName.deviceLabel(ProcessInfo.processInfo.hostName.split(separator: ".").first
+            .map(String.init) ?? "host") + "-" + deviceID.prefix(4)
         let materializer = Materializer(store: store, state: state, cache: cache, logger: logger)
         materializer.readTimeout = plan.readTimeout
         let fs: FileSystem
@@ -84,8 +97,9 @@ struct Daemon {
         try? FileManager.default.createDirectory(atPath: (registry as NSString).deletingLastPathComponent,
                                                  withIntermediateDirectories: true)
         try? JSONEncoder().encode(record).write(to: URL(fileURLWithPath: registry))
-        let control = ControlServer(path: Self.controlSocketPath(plan), fs: fs, feed: feed, uploader: uploader,
+        let control = ControlServer(path: Self.controlSocketPath(plan), fs: fs, feed: feed, uploader: uploader, store: store,
                                     info: ["mount": plan.mountpoint, "store": plan.storeURL, "device": deviceID,
+                                           "deviceName": uploader.deviceName,
                                            "state": plan.stateDir, "cacheLimit": String(plan.cacheSize)],
                                     logger: logger)
         do {

@@ -16,7 +16,8 @@ struct Ubiq: ParsableCommand {
               ubiq unmount ~/Ubiquity               upload what is pending, unmount
             """,
         version: ubiqVersion,
-        subcommands: [Mount.self, Unmount.self, Status.self, Query.self, Watch.self, Sync.self, Service.self, Download.self, Evict.self, Pin.self, Unpin.self])
+        subcommands: [Mount.self, Unmount.self, Status.self, Query.self, Watch.self, Sync.self, Versions.self, Resolve.self,
+                      Restore.self, Service.self, Download.self, Evict.self, Pin.self, Unpin.self])
 }
 
 let ubiqVersion = "0.1.0"

@@ -1,0 +1,122 @@
+import Foundation
+import Testing
+
+/// Many devices on one store, through real mounts and shell tools: conflicts kept and
+/// settled with `ubiq versions` / `ubiq resolve`, history with `ubiq restore`, offline work
+/// that survives a killed daemon.
+@Suite(.serialized) struct SyncTests {
+    func eventually(_ m: MountFixture, _ script: String, seconds: Double = 20) -> ShellResult {
+        let deadline = Date(timeIntervalSinceNow: seconds)
+        var r = m.sh(script)
+        while r.status != 0 && Date() < deadline {
+            usleep(200_000)
+            r = m.sh(script)
+        }
+        return r
+    }
+
+    /// Two devices, B offline while both edit one file: both versions are kept on both, and
+    /// resolving on A settles it on B.
+    @Test func conflictsAreKeptAndResolvedEverywhere() throws {
+        let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1")
+        defer { a.cleanup() }
+        let offline = a.base + "/b-offline"
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--upload-delay 0 --poll-interval 1",
+                                 daemonEnv: ["UBIQ_STORE_OFFLINE_FLAG": offline])
+        defer { b.cleanup() }
+        expectOK(a.sh("printf 'base\\n' > plan.txt"))
+        expectOK(eventually(b, "[ \"$(cat plan.txt)\" = base ]"), "the file reaches B")
+        // B loses the store; its edit stays here, queued, and says why.
+        FileManager.default.createFile(atPath: offline, contents: nil)
+        expectOK(b.sh("printf 'from B\\n' > plan.txt && [ \"$(cat plan.txt)\" = 'from B' ]"), "B writes offline")
+        expectOK(eventually(b, "[ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" = uploading ] && getfattr --only-values -n user.ubiq.uploading-error plan.txt | grep -q unavailable"),
+                 "B shows the edit waiting: \(b.sh("getfattr -d -m user.ubiq plan.txt").out)")
+        expectOK(a.sh("printf 'from A\\n' > plan.txt"))
+        expectOK(eventually(a, "[ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" = current ]"))
+        // B is back: its upload meets A's version, and both are kept.
+        try FileManager.default.removeItem(atPath: offline)
+        let settled = "ls | grep -q '^plan (conflict .*)\\.txt$' && [ \"$(cat plan.txt)\" = 'from B' ] && [ \"$(cat plan\\ \\(conflict*)\" = 'from A' ] && [ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" = conflict ]"
+        expectOK(eventually(b, settled), "B keeps both: \(b.sh("ls -la; getfattr -d -m user.ubiq plan.txt").out)")
+        expectOK(eventually(a, settled), "A keeps both: \(a.sh("ls -la").out)")
+        // `ubiq versions` lists the copy; the bytes are byte for byte what A wrote.
+        let v = a.ubiq("versions --json \(a.mnt)/plan.txt")
+        expectOK(v)
+        let listed = try JSONSerialization.jsonObject(with: Data(v.out.utf8)) as? [String: Any]
+        let conflicts = listed?["conflicts"] as? [[String: Any]] ?? []
+        #expect(conflicts.count == 1 && listed?["status"] as? String == "conflict", "\(v.out)")
+        #expect((conflicts.first?["name"] as? String)?.hasPrefix("plan (conflict ") == true)
+        #expect(a.ubiq("versions \(a.mnt)/plan.txt").out.contains("conflict copies"))
+        // Bad input: one clear line, nothing changed.
+        let bad = a.ubiq("resolve \(a.mnt)/plan.txt --keep nonsense")
+        #expect(bad.status != 0 && bad.err.contains("not a conflict copy"), "\(bad.err)")
+        #expect(a.ubiq("resolve \(a.mnt)/plan.txt").status != 0)
+        #expect(a.ubiq("resolve \(a.mnt)/plan.txt --keep current --with /etc/hostname").status != 0)
+        expectOK(a.sh("ls | grep -q conflict"))
+        // Keep A's version (the copy) on A: B follows.
+        let copyName = conflicts.first?["name"] as? String ?? ""
+        expectOK(a.ubiq("resolve \(a.mnt)/plan.txt --keep '\(copyName)'"))
+        let resolved = "[ \"$(ls)\" = plan.txt ] && [ \"$(cat plan.txt)\" = 'from A' ] && [ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" != conflict ]"
+        expectOK(eventually(a, resolved), "resolved on A: \(a.sh("ls -la").out)")
+        expectOK(eventually(b, resolved), "resolved on B: \(b.sh("ls -la").out)")
+    }
+
+    /// `ubiq versions --all` lists what the store keeps; `ubiq restore` brings one back on
+    /// every device; `resolve --with` writes a merge.
+    @Test func historyAndRestore() throws {
+        let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1")
+        defer { a.cleanup() }
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--poll-interval 1")
+        defer { b.cleanup() }
+        for text in ["one", "two", "three"] {
+            expectOK(a.sh("printf \(text) > notes.md"))
+            expectOK(eventually(a, "[ \"$(getfattr --only-values -n user.ubiq.status notes.md)\" = current ]"))
+        }
+        let h = a.ubiq("versions --all --json \(a.mnt)/notes.md")
+        expectOK(h)
+        let history = ((try JSONSerialization.jsonObject(with: Data(h.out.utf8)) as? [String: Any])?["history"] as? [[String: Any]]) ?? []
+        #expect(history.count == 3, "\(h.out)")
+        #expect(history.first?["current"] as? Bool == true)
+        let first = history.last?["version"] as? String ?? ""
+        expectOK(a.ubiq("restore \(a.mnt)/notes.md \(first)"))
+        expectOK(a.sh("[ \"$(cat notes.md)\" = one ]"), "restored at once on A")
+        expectOK(eventually(b, "[ \"$(cat notes.md)\" = one ]"), "and on B")
+        let unknown = a.ubiq("restore \(a.mnt)/notes.md no-such-version")
+        #expect(unknown.status != 0 && unknown.err.contains("no version"), "\(unknown.err)")
+        // A merge written with --with becomes the file everywhere.
+        let merged = a.base + "/merged.md"
+        try "merged\n".write(toFile: merged, atomically: true, encoding: .utf8)
+        expectOK(a.ubiq("resolve \(a.mnt)/notes.md --with \(merged)"))
+        expectOK(eventually(b, "[ \"$(cat notes.md)\" = merged ]"))
+    }
+
+    /// Offline: local work goes on, placeholders fail with EIO after the bounded wait, the
+    /// queue survives a killed daemon, and drains when the store is back.
+    @Test func offlineWorkSurvivesAKilledDaemon() throws {
+        let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1")
+        defer { a.cleanup() }
+        let offline = a.base + "/b-offline"
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--upload-delay 0 --poll-interval 1 --read-timeout 2",
+                                 daemonEnv: ["UBIQ_STORE_OFFLINE_FLAG": offline])
+        defer { b.cleanup() }
+        expectOK(a.sh("head -c 100000 /dev/urandom > remote.bin && mkdir -p shared"))
+        expectOK(eventually(b, "[ -f remote.bin ] && [ -d shared ]"))
+        FileManager.default.createFile(atPath: offline, contents: nil)
+        // A placeholder cannot be read: EIO after the wait, not a hang.
+        let read = b.sh("cat remote.bin > /dev/null")
+        #expect(read.status != 0 && read.err.contains("Input/output error"), "\(read.err)")
+        // Everything local works.
+        expectOK(b.sh("mkdir -p work && for i in 1 2 3 4 5; do echo \"line $i\" > work/f$i; done && mv work/f5 shared/moved && rm work/f4 && [ $(ls work | wc -l) = 3 ]"))
+        expectOK(b.sh("[ \"$(getfattr --only-values -n user.ubiq.status work/f1)\" = uploading ]"))
+        // Killed while offline, mounted again while still offline: the queue is all there.
+        #expect(b.signalDaemon(SIGKILL))
+        shell("fusermount3 -u -z '\(b.mnt)'")
+        try b.mount()
+        expectOK(b.sh("[ \"$(cat work/f1)\" = 'line 1' ] && [ \"$(cat shared/moved)\" = 'line 5' ] && [ ! -e work/f4 ]"), "after the restart")
+        expectOK(b.sh("[ \"$(getfattr --only-values -n user.ubiq.status work/f2)\" = uploading ]"))
+        // Back online: it all goes up, and reaches A.
+        try FileManager.default.removeItem(atPath: offline)
+        expectOK(eventually(a, "[ \"$(cat work/f1)\" = 'line 1' ] && [ \"$(cat work/f3)\" = 'line 3' ] && [ \"$(cat shared/moved)\" = 'line 5' ] && [ ! -e work/f4 ] && [ ! -e work/f5 ]", seconds: 40),
+                 "A gets B's offline work: \(a.sh("ls -laR").out)")
+        expectOK(b.sh("cmp remote.bin \(a.mnt)/remote.bin"), "the placeholder reads once the store is back")
+    }
+}
