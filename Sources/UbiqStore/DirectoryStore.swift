@@ -29,6 +29,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         } catch {
             throw StoreError.failed("cannot create store at \(root.path): \(error.localizedDescription)")
         }
+        Self.removeAbandonedUploads(in: root.appendingPathComponent("tmp"))
         var config = Configuration()
         config.busyMode = .timeout(30)
         do {
@@ -36,6 +37,22 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             try Self.migrator.migrate(db)
         } catch {
             throw StoreError.failed("cannot open store index at \(root.path): \(error)")
+        }
+    }
+
+    /// An upload is written to `tmp/` as it goes; a device killed mid-upload leaves its part
+    /// there. One untouched for a day is dead (a live upload writes to it all the time); it
+    /// is removed when the store is next opened. Uploads start over, so nothing is lost.
+    static let abandonedUploadAge: TimeInterval = 24 * 3600
+
+    static func removeAbandonedUploads(in tmp: URL, now: Date = Date()) {
+        let fm = FileManager.default
+        guard let names = try? fm.contentsOfDirectory(atPath: tmp.path) else { return }
+        for name in names {
+            let path = tmp.appendingPathComponent(name).path
+            guard let modified = (try? fm.attributesOfItem(atPath: path))?[.modificationDate] as? Date,
+                  now.timeIntervalSince(modified) > abandonedUploadAge else { continue }
+            unlink(path)
         }
     }
 

@@ -9,6 +9,7 @@ public final class FaultyStore: CloudStore, Sendable {
 
     public let inner: any CloudStore
     private let failing = Mutex<[Operation: StoreError]>([:])
+    private let losing = Mutex<Set<Operation>>([])
     private let held = Mutex<[Int64: Gate]>([:])
 
     /// A read held until the test lets it go, then answered or failed.
@@ -34,8 +35,15 @@ public final class FaultyStore: CloudStore, Sendable {
         failing.withLock { $0[op] = error }
     }
 
+    /// From now on `op` is carried out by the store but its answer never comes back: the
+    /// caller sees the store unavailable (a reply lost, or a daemon killed just after the write).
+    public func loseAnswers(_ op: Operation) {
+        _ = losing.withLock { $0.insert(op) }
+    }
+
     public func heal(_ op: Operation? = nil) {
         failing.withLock { if let op { $0[op] = nil } else { $0.removeAll() } }
+        losing.withLock { if let op { $0.remove(op) } else { $0.removeAll() } }
         if op == nil || op == .read {
             for gate in held.withLock({ g in defer { g.removeAll() }; return Array(g.values) }) {
                 gate.cond.lock(); gate.released = true; gate.error = nil; gate.cond.broadcast(); gate.cond.unlock()
@@ -64,6 +72,11 @@ public final class FaultyStore: CloudStore, Sendable {
         if let e = failing.withLock({ $0[op] }) { throw e }
     }
 
+    private func answer<T>(_ op: Operation, _ value: T) throws -> T {
+        if losing.withLock({ $0.contains(op) }) { throw StoreError.unavailable("injected fault: the answer was lost") }
+        return value
+    }
+
     public func head(_ key: String) async throws -> ObjectInfo { try check(.head); return try await inner.head(key) }
 
     public func list(prefix: String) async throws -> [ObjectInfo] {
@@ -80,18 +93,19 @@ public final class FaultyStore: CloudStore, Sendable {
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
                     condition: WriteCondition) async throws -> ObjectInfo {
         try check(.put)
-        return try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition)
+        return try answer(.put, try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition))
     }
 
     public func copy(from source: String, version: String, to destination: String,
                      metadata: ObjectMetadata?, condition: WriteCondition) async throws -> ObjectInfo {
         try check(.copy)
-        return try await inner.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
+        return try answer(.copy, try await inner.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition))
     }
 
     public func delete(_ key: String, condition: WriteCondition) async throws {
         try check(.delete)
         try await inner.delete(key, condition: condition)
+        try answer(.delete, ())
     }
 
     public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {

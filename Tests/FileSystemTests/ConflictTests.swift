@@ -158,6 +158,40 @@ import UbiqStore
         #expect(try b.read("f.txt") == "B's")
     }
 
+    /// The store carries out a write but its answer never arrives (a lost reply, or the daemon
+    /// killed just after): the retry, after a restart, finds its own write and adopts it. Nothing
+    /// is written twice and no device sees a false conflict.
+    @Test func aWriteWhoseAnswerWasLostIsNotAConflict() throws {
+        let store = try newStore()
+        let faulty = FaultyStore(store)
+        let a = try Device(store: store, remote: faulty)
+        let b = try Device(store: store)
+        func lost(_ ops: [FaultyStore.Operation], _ change: () throws -> Void) throws {
+            try change()
+            for op in ops { faulty.loseAnswers(op) }
+            a.uploader.processRound(ignoringDelay: true)
+            #expect(a.uploader.pendingCount > 0)  // it went up, but A does not know it
+            faulty.heal()
+            try a.open()  // the daemon is started again on the same state
+            a.sync()
+            a.pull()
+            b.pull()
+        }
+        try lost([.put]) { try a.write("new.txt", "first") }
+        try lost([.put]) { try a.write("new.txt", "second") }
+        try lost([.copy, .delete]) { try a.fs.rename(rootIno, n("new.txt"), rootIno, n("moved.txt")) }
+        try lost([.put]) { try a.mkdir("folder") }
+        for d in [a, b] {
+            #expect(try d.names("") == ["folder", "moved.txt"])
+            #expect(try d.read("moved.txt") == "second")
+            #expect(try d.fs.itemStatus(try d.ino("moved.txt")).status != "conflict")
+        }
+        #expect(try runBlocking { try await store.versions(of: "new.txt") }.count == 2)  // first, second: once each
+        try lost([.delete]) { try a.fs.unlink(rootIno, n("moved.txt")) }
+        #expect(try a.names("") == ["folder"] && b.names("") == ["folder"])
+        #expect(a.uploader.pendingCount == 0)
+    }
+
     @Test func aMetadataChangeHereMergesWithAnEditThere() throws {
         let store = try newStore()
         let a = try Device(store: store)

@@ -119,4 +119,54 @@ import Testing
                  "A gets B's offline work: \(a.sh("ls -laR").out)")
         expectOK(b.sh("cmp remote.bin \(a.mnt)/remote.bin"), "the placeholder reads once the store is back")
     }
+
+    /// SIGKILL while a file goes up (a new file, then an edit of it), then mount again: the
+    /// upload starts over, nothing is lost, no false conflict copy is made, and the other
+    /// device gets the bytes that were acknowledged.
+    @Test func aDaemonKilledDuringAnUploadLosesNothing() throws {
+        let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1",
+                                 daemonEnv: ["UBIQ_STORE_WRITE_RATE": "8M"])
+        defer { a.cleanup() }
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--poll-interval 1")
+        defer { b.cleanup() }
+        for round in 1 ... 2 {
+            // 32 MiB at 8 MiB/s: four seconds on the wire, progress reported every 8 MiB.
+            let w = a.sh("head -c 32M /dev/urandom > big.bin && sync big.bin && sha256sum big.bin")
+            expectOK(w)
+            let sum = String(w.out.prefix(64))
+            let midway = eventually(a, "p=$(getfattr --only-values -n user.ubiq.percent-uploaded big.bin) && [ \"$p\" -gt 0 ] && [ \"$p\" -lt 100 ]")
+            expectOK(midway, "round \(round): the upload is under way: \(a.sh("getfattr -d -m user.ubiq big.bin").out)")
+            #expect(a.signalDaemon(SIGKILL))
+            shell("fusermount3 -u -z '\(a.mnt)'")
+            try a.mount()
+            expectOK(a.sh("[ \"$(sha256sum < big.bin | cut -c1-64)\" = \(sum) ]"), "round \(round): the file is whole after the restart")
+            expectOK(eventually(a, "[ \"$(getfattr --only-values -n user.ubiq.status big.bin)\" = current ]", seconds: 60),
+                     "round \(round): the upload finished: \(a.sh("getfattr -d -m user.ubiq big.bin").out)")
+            expectOK(eventually(b, "[ \"$(sha256sum < big.bin | cut -c1-64)\" = \(sum) ]", seconds: 30), "round \(round): B has the same bytes")
+            for m in [a, b] {
+                expectOK(m.sh("[ \"$(ls)\" = big.bin ]"), "round \(round): no conflict copy: \(m.sh("ls").out)")
+            }
+        }
+    }
+
+    /// SIGKILL while a device applies a stream of another device's changes, then mount
+    /// again: every file arrives, once, with its bytes.
+    @Test func aDaemonKilledWhileApplyingRemoteChangesCatchesUp() throws {
+        let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1")
+        defer { a.cleanup() }
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--poll-interval 1")
+        defer { b.cleanup() }
+        let count = 2000
+        expectOK(a.sh("mkdir -p many && cd many && for i in $(seq 1 \(count)); do echo \"file $i\" > f$i; done"))
+        // Killed once part of the stream has arrived, with more still coming.
+        let some = eventually(b, "n=$(ls many 2>/dev/null | wc -l) && [ $n -gt 0 ] && [ $n -lt \(count) ]", seconds: 60)
+        expectOK(some, "B is part-way: \(b.sh("ls many | wc -l").out)")
+        #expect(b.signalDaemon(SIGKILL))
+        shell("fusermount3 -u -z '\(b.mnt)'")
+        try b.mount()
+        let all = "[ $(ls many | wc -l) = \(count) ] && [ $(ls many | sort -u | wc -l) = \(count) ] && [ \"$(cat many/f1 many/f\(count))\" = \"$(printf 'file 1\\nfile \(count)')\" ]"
+        expectOK(eventually(b, all, seconds: 120), "B has everything: \(b.sh("ls many | wc -l").out)")
+        expectOK(b.sh("cd many && for i in $(seq 1 \(count)); do [ \"$(cat f$i)\" = \"file $i\" ] || { echo \"f$i: $(cat f$i)\"; exit 1; }; done"))
+        expectOK(a.sh("[ $(ls many | wc -l) = \(count) ]"))
+    }
 }

@@ -187,6 +187,21 @@ let fileMeta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mt
 }
 
 @Suite struct DirectoryStoreTests {
+    /// What a device killed mid-upload left in tmp/ goes once it is a day old; a fresh one stays.
+    @Test func abandonedUploadsAreRemoved() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-store-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        _ = try DirectoryStore(root: dir)
+        let tmp = dir.appendingPathComponent("tmp")
+        let old = tmp.appendingPathComponent("abandoned").path, fresh = tmp.appendingPathComponent("under-way").path
+        #expect(FileManager.default.createFile(atPath: old, contents: Data(count: 100)))
+        #expect(FileManager.default.createFile(atPath: fresh, contents: Data(count: 100)))
+        try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSinceNow: -25 * 3600)], ofItemAtPath: old)
+        _ = try DirectoryStore(root: dir)
+        #expect(!FileManager.default.fileExists(atPath: old))
+        #expect(FileManager.default.fileExists(atPath: fresh))
+    }
+
     @Test func quotaRefusesWhatWouldNotFit() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-store-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: dir) }
