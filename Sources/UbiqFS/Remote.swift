@@ -15,13 +15,16 @@ import UbiqSync
 /// - A deleted key removes the local name, unless this device changed the item since
 ///   (an edit beats a delete: the item is uploaded again), or, for a folder, something
 ///   is left in it that the store never had.
-/// - An item this device changed and another changed too is left alone here: its
-///   upload is conditional on the version it started from and reports the conflict.
+/// - An item whose content this device changed, and another device changed too, is left
+///   alone here: its upload is conditional on the version it started from, and when that
+///   fails the Uploader keeps the other version as a conflict copy beside it (docs/sync.md).
+///   An item with only a metadata change here takes the new content and keeps its metadata.
 ///
 /// Every change claims the items it touches through the Coordinator, and drops what
 /// the kernel cached of them.
 extension FileSystem {
-    /// `retry` is called when an item whose update waited for its readers is closed.
+    /// `retry` asks the ChangeFeed to poll now: called when an item whose update waited for
+    /// its readers is closed, and when an upload made a conflict copy that should arrive here.
     public func setRemoteRetry(_ retry: @escaping @Sendable () -> Void) {
         remoteRetry.withLock { $0 = retry }
     }

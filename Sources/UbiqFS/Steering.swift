@@ -43,7 +43,7 @@ extension FileSystem {
     }
 
     func syncWithStore() throws {
-        uploader?.kick()
+        uploader?.hurry()
         guard let handler = syncHandler.withLock({ $0 }) else { return }
         do { try handler() } catch {
             logger.warning("sync with the store failed: \(error)")

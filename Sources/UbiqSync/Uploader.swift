@@ -48,6 +48,8 @@ public final class Uploader: @unchecked Sendable {
     private let cond = NSCondition()
     private var running = false
     private var kicked = false
+    /// The next round uploads what is queued without waiting out the delay that gathers saves.
+    private var hurried = false
     private var thread: Thread?
     private var stopped = true
     private var busyCheck: @Sendable (UInt64) -> Bool = { _ in false }
@@ -118,13 +120,20 @@ public final class Uploader: @unchecked Sendable {
         cond.lock(); kicked = true; cond.signal(); cond.unlock()
     }
 
+    /// The user asked for it (`ubiq sync`): upload everything queued now, not after the delay.
+    public func hurry() {
+        cond.lock(); kicked = true; hurried = true; cond.signal(); cond.unlock()
+    }
+
     private func loop() {
         while true {
             cond.lock()
             if !running { stopped = true; cond.broadcast(); cond.unlock(); return }
+            let now = hurried
+            hurried = false
             cond.unlock()
             refreshUsage()
-            let n = shouldYield() ? 0 : processRound(ignoringDelay: false)
+            let n = !now && shouldYield() ? 0 : processRound(ignoringDelay: now)
             cond.lock()
             if n == 0 && running && !kicked { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.25)) }
             if n == 0 && kicked { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.05)) }
@@ -369,7 +378,9 @@ public final class Uploader: @unchecked Sendable {
                         case .adopt(let v, let tag):
                             try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: v, tag: tag) }
                             continue
-                        case .wait: return .deferred
+                        case .wait:
+                            try breakRenameCycle(entry, to: key, s)
+                            return .deferred
                         case .conflict(let why): return .conflict(why)
                         case .over(let theirs, let copy):
                             do { info = try send(theirs.map { .ifMatch($0) } ?? .ifAbsent) } catch StoreError.preconditionFailed {
@@ -403,7 +414,9 @@ public final class Uploader: @unchecked Sendable {
                         try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: v, tag: tag) }
                         try removeOld(entry, newKey: key)
                         continue
-                    case .wait: return .deferred
+                    case .wait:
+                        try breakRenameCycle(entry, to: key, s)
+                        return .deferred
                     case .conflict(let why): return .conflict(why)
                     case .over(let theirs, let aside):
                         do { info = try copy(theirs.map { .ifMatch($0) } ?? .ifAbsent) } catch StoreError.preconditionFailed {
@@ -469,6 +482,40 @@ public final class Uploader: @unchecked Sendable {
     }
 
     /// After an entry's object was written at `newKey`, delete where it was before.
+    /// Names swapped (`mv a t; mv b a; mv t b`), or rotated: each item's new key is held by
+    /// another of ours that is itself waiting to move, so none can go first. The one whose
+    /// bytes are here (or that has none: a folder, a link) breaks the cycle: its old key is
+    /// deleted (left alone if another device wrote there since) and it goes up again as a new
+    /// item once its new key is free.
+    private func breakRenameCycle(_ entry: EntryRecord, to key: String, _ s: Snapshot) throws {
+        guard let oldKey = entry.remoteKey, oldKey != key, s.rec.type != UInt32(S_IFREG) || s.rec.present else { return }
+        let cycle = try state.read { tx -> Bool in
+            var target = key
+            var seen: Set<String> = []
+            for _ in 0 ..< 64 {
+                guard let holder = try tx.entries(remoteKey: target).first(where: { $0.id != entry.id }),
+                      let path = try Self.path(of: holder, tx), let rec = try tx.inode(holder.ino) else { return false }
+                let wanted = rec.type == UInt32(S_IFDIR) ? path + "/" : path
+                if wanted == oldKey { return true }
+                if wanted == target || !seen.insert(wanted).inserted { return false }
+                target = wanted
+            }
+            return false
+        }
+        guard cycle else { return }
+        let store = self.store
+        do {
+            try runBlocking { try await store.delete(oldKey, condition: entry.remoteVersion.map { .ifMatch($0) } ?? .always) }
+        } catch StoreError.notFound {
+        } catch StoreError.preconditionFailed {
+            // Another device wrote there since: its version stays (an edit beats the delete
+            // a rename implies), and this item still goes up anew under its new name.
+            logger.info("left \(oldKey) in the store: it changed there since")
+        }
+        try state.write { try $0.setRemote(entryID: entry.id, key: nil, version: nil) }
+        logger.info("names swapped: \(oldKey) is sent again as \(key) once that name is free")
+    }
+
     private func removeOld(_ entry: EntryRecord, newKey: String) throws {
         guard let old = entry.remoteKey, old != newKey else { return }
         let version = entry.remoteVersion

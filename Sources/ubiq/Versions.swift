@@ -179,6 +179,8 @@ struct Resolve: ParsableCommand {
             if unlink(c.path) != 0 { fail("cannot delete \(c.name): \(String(cString: strerror(errno)))") }
             print("deleted \(c.name)")
         }
+        // The settlement goes to the store now, not after the delay that gathers saves.
+        _ = setAttribute(p, "user.ubiq.action", "sync")
     }
 }
 

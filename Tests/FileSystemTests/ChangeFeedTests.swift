@@ -7,12 +7,6 @@ import UbiqStore
 
 /// Other devices' changes arriving through the ChangeFeed.
 @Suite struct ChangeFeedTests {
-    func contents(_ store: DirectoryStore, _ key: String) throws -> String {
-        let head = try runBlocking { try await store.head(key) }
-        return String(decoding: try runBlocking { try await store.read(key, version: head.version, range: 0 ..< (1 << 30)) },
-                      as: UTF8.self)
-    }
-
     @Test func additionsUpdatesAndDeletesArrive() throws {
         let store = try newStore()
         let a = try Device(store: store)

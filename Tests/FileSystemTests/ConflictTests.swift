@@ -245,4 +245,99 @@ import UbiqStore
             #expect(try d.read("newer.txt") == "v2")
         }
     }
+
+    /// A delete here that meets an edit made there: the edit wins, and comes back here.
+    @Test func aDeleteHereLosesToAnEditThere() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        try a.write("report.txt", "v1")
+        a.sync()
+        b.pull()
+        try a.write("report.txt", "v2 from A")
+        a.sync()
+        try b.fs.unlink(rootIno, n("report.txt"))  // B has not seen v2
+        b.sync()
+        b.pull()
+        a.pull()
+        for d in [a, b] {
+            #expect(try d.names("") == ["report.txt"])
+            #expect(try d.read("report.txt") == "v2 from A")
+        }
+        #expect(try contents(store, "report.txt") == "v2 from A")
+    }
+
+    /// A folder renamed on A while B writes new files and edits old ones inside it: every
+    /// write lands (B's under the folder's old name, which B still saw), and both devices agree.
+    @Test func aFolderRenamedWhileAnotherDeviceWritesInside() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        try a.mkdir("project")
+        try a.write("project/notes.txt", "v1")
+        try a.write("project/keep.txt", "untouched")
+        a.sync()
+        b.pull()
+        try a.fs.rename(rootIno, n("project"), rootIno, n("archive"))
+        try b.write("project/new.txt", "made on B")
+        try b.write("project/notes.txt", "v2 from B")
+        a.sync()
+        b.sync()
+        a.pull(); b.pull(); a.sync(); b.sync(); a.pull(); b.pull()
+        for d in [a, b] {
+            // The renamed folder has what A moved; B's writes, made in the folder B still saw,
+            // are all there (under whichever name they landed), and nothing was lost.
+            let everything = try (d.names("").contains("project") ? d.names("project").map { "project/" + $0 } : [])
+                + d.names("archive").map { "archive/" + $0 }
+            #expect(try d.read("archive/keep.txt") == "untouched")
+            let texts = try Set(everything.map { try d.read($0) })
+            #expect(texts.contains("made on B") && texts.contains("v2 from B"), "\(everything)")
+        }
+        #expect(try a.names("") == b.names("") && a.names("archive") == b.names("archive"))
+        #expect(a.uploader.pendingCount == 0 && b.uploader.pendingCount == 0)
+    }
+
+    /// Renames in a chain (a→b→c, then a swap through a temporary name) arrive as the same
+    /// end state on the other device, each name with its own bytes.
+    @Test func renameChainsArriveAsTheirEndState() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        try a.write("one", "1")
+        try a.write("two", "2")
+        a.sync()
+        b.pull()
+        try a.fs.rename(rootIno, n("one"), rootIno, n("uno"))
+        try a.fs.rename(rootIno, n("uno"), rootIno, n("eins"))
+        try a.fs.rename(rootIno, n("eins"), rootIno, n("tmp"))
+        try a.fs.rename(rootIno, n("two"), rootIno, n("one"))
+        try a.fs.rename(rootIno, n("tmp"), rootIno, n("two"))
+        a.sync()
+        b.pull()
+        for d in [a, b] {
+            #expect(try d.names("") == ["one", "two"])
+            #expect(try d.read("one") == "2")
+            #expect(try d.read("two") == "1")
+        }
+        // Three names rotated, and two folders swapped with what is in them.
+        try a.write("x", "X")
+        try a.write("y", "Y")
+        try a.write("z", "Z")
+        try a.mkdir("red")
+        try a.write("red/f", "in red")
+        try a.mkdir("blue")
+        try a.write("blue/f", "in blue")
+        a.sync()
+        b.pull()
+        for (from, to) in [("x", "t"), ("z", "x"), ("y", "z"), ("t", "y"), ("red", "t"), ("blue", "red"), ("t", "blue")] {
+            try a.fs.rename(rootIno, n(from), rootIno, n(to))
+        }
+        a.sync()
+        b.pull()
+        for d in [a, b] {
+            #expect(try d.names("") == ["blue", "one", "red", "two", "x", "y", "z"])
+            #expect(try [d.read("x"), d.read("y"), d.read("z")] == ["Z", "X", "Y"])
+            #expect(try d.read("red/f") == "in blue" && d.read("blue/f") == "in red")
+        }
+    }
 }

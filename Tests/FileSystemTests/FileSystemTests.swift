@@ -62,7 +62,15 @@ final class Device: @unchecked Sendable {
     func pull() { #expect(throws: Never.self) { try feed.poll() } }
 
     /// Uploads everything pending (generous: a disk busy with other suites can make one fsync take seconds).
-    func sync() { #expect(uploader.drain(timeout: 60)) }
+    func sync() {
+        let drained = uploader.drain(timeout: 60)
+        if !drained, let stuck = try? state.read({ tx in
+            try tx.dueOutbox(limit: 20, asOf: .distantFuture).map { item in
+                try tx.entries(of: item.ino).map { e in "ino \(item.ino) \(String(decoding: e.name, as: UTF8.self)) parent \(e.parent) remote \(e.remoteKey ?? "-")" }
+            }
+        }) { print("STUCK", stuck, (try? state.read { try $0.tombstones(limit: 20) }).map { "\($0)" } ?? "") }
+        #expect(drained)
+    }
 
     // Conveniences in path terms.
     func ino(_ path: String) throws -> UInt64 {
@@ -113,6 +121,13 @@ func newStore() throws -> DirectoryStore {
 }
 
 func n(_ s: String) -> [UInt8] { Array(s.utf8) }
+
+/// The current bytes of `key` in the store, as text.
+func contents(_ store: DirectoryStore, _ key: String) throws -> String {
+    let head = try runBlocking { try await store.head(key) }
+    return String(decoding: try runBlocking { try await store.read(key, version: head.version, range: 0 ..< (1 << 30)) },
+                  as: UTF8.self)
+}
 
 @Suite struct NamespaceTests {
     @Test func createWriteReadAndStatAreConsistent() throws {

@@ -74,7 +74,16 @@ struct SplitMix: RandomNumberGenerator {
                 live.remove(try d.read(path))
                 let (dir, name) = d.split(path)
                 try d.fs.unlink(try d.ino(dir), n(name))
-            case 52 ..< 64:  // rename, maybe over another file
+            case 52 ..< 56:  // swap two files' names (mv a t; mv b a; mv t b)
+                let files = existing.filter { !$0.hasSuffix("/") }
+                guard files.count >= 2 else { continue }
+                let p = files.randomElement(using: &rng)!, q = files.randomElement(using: &rng)!
+                if p == q { continue }
+                let (pDir, pName) = d.split(p), (qDir, qName) = d.split(q)
+                try d.fs.rename(try d.ino(pDir), n(pName), try d.ino(pDir), n(".swap"))
+                try d.fs.rename(try d.ino(qDir), n(qName), try d.ino(pDir), n(pName))
+                try d.fs.rename(try d.ino(pDir), n(".swap"), try d.ino(qDir), n(qName))
+            case 56 ..< 64:  // rename, maybe over another file
                 guard let path = existing.randomElement(using: &rng) else { continue }
                 let target = Bool.random(using: &rng) ? fresh : existing.randomElement(using: &rng)!
                 if target == path || (try? d.ino(d.split(target).0)) == nil { continue }

@@ -138,6 +138,18 @@ struct FixtureError: Error, CustomStringConvertible {
 }
 
 /// Checks a shell step and shows its output when it fails.
+/// Runs `script` in `m` until it succeeds, up to `seconds` (uploads, another device's next
+/// look at the store, retries take a moment). Returns the last result.
+func eventually(_ m: MountFixture, _ script: String, seconds: Double = 20) -> ShellResult {
+    let deadline = Date(timeIntervalSinceNow: seconds)
+    var r = m.sh(script)
+    while r.status != 0 && Date() < deadline {
+        usleep(200_000)
+        r = m.sh(script)
+    }
+    return r
+}
+
 func expectOK(_ r: ShellResult, _ what: String = "", sourceLocation: SourceLocation = #_sourceLocation) {
     #expect(r.status == 0, "\(what) failed (\(r.status)): \(r.err)\(r.out)", sourceLocation: sourceLocation)
 }

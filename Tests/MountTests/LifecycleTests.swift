@@ -428,17 +428,30 @@ import Testing
     }
 
     /// df shows the store's quota; a file over it is kept locally and reported as not uploaded.
+    /// Over quota: the edit stays here (across a restart), says why, new writes still work,
+    /// and it goes up once space frees.
     @Test func dfShowsTheQuotaAndOverQuotaWritesStayLocal() throws {
-        let m = try MountFixture(extra: "--quota 50M")
+        let m = try MountFixture(extra: "--quota 50M --upload-delay 0")
         defer { m.cleanup() }
         let df = m.sh("df -B1M --output=size . | tail -1")
         #expect(df.out.trimmingCharacters(in: .whitespaces) == "50\n", "df: \(df.out)")
-        expectOK(m.sh("head -c 60000000 /dev/urandom > too-big && sha256sum too-big > \(m.base)/sum"))
+        let status = "getfattr --only-values -n user.ubiq.status"
+        expectOK(m.sh("head -c 30000000 /dev/urandom > filler"))
+        expectOK(eventually(m, "[ \"$(\(status) filler)\" = current ]"), "the first file fits")
+        expectOK(m.sh("head -c 30000000 /dev/urandom > too-big && sha256sum too-big > \(m.base)/sum"))
+        expectOK(eventually(m, "[ \"$(\(status) too-big)\" = uploading ] && getfattr --only-values -n user.ubiq.uploading-error too-big | grep -q quota"),
+                 "waits, saying why: \(m.sh("getfattr -d -m user.ubiq too-big").out)")
         let u = m.ubiq("unmount --timeout 3 \(m.mnt)")
         expectOK(u)
         #expect(u.out.contains("1 changes not yet uploaded"), "\(u.out)")
         #expect(!u.out.contains("kept on this device only"), "\(u.out)")
         try m.mount()
         expectOK(m.sh("sha256sum -c \(m.base)/sum"), "the edit is kept locally")
+        expectOK(m.sh("echo still works > small && [ \"$(cat small)\" = 'still works' ]"), "new writes succeed")
+        // Space frees: the waiting upload goes (ubiq sync tries at once rather than at the next retry).
+        expectOK(m.sh("rm filler"))
+        expectOK(eventually(m, "ubiq_sync=$(\(ubiqBinary) sync . 2>&1); [ \"$(\(status) too-big)\" = current ] && [ \"$(\(status) small)\" = current ]", seconds: 30),
+                 "uploaded once there is room: \(m.sh("getfattr -d -m user.ubiq too-big").out)")
+        expectOK(m.sh("[ -z \"$(getfattr --only-values -n user.ubiq.uploading-error too-big)\" ]"))
     }
 }

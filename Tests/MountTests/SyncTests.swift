@@ -5,16 +5,6 @@ import Testing
 /// settled with `ubiq versions` / `ubiq resolve`, history with `ubiq restore`, offline work
 /// that survives a killed daemon.
 @Suite(.serialized) struct SyncTests {
-    func eventually(_ m: MountFixture, _ script: String, seconds: Double = 20) -> ShellResult {
-        let deadline = Date(timeIntervalSinceNow: seconds)
-        var r = m.sh(script)
-        while r.status != 0 && Date() < deadline {
-            usleep(200_000)
-            r = m.sh(script)
-        }
-        return r
-    }
-
     /// Two devices, B offline while both edit one file: both versions are kept on both, and
     /// resolving on A settles it on B.
     @Test func conflictsAreKeptAndResolvedEverywhere() throws {
@@ -27,7 +17,7 @@ import Testing
         expectOK(a.sh("printf 'base\\n' > plan.txt"))
         expectOK(eventually(b, "[ \"$(cat plan.txt)\" = base ]"), "the file reaches B")
         // B loses the store; its edit stays here, queued, and says why.
-        FileManager.default.createFile(atPath: offline, contents: nil)
+        _ = FileManager.default.createFile(atPath: offline, contents: nil)
         expectOK(b.sh("printf 'from B\\n' > plan.txt && [ \"$(cat plan.txt)\" = 'from B' ]"), "B writes offline")
         expectOK(eventually(b, "[ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" = uploading ] && getfattr --only-values -n user.ubiq.uploading-error plan.txt | grep -q unavailable"),
                  "B shows the edit waiting: \(b.sh("getfattr -d -m user.ubiq plan.txt").out)")
@@ -58,6 +48,24 @@ import Testing
         let resolved = "[ \"$(ls)\" = plan.txt ] && [ \"$(cat plan.txt)\" = 'from A' ] && [ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" != conflict ]"
         expectOK(eventually(a, resolved), "resolved on A: \(a.sh("ls -la").out)")
         expectOK(eventually(b, resolved), "resolved on B: \(b.sh("ls -la").out)")
+    }
+
+    /// `ubiq sync` does not wait: on A it sends a save at once (not after the delay that
+    /// gathers saves), on B it brings it in at once (not at the next poll).
+    @Test func ubiqSyncSendsAndBringsChangesAtOnce() throws {
+        let a = try MountFixture(extra: "--upload-delay 60 --poll-interval 600")
+        defer { a.cleanup() }
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--poll-interval 600")
+        defer { b.cleanup() }
+        expectOK(a.sh("echo now > urgent.txt"))
+        usleep(500_000)
+        expectOK(a.sh("[ \"$(getfattr --only-values -n user.ubiq.status urgent.txt)\" = uploading ]"), "held for the delay")
+        expectOK(a.ubiq("sync \(a.mnt)"))
+        expectOK(eventually(a, "[ \"$(getfattr --only-values -n user.ubiq.status urgent.txt)\" = current ]", seconds: 10),
+                 "sent at once: \(a.sh("getfattr -d -m user.ubiq urgent.txt").out)")
+        #expect(b.sh("cat urgent.txt").status != 0, "B has not looked yet")
+        expectOK(b.ubiq("sync \(b.mnt)"))
+        expectOK(b.sh("[ \"$(cat urgent.txt)\" = now ]"), "B has it as soon as ubiq sync returns")
     }
 
     /// `ubiq versions --all` lists what the store keeps; `ubiq restore` brings one back on
@@ -100,7 +108,7 @@ import Testing
         defer { b.cleanup() }
         expectOK(a.sh("head -c 100000 /dev/urandom > remote.bin && mkdir -p shared"))
         expectOK(eventually(b, "[ -f remote.bin ] && [ -d shared ]"))
-        FileManager.default.createFile(atPath: offline, contents: nil)
+        _ = FileManager.default.createFile(atPath: offline, contents: nil)
         // A placeholder cannot be read: EIO after the wait, not a hang.
         let read = b.sh("cat remote.bin > /dev/null")
         #expect(read.status != 0 && read.err.contains("Input/output error"), "\(read.err)")

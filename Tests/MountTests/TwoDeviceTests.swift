@@ -4,18 +4,6 @@ import Testing
 /// Two live mounts of one store: two devices, each seeing the other's changes while both
 /// are mounted (the change feed), through the kernel's caches.
 @Suite(.serialized) struct TwoDeviceTests {
-    /// Runs `script` in `m` until it succeeds, up to `seconds` (the other device's upload and
-    /// this one's next look at the store take a moment). Returns the last result.
-    func eventually(_ m: MountFixture, _ script: String, seconds: Double = 20) -> ShellResult {
-        let deadline = Date(timeIntervalSinceNow: seconds)
-        var r = m.sh(script)
-        while r.status != 0 && Date() < deadline {
-            usleep(200_000)
-            r = m.sh(script)
-        }
-        return r
-    }
-
     /// Starts `ubiq ARGS` with its output going to the file `output`; does not wait.
     func spawn(_ args: [String], output: String) -> Process {
         let p = Process()
