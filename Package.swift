@@ -11,6 +11,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.0.0"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.0"),
     ],
     targets: [
         .systemLibrary(name: "CFuse", path: "Modules/CFuse", pkgConfig: "fuse3",
@@ -19,6 +20,11 @@ let package = Package(
         .target(name: "UbiqStore", dependencies: [
             "CUbiq",
             .product(name: "GRDB", package: "GRDB.swift"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
+        .target(name: "UbiqS3", dependencies: [
+            "UbiqStore",
+            .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "UbiqState", dependencies: [
@@ -49,5 +55,6 @@ let package = Package(
             .product(name: "GRDB", package: "GRDB.swift"),
         ]),
         .testTarget(name: "MountTests", dependencies: []),
+        .testTarget(name: "S3Tests", dependencies: ["UbiqS3", "UbiqStore"]),
     ]
 )
