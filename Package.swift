@@ -12,6 +12,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.0.0"),
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.100.0"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
     ],
     targets: [
         .systemLibrary(name: "CFuse", path: "Modules/CFuse", pkgConfig: "fuse3",
@@ -25,6 +27,9 @@ let package = Package(
         .target(name: "UbiqS3", dependencies: [
             "UbiqStore",
             .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "AsyncHTTPClient", package: "async-http-client"),
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOHTTP1", package: "swift-nio"),
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "UbiqState", dependencies: [
@@ -55,6 +60,10 @@ let package = Package(
             .product(name: "GRDB", package: "GRDB.swift"),
         ]),
         .testTarget(name: "MountTests", dependencies: []),
-        .testTarget(name: "S3Tests", dependencies: ["UbiqS3", "UbiqStore"]),
+        .testTarget(name: "S3Tests", dependencies: [
+            "UbiqS3", "UbiqStore",
+            .product(name: "Logging", package: "swift-log"),
+            .product(name: "NIOCore", package: "swift-nio"),
+        ]),
     ]
 )

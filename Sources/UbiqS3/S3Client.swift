@@ -1,0 +1,225 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import UbiqStore
+
+/// Where an S3-compatible service is, and who we are to it.
+public struct S3Endpoint: Sendable {
+    /// `http(s)://host[:port]`: requests go path-style, `/BUCKET/KEY`.
+    public var url: URL
+    public var region: String
+    public var bucket: String
+    public var credentials: S3Credentials
+
+    public init(url: URL, region: String, bucket: String, credentials: S3Credentials) {
+        self.url = url; self.region = region; self.bucket = bucket; self.credentials = credentials
+    }
+}
+
+/// One answer from the service.
+public struct S3Response: Sendable {
+    public var status: Int
+    public var headers: HTTPHeaders
+    public var body: ByteBuffer
+
+    public func header(_ name: String) -> String? { headers.first(name: name) }
+    public var text: String { String(buffer: body) }
+    public var data: Data { Data(body.readableBytesView) }
+}
+
+/// What to send.
+public enum S3Body: Sendable {
+    case none
+    case data(Data)
+    /// `length` bytes of an open file from `offset` (sent as they are read; the payload is
+    /// not hashed: UNSIGNED-PAYLOAD). `progress` hears the bytes sent so far.
+    case file(fd: Int32, offset: Int64, length: Int64, progress: (@Sendable (Int64) -> Void)?)
+}
+
+/// Signed requests to an S3-compatible service, with S3's errors mapped to `StoreError`
+/// and transient failures (5xx, SlowDown, a connection refused or cut, a timeout) tried again
+/// with jittered backoff. Secrets are never logged.
+public final class S3Client: Sendable {
+    public let endpoint: S3Endpoint
+    let http: HTTPClient
+    let logger: Logger
+    /// Tries of a request that fails transiently (the first included).
+    public let attempts: Int
+    public let timeout: TimeAmount
+
+    /// One HTTP client for the process (its connections are pooled per host). It does not
+    /// retry a refused connection itself until the request's deadline: `send` retries, briefly,
+    /// so that a store that is down is known as down at once.
+    public static let processClient: HTTPClient = {
+        var config = HTTPClient.Configuration()
+        config.timeout = .init(connect: .seconds(10), read: .seconds(60))
+        config.connectionPool.retryConnectionEstablishment = false
+        return HTTPClient(eventLoopGroupProvider: .singleton, configuration: config)
+    }()
+
+    public init(endpoint: S3Endpoint, logger: Logger, attempts: Int = 4, timeout: TimeAmount = .seconds(300),
+                http: HTTPClient = S3Client.processClient) {
+        self.endpoint = endpoint; self.logger = logger; self.attempts = max(1, attempts); self.timeout = timeout
+        self.http = http
+    }
+
+    /// The request path of `key` in the bucket (`key` nil: the bucket itself).
+    func path(_ key: String?) -> String {
+        SigV4.encodePath("/" + endpoint.bucket + (key.map { "/" + $0 } ?? ""))
+    }
+
+    /// Sends a request and returns the answer when its status is 2xx (or 304); maps the
+    /// others to `StoreError`. `key` nil addresses the bucket.
+    @discardableResult
+    public func send(_ method: HTTPMethod, key: String?, query: [(String, String)] = [], headers: [String: String] = [:],
+                     body: S3Body = .none, maxResponse: Int = 64 << 20) async throws -> S3Response {
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                let r = try await once(method, key: key, query: query, headers: headers, body: body, maxResponse: maxResponse)
+                if (200 ..< 300).contains(r.status) || r.status == 304 { return r }
+                let error = Self.error(for: r, key: key ?? "", method: method)
+                guard error.isTransient, attempt < attempts else { throw error }
+                logger.info("S3 \(method) \(key ?? "") answered \(r.status), trying again")
+            } catch let e as StoreError {
+                throw e
+            } catch {
+                // Could not reach it, or the connection broke: transient.
+                guard attempt < attempts else { throw StoreError.unavailable("\(endpoint.url.absoluteString): \(Self.describe(error))") }
+                logger.info("S3 \(method) \(key ?? "") failed (\(Self.describe(error))), trying again")
+            }
+            try await Task.sleep(nanoseconds: UInt64(Double.random(in: 0.5 ... 1.5) * 0.2 * pow(2, Double(attempt - 1)) * 1e9))
+        }
+    }
+
+    private func once(_ method: HTTPMethod, key: String?, query: [(String, String)], headers: [String: String],
+                      body: S3Body, maxResponse: Int) async throws -> S3Response {
+        let path = path(key)
+        var host = endpoint.url.host ?? "localhost"
+        if let port = endpoint.url.port { host += ":\(port)" }
+        var signed = headers
+        signed["Host"] = host
+        let payloadHash: String
+        var request = HTTPClientRequest(url: endpoint.url.absoluteString.trimmingSuffix("/") + path + Self.queryString(query))
+        request.method = method
+        switch body {
+        case .none:
+            payloadHash = SigV4.emptyPayloadHash
+            if method == .PUT || method == .POST { request.body = .bytes(ByteBuffer()) }
+        case .data(let d):
+            payloadHash = SigV4.sha256Hex(d)
+            request.body = .bytes(ByteBuffer(bytes: d))
+        case .file(let fd, let offset, let length, let progress):
+            payloadHash = "UNSIGNED-PAYLOAD"
+            request.body = .stream(FileChunks(fd: fd, offset: offset, end: offset + length, progress: progress), length: .known(length))
+        }
+        let c = endpoint.credentials
+        let signer = SigV4(accessKey: c.accessKey, secretKey: c.secretKey, sessionToken: c.sessionToken, region: endpoint.region)
+        let added = signer.sign(method: method.rawValue, path: path, query: query, headers: signed, payloadHash: payloadHash, date: Date())
+        for (k, v) in headers { request.headers.add(name: k, value: v) }
+        for (k, v) in added { request.headers.add(name: k, value: v) }
+        let response = try await http.execute(request, timeout: timeout)
+        let bytes = try await response.body.collect(upTo: maxResponse)
+        return S3Response(status: Int(response.status.code), headers: response.headers, body: bytes)
+    }
+
+    static func queryString(_ query: [(String, String)]) -> String {
+        if query.isEmpty { return "" }
+        // A sub-resource (`?versioning`) goes without `=`; the signature has `versioning=` either way.
+        return "?" + query.map { k, v in
+            SigV4.uriEncode(k, keepSlash: false) + (v.isEmpty ? "" : "=" + SigV4.uriEncode(v, keepSlash: false))
+        }.joined(separator: "&")
+    }
+
+    /// S3's error answers as the store's: 404 → notFound, 412 and 409 (a conditional write
+    /// that lost a race) → preconditionFailed, 403 → failed (credentials or permissions), 500,
+    /// 503 and SlowDown → unavailable (tried again), others → failed. The message is S3's Code.
+    static func error(for r: S3Response, key: String, method: HTTPMethod) -> StoreError {
+        let code = xmlValue("Code", in: r.text) ?? ""
+        switch r.status {
+        case 404:
+            if code == "NoSuchBucket" { return .failed("no such bucket") }
+            return .notFound(key: key)
+        case 412, 409 where code != "BucketAlreadyOwnedByYou" && code != "BucketNotEmpty":
+            return .preconditionFailed(key: key, current: nil)
+        case 403:
+            return .failed("access denied (\(code.isEmpty ? "403" : code)): check the credentials and the bucket's permissions")
+        case 500, 502, 503, 504:
+            return .unavailable("\(r.status) \(code)")
+        default:
+            if code == "SlowDown" || code == "RequestTimeout" || code == "InternalError" { return .unavailable(code) }
+            if code == "EntityTooLarge" || code == "QuotaExceeded" { return .quotaExceeded(key: key) }
+            return .failed("\(method) \(key): \(r.status) \(code.isEmpty ? r.text.prefix(200) : Substring(code))")
+        }
+    }
+
+    /// The text of the first `<name>` element (S3 answers are small, flat XML).
+    static func xmlValue(_ name: String, in xml: String) -> String? {
+        guard let open = xml.range(of: "<\(name)>"), let close = xml.range(of: "</\(name)>", range: open.upperBound ..< xml.endIndex)
+        else { return nil }
+        return xmlUnescape(String(xml[open.upperBound ..< close.lowerBound]))
+    }
+
+    static func xmlUnescape(_ s: String) -> String {
+        guard s.contains("&") else { return s }
+        return s.replacingOccurrences(of: "&lt;", with: "<").replacingOccurrences(of: "&gt;", with: ">")
+            .replacingOccurrences(of: "&quot;", with: "\"").replacingOccurrences(of: "&apos;", with: "'")
+            .replacingOccurrences(of: "&#39;", with: "'").replacingOccurrences(of: "&amp;", with: "&")
+    }
+
+    static func describe(_ error: Error) -> String {
+        if let e = error as? HTTPClientError { return "\(e)" }
+        return String(describing: error)
+    }
+}
+
+/// A file's bytes as the request body: read a MiB at a time as the connection takes them.
+struct FileChunks: AsyncSequence, Sendable {
+    typealias Element = ByteBuffer
+    let fd: Int32
+    let offset: Int64
+    let end: Int64
+    let progress: (@Sendable (Int64) -> Void)?
+
+    struct AsyncIterator: AsyncIteratorProtocol {
+        let fd: Int32
+        let start: Int64
+        var offset: Int64
+        let end: Int64
+        let progress: (@Sendable (Int64) -> Void)?
+
+        mutating func next() async throws -> ByteBuffer? {
+            if offset >= end { return nil }
+            let want = Int(Swift.min(1 << 20, end - offset))
+            var buffer = ByteBufferAllocator().buffer(capacity: want)
+            let at = offset, fd = fd
+            let got = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: want) { raw -> Int in
+                var done = 0
+                while done < want {
+                    let n = pread(fd, raw.baseAddress! + done, want - done, off_t(at) + off_t(done))
+                    if n < 0 {
+                        if errno == EINTR { continue }
+                        throw StoreError.failed("reading the file to upload: \(String(cString: strerror(errno)))")
+                    }
+                    if n == 0 { throw StoreError.failed("the file to upload got shorter while it was sent") }
+                    done += n
+                }
+                return done
+            }
+            offset += Int64(got)
+            progress?(offset - start)
+            return buffer
+        }
+    }
+
+    func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(fd: fd, start: offset, offset: offset, end: end, progress: progress)
+    }
+}
+
+extension String {
+    func trimmingSuffix(_ suffix: String) -> String { hasSuffix(suffix) ? String(dropLast(suffix.count)) : self }
+}

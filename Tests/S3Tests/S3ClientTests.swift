@@ -1,0 +1,159 @@
+import Foundation
+import Logging
+import NIOCore
+import Testing
+import UbiqStore
+@testable import UbiqS3
+
+/// The S3 client against a real SeaweedFS: signed requests, conditional writes, listing
+/// pages, ranged reads, file bodies, and each failure mapped to the store's errors.
+@Suite struct S3ClientTests {
+    @Test func objectsGoInComeOutAndAreListed() async throws {
+        let s3 = try await SeaweedFS.shared().newBucket()
+        let put = try await s3.send(.PUT, key: "dir/hello world+€.txt", headers: ["x-amz-meta-ubiq": "meta"],
+                                    body: .data(Data("hello, S3".utf8)))
+        let etag = try #require(put.header("ETag"))
+        let head = try await s3.send(.HEAD, key: "dir/hello world+€.txt")
+        #expect(head.header("Content-Length") == "9")
+        #expect(head.header("x-amz-meta-ubiq") == "meta")
+        #expect(head.header("ETag") == etag)
+        let part = try await s3.send(.GET, key: "dir/hello world+€.txt", headers: ["Range": "bytes=7-8", "If-Match": etag])
+        #expect(part.text == "S3")
+        // Listing, two keys a page.
+        for i in 0 ..< 5 { try await s3.send(.PUT, key: "many/k\(i)", body: .data(Data("\(i)".utf8))) }
+        var keys: [String] = []
+        var token: String?
+        var pages = 0
+        repeat {
+            var q = [("list-type", "2"), ("prefix", "many/"), ("max-keys", "2")]
+            if let token { q.append(("continuation-token", token)) }
+            let page = try await s3.send(.GET, key: nil, query: q).text
+            keys += page.components(separatedBy: "<Key>").dropFirst().map { String($0.prefix { $0 != "<" }) }
+            token = page.contains("<IsTruncated>true</IsTruncated>") ? S3Client.xmlValue("NextContinuationToken", in: page) : nil
+            pages += 1
+        } while token != nil
+        #expect(keys == (0 ..< 5).map { "many/k\($0)" })
+        #expect(pages == 3)
+        try await s3.send(.DELETE, key: "dir/hello world+€.txt")
+        await #expect(throws: StoreError.notFound(key: "dir/hello world+€.txt")) {
+            try await s3.send(.GET, key: "dir/hello world+€.txt")
+        }
+    }
+
+    @Test func conditionalWritesLoseRacesCleanly() async throws {
+        let s3 = try await SeaweedFS.shared().newBucket()
+        let first = try await s3.send(.PUT, key: "c", headers: ["If-None-Match": "*"], body: .data(Data("1".utf8)))
+        await #expect(throws: StoreError.preconditionFailed(key: "c", current: nil)) {
+            try await s3.send(.PUT, key: "c", headers: ["If-None-Match": "*"], body: .data(Data("2".utf8)))
+        }
+        await #expect(throws: StoreError.preconditionFailed(key: "c", current: nil)) {
+            try await s3.send(.PUT, key: "c", headers: ["If-Match": "\"0123456789abcdef0123456789abcdef\""], body: .data(Data("2".utf8)))
+        }
+        try await s3.send(.PUT, key: "c", headers: ["If-Match": first.header("ETag")!], body: .data(Data("3".utf8)))
+        #expect(try await s3.send(.GET, key: "c").text == "3")
+        // A read pinned to a version that is gone fails; it never mixes versions.
+        await #expect(throws: StoreError.preconditionFailed(key: "c", current: nil)) {
+            try await s3.send(.GET, key: "c", headers: ["Range": "bytes=0-0", "If-Match": first.header("ETag")!])
+        }
+    }
+
+    @Test func aFileIsSentAsItIsRead() async throws {
+        let s3 = try await SeaweedFS.shared().newBucket()
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3-body-\(UUID().uuidString)").path
+        defer { unlink(path) }
+        let bytes = Data((0 ..< 3_000_000).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+        #expect(FileManager.default.createFile(atPath: path, contents: bytes))
+        let fd = open(path, O_RDONLY)
+        defer { close(fd) }
+        let seen = Progress()
+        try await s3.send(.PUT, key: "big", body: .file(fd: fd, offset: 0, length: Int64(bytes.count), progress: { seen.add($0) }))
+        let back = try await s3.send(.GET, key: "big")
+        #expect(back.data == bytes)
+        #expect(seen.values.last == Int64(bytes.count) && seen.values.count == 3)
+    }
+
+    @Test func failuresAreNamed() async throws {
+        let server = try SeaweedFS.shared()
+        let wrong = S3Client(endpoint: S3Endpoint(url: server.endpoint, region: "us-east-1", bucket: "any",
+                                                  credentials: S3Credentials(accessKey: server.accessKey, secretKey: "not-the-secret")),
+                             logger: Logger(label: "s3-test"))
+        do {
+            try await wrong.send(.GET, key: "k")
+            Issue.record("a bad secret was accepted")
+        } catch let e as StoreError {
+            #expect("\(e)".contains("access denied") && !"\(e)".contains("not-the-secret"), "\(e)")
+        }
+        let s3 = try await server.newBucket()
+        let missing = S3Client(endpoint: S3Endpoint(url: server.endpoint, region: "us-east-1", bucket: "no-such-bucket-here",
+                                                    credentials: server.credentials), logger: Logger(label: "s3-test"))
+        await #expect(throws: StoreError.failed("no such bucket")) { try await missing.send(.GET, key: "k") }
+        _ = s3
+        // Nothing listens there: unavailable (worth retrying later), after this client's own tries.
+        let down = S3Client(endpoint: S3Endpoint(url: URL(string: "http://127.0.0.1:9")!, region: "us-east-1", bucket: "b",
+                                                 credentials: server.credentials),
+                            logger: Logger(label: "s3-test"), attempts: 2)
+        let asked = Date()
+        do {
+            try await down.send(.GET, key: "k")
+            Issue.record("a closed port answered")
+        } catch let e as StoreError {
+            #expect(e.isTransient, "\(e)")
+        }
+        // Known as down at once, not after the request's whole deadline.
+        #expect(Date().timeIntervalSince(asked) < 10)
+    }
+
+    @Test func errorAnswersMapToTheStoresErrors() {
+        func answer(_ status: Int, _ code: String) -> StoreError {
+            var body = ByteBuffer()
+            body.writeString("<?xml version=\"1.0\"?><Error><Code>\(code)</Code><Message>m</Message></Error>")
+            return S3Client.error(for: S3Response(status: status, headers: [:], body: body), key: "k", method: .PUT)
+        }
+        #expect(answer(404, "NoSuchKey") == .notFound(key: "k"))
+        #expect(answer(412, "PreconditionFailed") == .preconditionFailed(key: "k", current: nil))
+        #expect(answer(409, "ConditionalRequestConflict") == .preconditionFailed(key: "k", current: nil))
+        #expect(answer(503, "SlowDown").isTransient)
+        #expect(answer(500, "InternalError").isTransient)
+        #expect(answer(400, "SlowDown").isTransient)
+        #expect(!answer(403, "SignatureDoesNotMatch").isTransient)
+        #expect(answer(400, "EntityTooLarge") == .quotaExceeded(key: "k"))
+        #expect(!answer(400, "InvalidArgument").isTransient)
+        #expect(S3Client.xmlValue("Key", in: "<Key>a &amp; b&lt;</Key>") == "a & b<")
+    }
+
+    @Test func credentialsComeFromTheStandardPlaces() throws {
+        let home = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-home-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: home) }
+        let env = try S3Credentials.resolve(environment: ["AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "AWS_SESSION_TOKEN": "T"], home: home)
+        #expect(env.accessKey == "AK" && env.secretKey == "SK" && env.sessionToken == "T" && env.source == "environment")
+        #expect(!"\(env)".contains("SK"))
+        #expect(throws: S3Credentials.Missing.self) { try S3Credentials.resolve(environment: ["AWS_ACCESS_KEY_ID": "AK"], home: home) }
+        #expect(throws: S3Credentials.Missing.self) { try S3Credentials.resolve(environment: [:], home: home) }
+        try FileManager.default.createDirectory(atPath: home + "/.aws", withIntermediateDirectories: true)
+        try """
+            # comment
+            [default]
+            aws_access_key_id = DEF
+            aws_secret_access_key = defsecret
+
+            [work]
+            aws_access_key_id=WORK
+            aws_secret_access_key=worksecret
+            aws_session_token = tok
+            """.write(toFile: home + "/.aws/credentials", atomically: true, encoding: .utf8)
+        let def = try S3Credentials.resolve(environment: [:], home: home)
+        #expect(def.accessKey == "DEF" && def.secretKey == "defsecret" && def.sessionToken == nil)
+        let work = try S3Credentials.resolve(environment: ["AWS_PROFILE": "work"], home: home)
+        #expect(work.accessKey == "WORK" && work.secretKey == "worksecret" && work.sessionToken == "tok")
+        #expect(work.source.hasSuffix("[work]"))
+        #expect(throws: S3Credentials.Missing.self) { try S3Credentials.resolve(environment: ["AWS_PROFILE": "nope"], home: home) }
+    }
+}
+
+/// Progress reports, gathered from the upload's thread.
+final class Progress: @unchecked Sendable {
+    private let lock = NSLock()
+    private var seen: [Int64] = []
+    func add(_ v: Int64) { lock.lock(); seen.append(v); lock.unlock() }
+    var values: [Int64] { lock.lock(); defer { lock.unlock() }; return seen }
+}

@@ -1,0 +1,76 @@
+import Foundation
+import Logging
+import UbiqS3
+
+/// One real SeaweedFS (master, volume, filer, S3 gateway) on loopback for this test process,
+/// started on first use by scripts/start-seaweedfs and stopped when the process exits.
+final class SeaweedFS: @unchecked Sendable {
+    let dir: String
+    let endpoint: URL
+    let accessKey: String
+    let secretKey: String
+
+    private static let lock = NSLock()
+    nonisolated(unsafe) private static var started: Result<SeaweedFS, Error>?
+
+    struct StartError: Error, CustomStringConvertible { let description: String }
+
+    /// The server, started if it is not yet.
+    static func shared() throws -> SeaweedFS {
+        lock.lock(); defer { lock.unlock() }
+        if let started { return try started.get() }
+        let r = Result { try SeaweedFS() }
+        started = r
+        if case .success = r { atexit { SeaweedFS.stopShared() } }
+        return try r.get()
+    }
+
+    private static func stopShared() {
+        guard case .success(let s) = started else { return }
+        _ = run([script, "stop", s.dir])
+        try? FileManager.default.removeItem(atPath: s.dir)
+    }
+
+    static var script: String {
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("scripts/start-seaweedfs").path
+    }
+
+    private init() throws {
+        dir = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3-\(UUID().uuidString.prefix(8))").path
+        let (status, out, err) = Self.run([Self.script, "start", dir])
+        guard status == 0 else { throw StartError(description: "cannot start SeaweedFS: \(err)\(out)") }
+        var values: [String: String] = [:]
+        for line in out.split(separator: "\n") where line.hasPrefix("export ") {
+            let kv = line.dropFirst(7).split(separator: "=", maxSplits: 1)
+            if kv.count == 2 { values[String(kv[0])] = String(kv[1]) }
+        }
+        guard let e = values["UBIQ_S3_ENDPOINT"].flatMap(URL.init(string:)), let a = values["AWS_ACCESS_KEY_ID"],
+              let s = values["AWS_SECRET_ACCESS_KEY"] else { throw StartError(description: "start-seaweedfs said: \(out)") }
+        endpoint = e; accessKey = a; secretKey = s
+    }
+
+    static func run(_ args: [String]) -> (Int32, String, String) {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        p.arguments = args
+        let out = Pipe(), err = Pipe()
+        p.standardOutput = out
+        p.standardError = err
+        do { try p.run() } catch { return (-1, "", "\(error)") }
+        let o = out.fileHandleForReading.readDataToEndOfFile(), e = err.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return (p.terminationStatus, String(decoding: o, as: UTF8.self), String(decoding: e, as: UTF8.self))
+    }
+
+    var credentials: S3Credentials { S3Credentials(accessKey: accessKey, secretKey: secretKey, source: "test") }
+
+    /// A client of a new bucket of its own (created).
+    func newBucket(_ label: String = "t") async throws -> S3Client {
+        let name = "\(label)-\(UUID().uuidString.prefix(8).lowercased())"
+        let client = S3Client(endpoint: S3Endpoint(url: endpoint, region: "us-east-1", bucket: name, credentials: credentials),
+                              logger: Logger(label: "s3-test"))
+        try await client.send(.PUT, key: nil)
+        return client
+    }
+}
