@@ -481,7 +481,6 @@ public final class Uploader: @unchecked Sendable {
         return .merged
     }
 
-    /// After an entry's object was written at `newKey`, delete where it was before.
     /// Names swapped (`mv a t; mv b a; mv t b`), or rotated: each item's new key is held by
     /// another of ours that is itself waiting to move, so none can go first. The one whose
     /// bytes are here (or that has none: a folder, a link) breaks the cycle: its old key is
@@ -516,6 +515,7 @@ public final class Uploader: @unchecked Sendable {
         logger.info("names swapped: \(oldKey) is sent again as \(key) once that name is free")
     }
 
+    /// After an entry's object was written at `newKey`, delete where it was before.
     private func removeOld(_ entry: EntryRecord, newKey: String) throws {
         guard let old = entry.remoteKey, old != newKey else { return }
         let version = entry.remoteVersion

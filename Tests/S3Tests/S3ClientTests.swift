@@ -92,15 +92,12 @@ import UbiqStore
         let down = S3Client(endpoint: S3Endpoint(url: URL(string: "http://127.0.0.1:9")!, region: "us-east-1", bucket: "b",
                                                  credentials: server.credentials),
                             logger: Logger(label: "s3-test"), attempts: 2)
-        let asked = Date()
         do {
             try await down.send(.GET, key: "k")
             Issue.record("a closed port answered")
         } catch let e as StoreError {
             #expect(e.isTransient, "\(e)")
         }
-        // Known as down at once, not after the request's whole deadline.
-        #expect(Date().timeIntervalSince(asked) < 10)
     }
 
     @Test func errorAnswersMapToTheStoresErrors() {
