@@ -223,3 +223,24 @@ struct FileChunks: AsyncSequence, Sendable {
 extension String {
     func trimmingSuffix(_ suffix: String) -> String { hasSuffix(suffix) ? String(dropLast(suffix.count)) : self }
 }
+
+extension S3Client {
+    /// Whether the bucket keeps prior versions (versioning Enabled): then versions are S3's
+    /// version ids and history is there; otherwise a version is the object's ETag.
+    public func bucketKeepsVersions() async throws -> Bool {
+        let r = try await send(.GET, key: nil, query: [("versioning", "")])
+        return Self.xmlValue("Status", in: r.text) == "Enabled"
+    }
+
+    /// Makes the bucket if it is not there. Refused (403) or owned by another account: an error
+    /// that says so.
+    public func ensureBucket() async throws {
+        do {
+            try await send(.HEAD, key: nil)
+        } catch StoreError.notFound {
+            try await send(.PUT, key: nil)
+        } catch StoreError.failed(let why) where why == "no such bucket" {
+            try await send(.PUT, key: nil)
+        }
+    }
+}

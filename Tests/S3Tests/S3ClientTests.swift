@@ -100,6 +100,23 @@ import UbiqStore
         }
     }
 
+    /// A bucket is made when missing (and making it again changes nothing); whether it keeps
+    /// versions is read from the bucket, before and after versioning is turned on.
+    @Test func bucketsAreMadeAndTheirVersioningRead() async throws {
+        let server = try SeaweedFS.shared()
+        let s3 = S3Client(endpoint: S3Endpoint(url: server.endpoint, region: "us-east-1",
+                                               bucket: "made-\(UUID().uuidString.prefix(8).lowercased())", credentials: server.credentials),
+                          logger: Logger(label: "s3-test"))
+        try await s3.ensureBucket()
+        try await s3.send(.PUT, key: "k", body: .data(Data("x".utf8)))
+        try await s3.ensureBucket()
+        #expect(try await s3.send(.GET, key: "k").text == "x")
+        #expect(try await !s3.bucketKeepsVersions())
+        let enable = "<VersioningConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Status>Enabled</Status></VersioningConfiguration>"
+        try await s3.send(.PUT, key: nil, query: [("versioning", "")], body: .data(Data(enable.utf8)))
+        #expect(try await s3.bucketKeepsVersions())
+    }
+
     @Test func errorAnswersMapToTheStoresErrors() {
         func answer(_ status: Int, _ code: String) -> StoreError {
             var body = ByteBuffer()
