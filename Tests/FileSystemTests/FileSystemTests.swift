@@ -33,7 +33,7 @@ final class Device: @unchecked Sendable {
         self.cacheLimit = cacheLimit
         self.remote = remote ?? store
         self.completeInBackground = completeInBackground
-        self.dir = dir ?? FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-dev-\(UUID().uuidString)")
+        self.dir = dir ?? TempPaths.make("ubiq-dev")
         try FileManager.default.createDirectory(at: self.dir, withIntermediateDirectories: true)
         try open()
     }
@@ -117,7 +117,29 @@ final class Device: @unchecked Sendable {
 }
 
 func newStore() throws -> DirectoryStore {
-    try DirectoryStore(root: FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-store-\(UUID().uuidString)"))
+    try DirectoryStore(root: TempPaths.make("ubiq-store"))
+}
+
+/// Folders the tests make under the temporary directory, removed when the test process exits.
+enum TempPaths {
+    private static let lock = NSLock()
+    nonisolated(unsafe) private static var made: [URL] = []
+
+    static func make(_ prefix: String) -> URL {
+        let url = FileManager.default.temporaryDirectory.appendingPathComponent("\(prefix)-\(UUID().uuidString)")
+        lock.lock()
+        defer { lock.unlock() }
+        if made.isEmpty { atexit { TempPaths.removeAll() } }
+        made.append(url)
+        return url
+    }
+
+    private static func removeAll() {
+        lock.lock()
+        defer { lock.unlock() }
+        for url in made { try? FileManager.default.removeItem(at: url) }
+        made.removeAll()
+    }
 }
 
 func n(_ s: String) -> [UInt8] { Array(s.utf8) }
