@@ -1,0 +1,100 @@
+import Foundation
+import Testing
+import UbiqStore
+@testable import UbiqS3
+
+/// The object operations of the S3 store on a real SeaweedFS, in a bucket without
+/// versioning and in one with it.
+@Suite struct S3ObjectsTests {
+    let meta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mtimeNs: 1_700_000_000_123_456_789,
+                              xattrs: ["user.color": Data("blue".utf8)])
+
+    func file(_ bytes: [UInt8]) throws -> URL {
+        let url = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3src-\(UUID().uuidString)")
+        try Data(bytes).write(to: url)
+        return url
+    }
+
+    func objects(versioned: Bool) async throws -> S3Objects {
+        let client = try await SeaweedFS.shared().newBucket(versioned ? "v" : "u")
+        if versioned {
+            let enable = "<VersioningConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Status>Enabled</Status></VersioningConfiguration>"
+            try await client.send(.PUT, key: nil, query: [("versioning", "")], body: .data(Data(enable.utf8)))
+        }
+        #expect(try await client.bucketKeepsVersions() == versioned)
+        return S3Objects(client: client, prefix: "drive", versioned: versioned)
+    }
+
+    @Test(arguments: [false, true])
+    func putHeadReadWithMetadata(versioned: Bool) async throws {
+        let s = try await objects(versioned: versioned)
+        let bytes = (0 ..< 100_000).map { UInt8($0 % 251) }
+        let src = try file(bytes)
+        defer { try? FileManager.default.removeItem(at: src) }
+        let put = try await s.put("a/b c.bin", contentsOf: src, metadata: meta, condition: .ifAbsent)
+        #expect(put.size == 100_000)
+        let head = try await s.head("a/b c.bin")
+        #expect(head.version == put.version && head.metadata == meta && head.size == 100_000)
+        #expect(try await s.client.send(.HEAD, key: "drive/a/b c.bin").status == 200)  // under the prefix
+        #expect([UInt8](try await s.read("a/b c.bin", version: put.version, range: 0 ..< 1_000_000)) == bytes)
+        #expect([UInt8](try await s.read("a/b c.bin", version: put.version, range: 99_990 ..< 100_010)) == Array(bytes[99_990...]))
+        #expect(try await s.read("a/b c.bin", version: put.version, range: 200_000 ..< 200_010).isEmpty)
+        await #expect(throws: StoreError.notFound(key: "missing")) { try await s.head("missing") }
+        await #expect(throws: StoreError.self) { try await s.head("../escape") }
+    }
+
+    @Test(arguments: [false, true])
+    func conditionsAndPinnedReads(versioned: Bool) async throws {
+        let s = try await objects(versioned: versioned)
+        let one = try file([1, 1, 1]), two = try file([2, 2, 2])
+        defer { try? FileManager.default.removeItem(at: one); try? FileManager.default.removeItem(at: two) }
+        let v1 = try await s.put("k", contentsOf: one, metadata: meta, condition: .ifAbsent)
+        await #expect(throws: StoreError.self) { try await s.put("k", contentsOf: two, metadata: meta, condition: .ifAbsent) }
+        let v2 = try await s.put("k", contentsOf: two, metadata: meta, condition: .ifMatch(v1.version))
+        #expect(v2.version != v1.version)
+        await #expect(throws: StoreError.self) { try await s.put("k", contentsOf: one, metadata: meta, condition: .ifMatch(v1.version)) }
+        #expect([UInt8](try await s.read("k", version: v2.version, range: 0 ..< 3)) == [2, 2, 2])
+        if versioned {
+            // The bucket keeps it: the old version still reads, never mixed with the new.
+            #expect([UInt8](try await s.read("k", version: v1.version, range: 0 ..< 3)) == [1, 1, 1])
+        } else {
+            await #expect(throws: StoreError.notFound(key: "k")) { try await s.read("k", version: v1.version, range: 0 ..< 3) }
+        }
+        await #expect(throws: StoreError.self) { try await s.delete("k", condition: .ifMatch(v1.version)) }
+        try await s.delete("k", condition: .ifMatch(v2.version))
+        await #expect(throws: StoreError.notFound(key: "k")) { try await s.head("k") }
+        try await s.delete("k", condition: .always)
+    }
+
+    @Test(arguments: [false, true])
+    func serverSideCopyMovesAndUpdatesMetadata(versioned: Bool) async throws {
+        let s = try await objects(versioned: versioned)
+        let src = try file([9, 8, 7])
+        defer { try? FileManager.default.removeItem(at: src) }
+        let v = try await s.put("src", contentsOf: src, metadata: meta, condition: .ifAbsent)
+        let c = try await s.copy(from: "src", version: v.version, to: "dir/dst", metadata: nil, condition: .ifAbsent)
+        #expect(c.size == 3 && c.contentTag == v.contentTag)
+        #expect([UInt8](try await s.read("dir/dst", version: c.version, range: 0 ..< 10)) == [9, 8, 7])
+        #expect(try await s.head("dir/dst").metadata == meta)
+        await #expect(throws: StoreError.self) {
+            try await s.copy(from: "src", version: v.version, to: "dir/dst", metadata: nil, condition: .ifAbsent)
+        }
+        var m = meta
+        m.mode = 0o600
+        let updated = try await s.copy(from: "src", version: v.version, to: "src", metadata: m, condition: .ifMatch(v.version))
+        #expect(try await s.head("src").metadata.mode == 0o600)
+        #expect(updated.contentTag == v.contentTag)  // same bytes, new metadata
+    }
+
+    @Test func tooMuchMetadataIsRefusedClearly() async throws {
+        let s = try await objects(versioned: false)
+        var big = meta
+        big.xattrs["user.big"] = Data(repeating: 7, count: 4000)
+        do {
+            _ = try await s.put("x", contentsOf: nil, metadata: big, condition: .always)
+            Issue.record("4 KB of xattrs went into S3 metadata")
+        } catch let e as StoreError {
+            #expect("\(e)".contains("2 KB"), "\(e)")
+        }
+    }
+}
