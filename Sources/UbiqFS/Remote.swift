@@ -230,12 +230,13 @@ extension FileSystem {
         guard let e = try state.read({ try $0.entries(remoteKey: key).first }) else { return true }
         let ino = e.ino
         let local = try state.read { try $0.localChanges(ino) }
-        let (isDir, hasChildren, present) = withLock {
-            (nodes[ino]?.isDirectory ?? false, !(nodes[ino]?.children.isEmpty ?? true), nodes[ino]?.rec.present ?? false)
+        let (isDir, hasChildren, isPlaceholder) = withLock {
+            (nodes[ino]?.isDirectory ?? false, !(nodes[ino]?.children.isEmpty ?? true),
+             nodes[ino].map { $0.isRegular && !$0.rec.present } ?? false)
         }
         // An edit beats a delete; so does a rename or a metadata change of what is here in
         // full. A placeholder renamed or chmod-ed here goes: its bytes went with the delete.
-        let changedHere = local.content || (local.queued && (present || !withLock({ nodes[ino]?.isRegular ?? false })))
+        let changedHere = local.content || (local.queued && !isPlaceholder)
         if changedHere || isOpenForWriting(ino) || (isDir && hasChildren) {
             // Changed here, or a folder with something the store never had in it: kept,
             // and uploaded again.

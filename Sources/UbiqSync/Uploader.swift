@@ -481,6 +481,29 @@ public final class Uploader: @unchecked Sendable {
         return .merged
     }
 
+    /// The versions the store keeps of `key`, newest first (`ubiq versions --all`).
+    public func history(of key: String) throws -> [ObjectInfo] {
+        let store = self.store
+        return try runBlocking { try await store.versions(of: key) }
+    }
+
+    /// Copies `version` of `key`, in the store, as its newest version, provided the current
+    /// version is still `current` (`ubiq restore`). Nothing is downloaded; every device's
+    /// ChangeFeed brings it in, this one's too. Returns the new version, or nil when the store
+    /// does not keep `version`. Throws `preconditionFailed` when the key changed meanwhile.
+    public func restore(key: String, version: String, over current: String) throws -> String? {
+        guard let old = try history(of: key).first(where: { $0.version == version }) else { return nil }
+        if old.version == current { return current }
+        var meta = old.metadata
+        meta.origin = "restore:\(deviceID)"
+        meta.device = deviceName
+        let restored = meta
+        let store = self.store
+        return try runBlocking {
+            try await store.copy(from: key, version: old.version, to: key, metadata: restored, condition: .ifMatch(current))
+        }.version
+    }
+
     /// Names swapped (`mv a t; mv b a; mv t b`), or rotated: each item's new key is held by
     /// another of ours that is itself waiting to move, so none can go first. The one whose
     /// bytes are here (or that has none: a folder, a link) breaks the cycle: its old key is

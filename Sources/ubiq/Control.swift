@@ -13,15 +13,12 @@ final class ControlServer: @unchecked Sendable {
     let fs: FileSystem
     let feed: ChangeFeed
     let uploader: Uploader
-    let store: any CloudStore
     let info: [String: String]
     let logger: Logger
     private var fd: Int32 = -1
 
-    init(path: String, fs: FileSystem, feed: ChangeFeed, uploader: Uploader, store: any CloudStore, info: [String: String],
-         logger: Logger) {
-        self.path = path; self.fs = fs; self.feed = feed; self.uploader = uploader; self.store = store; self.info = info
-        self.logger = logger
+    init(path: String, fs: FileSystem, feed: ChangeFeed, uploader: Uploader, info: [String: String], logger: Logger) {
+        self.path = path; self.fs = fs; self.feed = feed; self.uploader = uploader; self.info = info; self.logger = logger
     }
 
     func start() throws {
@@ -124,8 +121,7 @@ final class ControlServer: @unchecked Sendable {
                 if !Self.sendRaw(c, out) { return false }
             case "history":
                 let item = try fs.storeItem(at: req["path"] as? String ?? "")
-                let store = self.store
-                let all = try runBlocking { try await store.versions(of: item.key) }
+                let all = try uploader.history(of: item.key)
                 let list: [[String: Any]] = all.map { v in
                     ["version": v.version, "size": v.size, "mtimeNs": v.metadata.mtimeNs, "device": v.metadata.device ?? "",
                      "current": v.version == all.first?.version]
@@ -170,27 +166,15 @@ final class ControlServer: @unchecked Sendable {
         if item.changedHere {
             throw UserError("\(path) has changes here that are not in the store yet; try again once they are uploaded")
         }
-        let store = self.store
-        let all = try runBlocking { try await store.versions(of: item.key) }
-        guard let old = all.first(where: { $0.version == version }) else {
-            throw UserError("\(path) has no version \(version) (ubiq versions --all lists them)")
-        }
-        if old.version == item.version { return item.version }
-        var meta = old.metadata
-        meta.origin = "restore:\(info["device"] ?? "")"
-        meta.device = info["deviceName"]
-        let restored = meta
-        let made: ObjectInfo
+        let made: String?
         do {
-            made = try runBlocking {
-                try await store.copy(from: item.key, version: old.version, to: item.key, metadata: restored,
-                                     condition: .ifMatch(item.version))
-            }
+            made = try uploader.restore(key: item.key, version: version, over: item.version)
         } catch StoreError.preconditionFailed {
             throw UserError("\(path) changed in the store meanwhile; run ubiq sync and try again")
         }
+        guard let made else { throw UserError("\(path) has no version \(version) (ubiq versions --all lists them)") }
         try feed.poll()
-        return made.version
+        return made
     }
 
     static func readLine(_ c: Int32, limit: Int = 1 << 20) -> String? { LineReader(c).next(limit: limit) }

@@ -97,7 +97,7 @@ struct Daemon {
         try? FileManager.default.createDirectory(atPath: (registry as NSString).deletingLastPathComponent,
                                                  withIntermediateDirectories: true)
         try? JSONEncoder().encode(record).write(to: URL(fileURLWithPath: registry))
-        let control = ControlServer(path: Self.controlSocketPath(plan), fs: fs, feed: feed, uploader: uploader, store: store,
+        let control = ControlServer(path: Self.controlSocketPath(plan), fs: fs, feed: feed, uploader: uploader,
                                     info: ["mount": plan.mountpoint, "store": plan.storeURL, "device": deviceID,
                                            "deviceName": uploader.deviceName,
                                            "state": plan.stateDir, "cacheLimit": String(plan.cacheSize)],
