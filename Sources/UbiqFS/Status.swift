@@ -137,7 +137,9 @@ extension FileSystem {
     }
 
     func readState<T>(_ body: (StateTransaction) throws -> T) throws -> T {
-        do { return try state.read(body) } catch { throw FSError.io("state database: \(error)") }
+        // The body's own answers (not found, not uploaded) pass as they are; a failure of the
+        // database itself is an I/O error.
+        do { return try state.read(body) } catch let e as FSError { throw e } catch { throw FSError.io("state database: \(error)") }
     }
 
     /// What the state database says of an item's sync.

@@ -222,9 +222,10 @@ public final class LocalState: Sendable {
     public func read<T>(_ body: (StateTransaction) throws -> T) throws -> T {
         do {
             return try dbQueue.read { db in try body(StateTransaction(db: db)) }
-        } catch let e as StateError { throw e } catch {
-            throw StateError.database("\(error)")
+        } catch let e as DatabaseError {
+            throw StateError.database("\(e)")
         }
+        // Anything else the body threw is its own answer, and passes as it is.
     }
 
     /// Makes every committed transaction durable against power loss.

@@ -120,7 +120,7 @@ final class ControlServer: @unchecked Sendable {
                 out += "]}\n"
                 if !Self.sendRaw(c, out) { return false }
             case "history":
-                let item = try fs.storeItem(at: req["path"] as? String ?? "")
+                let item = try storeItem(at: req["path"] as? String ?? "")
                 let all = try uploader.history(of: item.key)
                 let list: [[String: Any]] = all.map { v in
                     ["version": v.version, "size": v.size, "mtimeNs": v.metadata.mtimeNs, "device": v.metadata.device ?? "",
@@ -161,8 +161,15 @@ final class ControlServer: @unchecked Sendable {
 
     /// `ubiq restore`: writes a prior version of the item at `path` as its newest version
     /// (in the store: nothing is downloaded), then brings that here. Returns the new version.
+    /// The item at `path` in the store; one clear line when it has never been uploaded.
+    private func storeItem(at path: String) throws -> (key: String, version: String, changedHere: Bool) {
+        do { return try fs.storeItem(at: path) } catch FSError.notUploaded {
+            throw UserError("\(path) is not in the store yet: it has versions there once its first upload is done")
+        }
+    }
+
     private func restore(path: String, version: String) throws -> String {
-        let item = try fs.storeItem(at: path)
+        let item = try storeItem(at: path)
         if item.changedHere {
             throw UserError("\(path) has changes here that are not in the store yet; try again once they are uploaded")
         }

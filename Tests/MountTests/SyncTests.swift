@@ -73,7 +73,7 @@ import Testing
     @Test func historyAndRestore() throws {
         let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1")
         defer { a.cleanup() }
-        let b = try MountFixture(store: a.store, name: "device-b", extra: "--poll-interval 1")
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--poll-interval 1 --upload-delay 60")
         defer { b.cleanup() }
         for text in ["one", "two", "three"] {
             expectOK(a.sh("printf \(text) > notes.md"))
@@ -90,6 +90,10 @@ import Testing
         expectOK(eventually(b, "[ \"$(cat notes.md)\" = one ]"), "and on B")
         let unknown = a.ubiq("restore \(a.mnt)/notes.md no-such-version")
         #expect(unknown.status != 0 && unknown.err.contains("no version"), "\(unknown.err)")
+        // A file not uploaded yet (B waits 60 s before uploading) has no history: one clear line.
+        expectOK(b.sh("echo draft > draft.md"))
+        let fresh = b.ubiq("versions --all \(b.mnt)/draft.md")
+        #expect(fresh.status == 1 && fresh.err.contains("not in the store yet") && !fresh.err.contains("I/O"), "\(fresh.err)")
         // A merge written with --with becomes the file everywhere.
         let merged = a.base + "/merged.md"
         try "merged\n".write(toFile: merged, atomically: true, encoding: .utf8)
