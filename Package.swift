@@ -26,6 +26,7 @@ let package = Package(
         ]),
         .target(name: "UbiqS3", dependencies: [
             "UbiqStore",
+            .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "AsyncHTTPClient", package: "async-http-client"),
             .product(name: "NIOCore", package: "swift-nio"),
@@ -54,16 +55,15 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .testTarget(name: "CoordinatorTests", dependencies: ["UbiqCoordinator"]),
-        .testTarget(name: "StoreTests", dependencies: ["UbiqStore"]),
+        .testTarget(name: "StoreTests", dependencies: [
+            "UbiqStore", "UbiqS3",
+            .product(name: "Logging", package: "swift-log"),
+            .product(name: "NIOCore", package: "swift-nio"),
+        ]),
         .testTarget(name: "FileSystemTests", dependencies: [
             "UbiqFS", "UbiqStore", "UbiqState", "UbiqSync", "UbiqCoordinator",
             .product(name: "GRDB", package: "GRDB.swift"),
         ]),
         .testTarget(name: "MountTests", dependencies: []),
-        .testTarget(name: "S3Tests", dependencies: [
-            "UbiqS3", "UbiqStore",
-            .product(name: "Logging", package: "swift-log"),
-            .product(name: "NIOCore", package: "swift-nio"),
-        ]),
     ]
 )

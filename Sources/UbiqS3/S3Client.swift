@@ -143,7 +143,9 @@ public final class S3Client: Sendable {
         case 404:
             if code == "NoSuchBucket" { return .failed("no such bucket") }
             return .notFound(key: key)
-        case 412, 409 where code != "BucketAlreadyOwnedByYou" && code != "BucketNotEmpty":
+        case 412:
+            return .preconditionFailed(key: key, current: nil)
+        case 409 where code != "BucketAlreadyOwnedByYou" && code != "BucketNotEmpty":
             return .preconditionFailed(key: key, current: nil)
         case 403:
             return .failed("access denied (\(code.isEmpty ? "403" : code)): check the credentials and the bucket's permissions")
@@ -163,11 +165,25 @@ public final class S3Client: Sendable {
         return xmlUnescape(String(xml[open.upperBound ..< close.lowerBound]))
     }
 
+    /// XML's five named entities and numeric ones (`&#34;`, `&#x22;`).
     static func xmlUnescape(_ s: String) -> String {
         guard s.contains("&") else { return s }
-        return s.replacingOccurrences(of: "&lt;", with: "<").replacingOccurrences(of: "&gt;", with: ">")
-            .replacingOccurrences(of: "&quot;", with: "\"").replacingOccurrences(of: "&apos;", with: "'")
-            .replacingOccurrences(of: "&#39;", with: "'").replacingOccurrences(of: "&amp;", with: "&")
+        var out = ""
+        var rest = s[...]
+        while let amp = rest.firstIndex(of: "&") {
+            out += rest[..<amp]
+            guard let semi = rest[amp...].firstIndex(of: ";"), rest.distance(from: amp, to: semi) <= 10 else {
+                out += "&"; rest = rest[rest.index(after: amp)...]; continue
+            }
+            let name = rest[rest.index(after: amp) ..< semi]
+            let named = ["lt": "<", "gt": ">", "quot": "\"", "apos": "'", "amp": "&"]
+            var decoded: String?
+            if let n = named[String(name)] { decoded = n } else if name.hasPrefix("#x") || name.hasPrefix("#X"),
+                let v = UInt32(name.dropFirst(2), radix: 16), let u = Unicode.Scalar(v) { decoded = String(Character(u)) } else if name.hasPrefix("#"),
+                let v = UInt32(name.dropFirst()), let u = Unicode.Scalar(v) { decoded = String(Character(u)) }
+            if let decoded { out += decoded; rest = rest[rest.index(after: semi)...] } else { out += "&"; rest = rest[rest.index(after: amp)...] }
+        }
+        return out + rest
     }
 
     static func describe(_ error: Error) -> String {

@@ -2,30 +2,46 @@ import Foundation
 import NIOHTTP1
 import UbiqStore
 
-/// Objects in an S3 bucket as the store sees them: versions, metadata, conditions. The
-/// object operations the S3 store is being built on (the listing, the change feed and
-/// multipart uploads are still to come; nothing here is in the CLI yet).
+/// Objects in an S3 bucket as the store sees them: versions, metadata, conditions.
 ///
-/// - A version is the object's ETag in a bucket without versioning, and `VERSIONID ETAG`
-///   in one with it: reads are pinned by the version id there, by `If-Match: ETAG` here (a
-///   version that is gone is `notFound`, never other bytes). Conditions use the ETag, so two
-///   versions with the same bytes (a metadata change) are one to a condition.
+/// - A version is `ETAG~DIGEST` in a bucket without versioning (the digest names the
+///   metadata, so a chmod is a new version too) and `VERSIONID ETAG` in one with it. Reads
+///   are pinned by the version id there, by `If-Match: ETAG` here: a version that is gone is
+///   `notFound`, never other bytes. Conditions use the ETag: to a condition, two versions
+///   with the same bytes (a metadata change) are one.
 /// - Mode, owner, times, link target and xattrs travel in one user-metadata header,
-///   `x-amz-meta-ubiq` (base64 JSON); S3 allows 2 KB of user metadata, and a larger set is
-///   refused with a clear error.
+///   `x-amz-meta-ubiq` (base64 JSON). S3 keeps 2 KB of user metadata: a larger set goes in
+///   an object of its own under `.ubiq-store/meta/`, named by its hash (written once, never
+///   changed), and the header points to it.
+/// - Objects written by other tools have no such header: they show as the mounting user's,
+///   mode 0644 (folders 0755), modified when S3 says.
+/// - Files of `multipartThreshold` bytes or more go up in parts, several at once; a part
+///   upload left by a crash is taken up again when the same file is sent again.
 public struct S3Objects: Sendable {
     public let client: S3Client
     /// Prepended to every key (`photos/`, or empty).
     public let prefix: String
     public let versioned: Bool
+    /// Whether the server honours `If-None-Match`/`If-Match` on writes. When it does not, a
+    /// write checks the current version first (a short window where a race goes unseen).
+    public let checksConditions: Bool
+    public let multipartThreshold: Int64
+    /// Where part uploads under way are remembered (nil: they start over).
+    public let journal: (any MultipartJournal)?
 
     static let metadataHeader = "x-amz-meta-ubiq"
     static let maxMetadataBytes = 2000
+    /// Keys under this folder (in the prefix) belong to the store itself: never listed.
+    public static let reserved = ".ubiq-store/"
 
-    public init(client: S3Client, prefix: String, versioned: Bool) {
+    public init(client: S3Client, prefix: String, versioned: Bool, checksConditions: Bool = true,
+                multipartThreshold: Int64 = 64 << 20, journal: (any MultipartJournal)? = nil) {
         self.client = client
         self.prefix = prefix.isEmpty || prefix.hasSuffix("/") ? prefix : prefix + "/"
         self.versioned = versioned
+        self.checksConditions = checksConditions
+        self.multipartThreshold = multipartThreshold
+        self.journal = journal
     }
 
     struct Version {
@@ -35,30 +51,62 @@ public struct S3Objects: Sendable {
             if let space = s.lastIndex(of: " ") {
                 id = String(s[..<space]); etag = String(s[s.index(after: space)...])
             } else {
-                id = nil; etag = s
+                id = nil
+                // ETAG~DIGEST: the digest follows the ETag's closing quote.
+                let from = s.lastIndex(of: "\"") ?? s.startIndex
+                if let tilde = s[from...].lastIndex(of: "~") { etag = String(s[..<tilde]) } else { etag = s }
             }
         }
-        static func string(id: String?, etag: String) -> String { id.map { "\($0) \(etag)" } ?? etag }
+        static func string(id: String?, etag: String, metadata text: String?) -> String {
+            if let id { return "\(id) \(etag)" }
+            guard let text else { return etag }
+            return etag + "~" + SigV4.sha256Hex(Data(text.utf8)).prefix(12)
+        }
     }
 
-    func info(_ key: String, _ r: S3Response, size: Int64? = nil) throws -> ObjectInfo {
+    /// The store's view of an answer about `key` (`metaText`: the metadata header as sent).
+    func info(_ key: String, _ r: S3Response, size: Int64? = nil, metaText: String? = nil) async throws -> ObjectInfo {
         guard let etag = r.header("ETag") else { throw StoreError.failed("S3 answered for \(key) without an ETag") }
         let id = versioned ? r.header("x-amz-version-id").flatMap { $0 == "null" ? nil : $0 } : nil
-        let meta = try r.header(Self.metadataHeader).map(Self.decode) ?? ObjectMetadata(kind: key.hasSuffix("/") ? .directory : .file)
-        let length = size ?? r.header("Content-Length").flatMap { Int64($0) } ?? 0
-        return ObjectInfo(key: key, version: Version.string(id: id, etag: etag), size: length, metadata: meta, contentTag: etag)
-    }
-
-    static func encode(_ m: ObjectMetadata, key: String) throws -> String {
-        let text = try JSONEncoder().encode(m).base64EncodedString()
-        if text.utf8.count > maxMetadataBytes {
-            throw StoreError.failed("\(key): its mode, times and extended attributes take \(text.utf8.count) bytes; S3 keeps at most 2 KB of metadata an object")
+        let text = metaText ?? r.header(Self.metadataHeader)
+        let meta: ObjectMetadata
+        if let text { meta = try await decode(text) } else {
+            meta = Self.foreign(key, modified: r.header("Last-Modified").flatMap(S3Time.httpDate))
         }
-        return text
+        let length = size ?? r.header("Content-Length").flatMap { Int64($0) } ?? 0
+        return ObjectInfo(key: key, version: Version.string(id: id, etag: etag, metadata: text), size: length,
+                          metadata: meta, contentTag: etag)
     }
 
-    static func decode(_ text: String) throws -> ObjectMetadata {
-        guard let data = Data(base64Encoded: text), let m = try? JSONDecoder().decode(ObjectMetadata.self, from: data) else {
+    /// The metadata of an object another tool wrote.
+    static func foreign(_ key: String, modified: Date?) -> ObjectMetadata {
+        let dir = key.hasSuffix("/")
+        return ObjectMetadata(kind: dir ? .directory : .file, mode: dir ? 0o755 : 0o644, uid: getuid(), gid: getgid(),
+                              mtimeNs: modified.map { Int64($0.timeIntervalSince1970 * 1e9) } ?? 0)
+    }
+
+    /// The header that carries `m` (writing the sidecar object first when `m` is large).
+    func encode(_ m: ObjectMetadata, key: String) async throws -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys  // one text for one metadata: it names versions and parts
+        let json = try encoder.encode(m)
+        let text = json.base64EncodedString()
+        if text.utf8.count <= Self.maxMetadataBytes { return text }
+        let name = SigV4.sha256Hex(json)
+        try await send(.PUT, Self.reserved + "meta/" + name, body: .data(json), validate: false)
+        return "ref:" + name
+    }
+
+    func decode(_ text: String) async throws -> ObjectMetadata {
+        var data: Data?
+        if text.hasPrefix("ref:") {
+            let name = String(text.dropFirst(4))
+            guard name.count == 64, name.allSatisfy(\.isHexDigit) else { throw StoreError.failed("unreadable ubiq metadata on an object") }
+            data = try await send(.GET, Self.reserved + "meta/" + name, validate: false).data
+        } else {
+            data = Data(base64Encoded: text)
+        }
+        guard let data, let m = try? JSONDecoder().decode(ObjectMetadata.self, from: data) else {
             throw StoreError.failed("unreadable ubiq metadata on an object")
         }
         return m
@@ -72,10 +120,30 @@ public struct S3Objects: Sendable {
         }
     }
 
+    /// The condition's headers, or, on a server that ignores them, a check of the current
+    /// version now (`key`: where the condition applies).
+    func conditions(_ c: WriteCondition, at key: String) async throws -> [String: String] {
+        if checksConditions { return Self.conditionHeaders(c) }
+        switch c {
+        case .always: break
+        case .ifAbsent:
+            if let cur = try? await head(key) { throw StoreError.preconditionFailed(key: key, current: cur.version) }
+        case .ifMatch(let v):
+            let cur: ObjectInfo
+            do { cur = try await head(key) } catch StoreError.notFound { throw StoreError.preconditionFailed(key: key, current: nil) }
+            if cur.contentTag != Version(v).etag { throw StoreError.preconditionFailed(key: key, current: cur.version) }
+        }
+        return [:]
+    }
+
     /// A request about `key` (under the prefix); errors name `key` as the store knows it.
     @discardableResult
     func send(_ method: HTTPMethod, _ key: String, query: [(String, String)] = [], headers: [String: String] = [:],
-              body: S3Body = .none) async throws -> S3Response {
+              body: S3Body = .none, validate: Bool = true) async throws -> S3Response {
+        if validate {
+            try StoreKey.validate(key)
+            if key.hasPrefix(Self.reserved) { throw StoreError.invalidKey(key, reason: "reserved for the store's own use") }
+        }
         do {
             return try await client.send(method, key: prefix + key, query: query, headers: headers, body: body)
         } catch StoreError.notFound {
@@ -88,14 +156,21 @@ public struct S3Objects: Sendable {
     }
 
     public func head(_ key: String) async throws -> ObjectInfo {
-        try StoreKey.validate(key)
-        return try info(key, try await send(.HEAD, key))
+        try await info(key, try await send(.HEAD, key))
+    }
+
+    /// One version of `key` by its S3 version id.
+    func head(_ key: String, versionID: String) async throws -> ObjectInfo {
+        do {
+            return try await info(key, try await send(.HEAD, key, query: [("versionId", versionID)]))
+        } catch StoreError.failed(let why) where why.contains(" 400 ") || why.contains(" 405 ") {
+            throw StoreError.notFound(key: key)  // an unknown version id, or a delete marker
+        }
     }
 
     /// Bytes `range` of `version` (clamped to the object).
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
-        try StoreKey.validate(key)
-        if range.isEmpty { return Data() }
+        if range.isEmpty { try StoreKey.validate(key); return Data() }
         let v = Version(version)
         var query: [(String, String)] = []
         var headers = ["Range": "bytes=\(range.lowerBound)-\(range.upperBound - 1)"]
@@ -114,23 +189,37 @@ public struct S3Objects: Sendable {
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition,
                     progress: (@Sendable (Int64) -> Void)? = nil) async throws -> ObjectInfo {
         try StoreKey.validate(key)
-        var headers = Self.conditionHeaders(condition)
-        headers[Self.metadataHeader] = try Self.encode(metadata, key: key)
-        var size: Int64 = 0
-        let r: S3Response
-        if let source {
-            let fd = open(source.path, O_RDONLY | O_CLOEXEC)
-            if fd < 0 { throw StoreError.failed("cannot open \(source.path) to upload: \(String(cString: strerror(errno)))") }
-            defer { close(fd) }
-            var st = stat()
-            fstat(fd, &st)
-            size = Int64(st.st_size)
-            r = try await send(.PUT, key, headers: headers,
-                                      body: .file(fd: fd, offset: 0, length: size, progress: progress))
-        } else {
-            r = try await send(.PUT, key, headers: headers, body: .data(Data()))
+        let text = try await encode(metadata, key: key)
+        var headers = try await conditions(condition, at: key)
+        headers[Self.metadataHeader] = text
+        do {
+            return try await put(key, source: source, metadata: metadata, text: text, headers: headers, progress: progress)
+        } catch StoreError.preconditionFailed(_, nil) {
+            throw StoreError.preconditionFailed(key: key, current: try? await head(key).version)
         }
-        return try info(key, r, size: size).with(metadata)
+    }
+
+    private func put(_ key: String, source: URL?, metadata: ObjectMetadata, text: String, headers: [String: String],
+                     progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
+        guard let source else {
+            let r = try await send(.PUT, key, headers: headers, body: .data(Data()))
+            return try await info(key, r, size: 0, metaText: text).with(metadata)
+        }
+        let fd = open(source.path, O_RDONLY | O_CLOEXEC)
+        if fd < 0 { throw StoreError.failed("cannot open \(source.path) to upload: \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        var st = stat()
+        fstat(fd, &st)
+        let size = Int64(st.st_size)
+        if size >= multipartThreshold {
+            // The same bytes again: this device's content generation (in `origin`), same size
+            // and metadata. Without an origin nothing says so, and the parts start over.
+            let fingerprint = metadata.origin.map { "\(size):\($0):\(text)" }
+            return try await putInParts(key, fd: fd, size: size, fingerprint: fingerprint, metaText: text,
+                                        headers: headers, progress: progress).with(metadata)
+        }
+        let r = try await send(.PUT, key, headers: headers, body: .file(fd: fd, offset: 0, length: size, progress: progress))
+        return try await info(key, r, size: size, metaText: text).with(metadata)
     }
 
     /// Server-side copy of `version` of `source` to `destination` (onto itself: new metadata).
@@ -140,28 +229,38 @@ public struct S3Objects: Sendable {
         try StoreKey.validate(destination)
         let v = Version(version)
         let from = try await head(source)
+        if v.id == nil, from.contentTag != v.etag { throw StoreError.notFound(key: source) }
         let meta = metadata ?? from.metadata
-        var headers = Self.conditionHeaders(condition)
+        let text = try await encode(meta, key: destination)
+        var headers = try await conditions(condition, at: destination)
         var copySource = SigV4.encodePath("/" + client.endpoint.bucket + "/" + prefix + source)
         if let id = v.id { copySource += "?versionId=" + SigV4.uriEncode(id, keepSlash: false) } else {
             headers["x-amz-copy-source-if-match"] = v.etag
         }
+        if from.size > Self.maxCopyBytes {
+            return try await copyInParts(from: copySource, size: from.size, to: destination, metaText: text, headers: headers).with(meta)
+        }
         headers["x-amz-copy-source"] = copySource
         headers["x-amz-metadata-directive"] = "REPLACE"
-        headers[Self.metadataHeader] = try Self.encode(meta, key: destination)
+        headers[Self.metadataHeader] = text
         let r: S3Response
         do {
             r = try await send(.PUT, destination, headers: headers)
         } catch StoreError.preconditionFailed where v.id == nil {
             // The source's version is gone, or the destination's condition failed: say which.
             if (try? await head(source))?.contentTag != v.etag { throw StoreError.notFound(key: source) }
-            throw StoreError.preconditionFailed(key: destination, current: nil)
+            throw StoreError.preconditionFailed(key: destination, current: try? await head(destination).version)
+        } catch StoreError.preconditionFailed(_, nil) {
+            throw StoreError.preconditionFailed(key: destination, current: try? await head(destination).version)
         }
         // CopyObject answers the new ETag in its body.
-        let etag = r.header("ETag") ?? S3Client.xmlValue("ETag", in: r.text).map { $0.hasPrefix("\"") ? $0 : "\"\($0)\"" } ?? from.contentTag ?? ""
+        let etag = S3Client.xmlValue("ETag", in: r.text).map(Self.quoted) ?? r.header("ETag") ?? from.contentTag ?? ""
         let id = versioned ? r.header("x-amz-version-id") : nil
-        return ObjectInfo(key: destination, version: Version.string(id: id, etag: etag), size: from.size, metadata: meta, contentTag: etag)
+        return ObjectInfo(key: destination, version: Version.string(id: id, etag: etag, metadata: text), size: from.size,
+                          metadata: meta, contentTag: etag)
     }
+
+    static func quoted(_ etag: String) -> String { etag.hasPrefix("\"") ? etag : "\"\(etag)\"" }
 
     /// Deletes `key` if `condition` holds (an absent key with `.always`: fine).
     public func delete(_ key: String, condition: WriteCondition) async throws {
@@ -176,10 +275,10 @@ public struct S3Objects: Sendable {
             // the others leave a short window (documented).
             let current: ObjectInfo
             do { current = try await head(key) } catch StoreError.notFound { throw StoreError.preconditionFailed(key: key, current: nil) }
-            guard current.contentTag == Version(version).etag else {
+            guard current.version == version || (current.contentTag == Version(version).etag && !versioned) else {
                 throw StoreError.preconditionFailed(key: key, current: current.version)
             }
-            try await send(.DELETE, key, headers: ["If-Match": Version(version).etag])
+            try await send(.DELETE, key, headers: checksConditions ? ["If-Match": Version(version).etag] : [:])
         }
     }
 }

@@ -3,7 +3,7 @@ import Foundation
 
 /// AWS Signature Version 4 for S3 requests (header-based, one signed payload hash).
 /// https://docs.aws.amazon.com/AmazonS3/latest/API/sig-v4-header-based-auth.html
-/// Checked against AWS's published examples (Tests/S3Tests/SigV4Tests.swift).
+/// Checked against AWS's published examples (Tests/StoreTests/SigV4Tests.swift).
 public struct SigV4: Sendable {
     public var accessKey: String
     public var secretKey: String

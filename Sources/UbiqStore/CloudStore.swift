@@ -91,8 +91,10 @@ public struct StoreChange: Sendable, Equatable {
     public enum Kind: String, Sendable { case put, delete }
     public var kind: Kind
     public var key: String
-    /// The version written; nil for deletes.
+    /// The version written; nil for deletes (and where the store cannot say).
     public var version: String?
+
+    public init(kind: Kind, key: String, version: String?) { self.kind = kind; self.key = key; self.version = version }
 }
 
 public struct ChangeBatch: Sendable {
@@ -102,6 +104,12 @@ public struct ChangeBatch: Sendable {
     /// True when the store could not answer from the cursor (too old):
     /// the caller must fall back to a full listing.
     public var reset: Bool
+    /// True when more changes wait after `cursor` (ask again).
+    public var more: Bool
+
+    public init(changes: [StoreChange], cursor: String, reset: Bool, more: Bool = false) {
+        self.changes = changes; self.cursor = cursor; self.reset = reset; self.more = more
+    }
 }
 
 /// What a store said (answers) and how reaching it failed (failures).
@@ -186,9 +194,14 @@ public protocol CloudStore: Sendable {
 
     /// Bytes used and the quota, where the store has them (nil: it does not say).
     func usage() async throws -> StoreUsage?
+
+    /// Whether a version stays readable after a newer one replaces it (prior versions kept).
+    var keepsPriorVersions: Bool { get }
 }
 
 extension CloudStore {
+    public var keepsPriorVersions: Bool { true }
+
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
                     condition: WriteCondition, progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
         try await put(key, contentsOf: source, metadata: metadata, condition: condition)

@@ -5,6 +5,7 @@ import Synchronization
 /// placeholder fetched 4 MiB" or "ls -lR read no content".
 public final class CountingStore: CloudStore, Sendable {
     public let inner: any CloudStore
+    public var keepsPriorVersions: Bool { inner.keepsPriorVersions }
     private let counters = Mutex<(reads: Int, bytesRead: Int64, puts: Int)>((0, 0, 0))
 
     public init(_ inner: any CloudStore) { self.inner = inner }

@@ -239,7 +239,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                 StoreChange(kind: (r["op"] as String) == "put" ? .put : .delete, key: r["key"], version: r["version"])
             }
             let last: Int64 = rows.last?["seq"] ?? after
-            return ChangeBatch(changes: changes, cursor: String(last), reset: false)
+            return ChangeBatch(changes: changes, cursor: String(last), reset: false, more: changes.count >= limit)
         }
     }
 

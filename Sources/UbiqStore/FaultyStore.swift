@@ -8,6 +8,7 @@ public final class FaultyStore: CloudStore, Sendable {
     public enum Operation: Sendable, Hashable { case head, list, read, put, copy, delete, changes }
 
     public let inner: any CloudStore
+    public var keepsPriorVersions: Bool { inner.keepsPriorVersions }
     private let failing = Mutex<[Operation: StoreError]>([:])
     private let losing = Mutex<Set<Operation>>([])
     private let held = Mutex<[Int64: Gate]>([:])

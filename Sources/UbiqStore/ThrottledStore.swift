@@ -6,6 +6,7 @@ import Synchronization
 /// when UBIQ_STORE_READ_RATE is set (docs/testing.md).
 public final class ThrottledStore: CloudStore, Sendable {
     public let inner: any CloudStore
+    public var keepsPriorVersions: Bool { inner.keepsPriorVersions }
     public let bytesPerSecond: Double
     /// Upload rate (nil: not limited). Puts are slowed as the store reports their progress.
     public let writeBytesPerSecond: Double?

@@ -150,7 +150,7 @@ public final class ChangeFeed: @unchecked Sendable {
             }
             for c in batch.changes where seen.insert(c.key).inserted { order.append(c.key) }
             cursor = batch.cursor
-            if batch.changes.count < size { break }
+            if !batch.more { break }
         }
         if reconcile {
             // Everything the store lists, and everything this device knew from it before the

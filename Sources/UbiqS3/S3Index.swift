@@ -1,0 +1,127 @@
+import Foundation
+import GRDB
+import UbiqStore
+
+/// What this device remembers of a bucket, in SQLite beside its state:
+/// - `known`: what a HEAD said of each object as of a listing stamp (ETag, time, size), so a
+///   listing needs a HEAD only for objects that changed since;
+/// - `feed`: the listing the change feed last saw, to tell the next one's changes from;
+/// - `parts`: part uploads under way (multipart journal).
+final class S3Index: MultipartJournal, @unchecked Sendable {
+    private let db: DatabaseQueue
+    /// Names this index: a cursor from another index (removed, remade) is never taken for one of this.
+    let id: String
+
+    init(path: String) throws {
+        do {
+            db = try DatabaseQueue(path: path)
+            var m = DatabaseMigrator()
+            m.registerMigration("v1") { db in
+                try db.execute(sql: """
+                    CREATE TABLE known (key TEXT PRIMARY KEY, stamp TEXT NOT NULL, version TEXT NOT NULL,
+                                        size INTEGER NOT NULL, meta BLOB NOT NULL, tag TEXT);
+                    CREATE TABLE feed (key TEXT PRIMARY KEY, stamp TEXT NOT NULL);
+                    CREATE TABLE parts (key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, upload TEXT NOT NULL);
+                    CREATE TABLE settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+                    """)
+                try db.execute(sql: "INSERT INTO settings VALUES ('id', ?), ('generation', '0')",
+                               arguments: [UUID().uuidString.lowercased().prefix(8).description])
+            }
+            try m.migrate(db)
+            id = try db.read { try String.fetchOne($0, sql: "SELECT value FROM settings WHERE name = 'id'") } ?? "?"
+        } catch {
+            throw StoreError.failed("cannot open the S3 index at \(path): \(error)")
+        }
+    }
+
+    private func run<T>(_ body: (Database) throws -> T) throws -> T {
+        do { return try db.write(body) } catch let e as StoreError { throw e } catch {
+            throw StoreError.failed("the S3 index: \(error)")
+        }
+    }
+
+    // MARK: metadata
+
+    /// What is known of these objects at these stamps.
+    func known(_ objects: [ListedObject]) throws -> [String: ObjectInfo] {
+        try run { db in
+            var out: [String: ObjectInfo] = [:]
+            let stmt = try db.cachedStatement(sql: "SELECT stamp, version, size, meta, tag FROM known WHERE key = ?")
+            for o in objects {
+                guard let row = try Row.fetchOne(stmt, arguments: [o.key]), row["stamp"] as String == o.stamp,
+                      let meta = try? JSONDecoder().decode(ObjectMetadata.self, from: row["meta"] as Data) else { continue }
+                out[o.key] = ObjectInfo(key: o.key, version: row["version"], size: row["size"], metadata: meta, contentTag: row["tag"])
+            }
+            return out
+        }
+    }
+
+    func remember(_ pairs: [(ListedObject, ObjectInfo)]) throws {
+        try run { db in
+            let stmt = try db.cachedStatement(sql: "INSERT OR REPLACE INTO known VALUES (?, ?, ?, ?, ?, ?)")
+            for (o, i) in pairs {
+                try stmt.execute(arguments: [o.key, o.stamp, i.version, i.size, try JSONEncoder().encode(i.metadata), i.contentTag])
+            }
+        }
+    }
+
+    // MARK: change feed
+
+    func cursor(_ generation: Int) -> String { "\(id):\(generation)" }
+
+    /// Compares `listing` with the feed's last one when `since` is its cursor (nil: with
+    /// nothing), records it as the feed's, and returns the changes and the new cursor; nil
+    /// when `since` is not this index's latest cursor (the caller starts over).
+    /// Objects modified within `unsettled` of the listing may yet change again within the
+    /// same second unseen (S3 times are in seconds): they count as changed once more next time.
+    func advance(since: String?, to listing: Listing, unsettled: TimeInterval = 2) throws -> (changes: [StoreChange], cursor: String)? {
+        try run { db in
+            let gen = Int(try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'generation'") ?? "0") ?? 0
+            if let since, since != cursor(gen) { return nil }
+            var old: [String: String] = [:]
+            if since != nil {
+                for row in try Row.fetchAll(db, sql: "SELECT key, stamp FROM feed") { old[row["key"]] = row["stamp"] }
+            }
+            var changes: [StoreChange] = []
+            let put = try db.cachedStatement(sql: "INSERT OR REPLACE INTO feed VALUES (?, ?)")
+            var seen = Set<String>()
+            for o in listing.objects {
+                seen.insert(o.key)
+                let settled = o.modified.map { listing.taken.timeIntervalSince($0) >= unsettled } ?? true
+                let stamp = settled ? o.stamp : ""
+                if old[o.key] != o.stamp { changes.append(StoreChange(kind: .put, key: o.key, version: nil)) }
+                if old[o.key] != stamp { try put.execute(arguments: [o.key, stamp]) }
+            }
+            let del = try db.cachedStatement(sql: "DELETE FROM feed WHERE key = ?")
+            for key in old.keys where !seen.contains(key) {
+                changes.append(StoreChange(kind: .delete, key: key, version: nil))
+                try del.execute(arguments: [key])
+            }
+            if since == nil {
+                // From nothing: whatever the table held before is not this listing.
+                for key in try String.fetchAll(db, sql: "SELECT key FROM feed") where !seen.contains(key) {
+                    try del.execute(arguments: [key])
+                }
+            }
+            changes.sort { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
+            try db.execute(sql: "UPDATE settings SET value = ? WHERE name = 'generation'", arguments: ["\(gen + 1)"])
+            return (changes, cursor(gen + 1))
+        }
+    }
+
+    // MARK: MultipartJournal
+
+    func upload(key: String) -> (id: String, fingerprint: String)? {
+        (try? run { db in
+            try Row.fetchOne(db, sql: "SELECT upload, fingerprint FROM parts WHERE key = ?", arguments: [key])
+        })?.flatMap { ($0["upload"], $0["fingerprint"]) }
+    }
+
+    func started(key: String, fingerprint: String, uploadID: String) {
+        try? run { db in try db.execute(sql: "INSERT OR REPLACE INTO parts VALUES (?, ?, ?)", arguments: [key, fingerprint, uploadID]) }
+    }
+
+    func finished(key: String) {
+        try? run { db in try db.execute(sql: "DELETE FROM parts WHERE key = ?", arguments: [key]) }
+    }
+}

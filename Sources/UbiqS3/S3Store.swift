@@ -1,0 +1,187 @@
+import Foundation
+import Logging
+import UbiqStore
+
+/// Where a store is in S3: `s3://BUCKET/PREFIX`.
+public struct S3Location: Sendable, Equatable {
+    public var bucket: String
+    public var prefix: String
+
+    /// Parses `s3://BUCKET[/PREFIX]`; a clear error for anything else.
+    public init(_ url: String) throws {
+        guard url.hasPrefix("s3://") else { throw StoreError.failed("\(url) is not an s3://BUCKET/PREFIX address") }
+        let rest = url.dropFirst(5)
+        let bucket = String(rest.prefix { $0 != "/" })
+        let valid = bucket.count >= 3 && bucket.count <= 63
+            && bucket.allSatisfy { $0.isASCII && ($0.isLowercase || $0.isNumber || $0 == "-" || $0 == ".") }
+            && bucket.first!.isLetterOrNumber && bucket.last!.isLetterOrNumber
+        guard valid else {
+            throw StoreError.failed("\(bucket.debugDescription) is not a bucket name: 3 to 63 lowercase letters, digits, dots and hyphens")
+        }
+        var prefix = String(rest.dropFirst(bucket.count)).trimmingCharacters(in: CharacterSet(charactersIn: "/"))
+        if !prefix.isEmpty {
+            do { try StoreKey.validate(prefix) } catch { throw StoreError.failed("the prefix in \(url) is not a valid folder path") }
+            prefix += "/"
+        }
+        self.bucket = bucket; self.prefix = prefix
+    }
+}
+
+extension Character {
+    fileprivate var isLetterOrNumber: Bool { isLetter || isNumber }
+}
+
+/// The store in an S3-compatible bucket (AWS S3, Ceph RGW, SeaweedFS, MinIO, Garage).
+///
+/// There is no change feed in S3: changes are found by listing the prefix and comparing
+/// with the last listing (ETag, time and size of each key), kept in a small SQLite index
+/// beside the device's state. A poll costs one LIST request per 1,000 objects, plus one HEAD
+/// for each object that changed. The index also remembers each object's metadata, so a
+/// listing at mount sends a HEAD only for objects new or changed since the last.
+public final class S3Store: CloudStore, @unchecked Sendable {
+    public let objects: S3Objects
+    let index: S3Index
+    let logger: Logger
+    private let lock = NSLock()
+    private var warned = Set<[UInt8]>()
+    /// HEAD requests the last `list` sent (the rest it knew from the index).
+    public private(set) var headsForLastListing = 0
+    /// HEAD requests sent at once when a listing needs metadata.
+    static let headsInFlight = 16
+
+    init(objects: S3Objects, index: S3Index, logger: Logger) {
+        self.objects = objects; self.index = index; self.logger = logger
+    }
+
+    /// Opens the store at `location` through `endpoint`: makes the bucket if it is missing,
+    /// learns whether it keeps versions and whether the server honours conditional writes
+    /// (one probe object, removed at once), and aborts part uploads a crash left over a day ago.
+    public static func open(_ location: S3Location, endpoint: URL, region: String, credentials: S3Credentials,
+                            indexPath: String, logger: Logger, multipartThreshold: Int64 = 64 << 20) async throws -> S3Store {
+        let client = S3Client(endpoint: S3Endpoint(url: endpoint, region: region, bucket: location.bucket, credentials: credentials),
+                              logger: logger)
+        try await client.ensureBucket()
+        let versioned = try await client.bucketKeepsVersions()
+        let index = try S3Index(path: indexPath)
+        let probe = S3Objects(client: client, prefix: location.prefix, versioned: versioned)
+        let conditions = try await probe.serverChecksConditions()
+        if !conditions {
+            logger.warning("this S3 server ignores If-None-Match/If-Match on writes: ubiq checks the current version before each write instead, which leaves a short window where two devices' writes can race unseen")
+        }
+        let objects = S3Objects(client: client, prefix: location.prefix, versioned: versioned, checksConditions: conditions,
+                                multipartThreshold: multipartThreshold, journal: index)
+        if let n = try? await objects.abortStaleUploads(), n > 0 { logger.info("aborted \(n) part uploads left over a day ago") }
+        logger.info("S3 store s3://\(location.bucket)/\(location.prefix) at \(endpoint.absoluteString): \(versioned ? "versioned bucket (history kept)" : "bucket without versioning (no history)"), \(credentials)")
+        return S3Store(objects: objects, index: index, logger: logger)
+    }
+
+    /// Logs each key that cannot be shown, once.
+    private func warn(_ skipped: [SkippedKey]) {
+        lock.lock()
+        let fresh = skipped.filter { warned.insert($0.raw).inserted }
+        lock.unlock()
+        for s in fresh { logger.warning("skipping store key \(s.shown): \(s.reason)") }
+    }
+
+    // MARK: - CloudStore
+
+    public func head(_ key: String) async throws -> ObjectInfo { try await objects.head(key) }
+
+    public func list(prefix: String) async throws -> [ObjectInfo] {
+        let listing = try await objects.listAll(under: prefix)
+        warn(listing.skipped)
+        var found = try index.known(listing.objects)
+        let need = listing.objects.filter { found[$0.key] == nil }
+        lock.withLock { headsForLastListing = need.count }
+        let objects = self.objects
+        var learned: [(ListedObject, ObjectInfo)] = []
+        try await withThrowingTaskGroup(of: (ListedObject, ObjectInfo?).self) { group in
+            var next = 0
+            func add() {
+                guard next < need.count else { return }
+                let o = need[next]
+                next += 1
+                group.addTask {
+                    do { return (o, try await objects.head(o.key)) } catch StoreError.notFound { return (o, nil) }  // gone meanwhile
+                }
+            }
+            for _ in 0 ..< Self.headsInFlight { add() }
+            while let (o, info) = try await group.next() {
+                add()
+                guard let info else { continue }
+                found[o.key] = info
+                // Remembered only when it is surely the listed state, and settled (see S3Index.advance).
+                if info.contentTag == o.etag, let m = o.modified, listing.taken.timeIntervalSince(m) >= 2 { learned.append((o, info)) }
+            }
+        }
+        if !learned.isEmpty { try index.remember(learned) }
+        return listing.objects.compactMap { found[$0.key] }
+    }
+
+    public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        try await objects.read(key, version: version, range: range)
+    }
+
+    public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition) async throws -> ObjectInfo {
+        try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition)
+    }
+
+    public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition,
+                    progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
+        try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: progress)
+    }
+
+    public func copy(from source: String, version: String, to destination: String, metadata: ObjectMetadata?,
+                     condition: WriteCondition) async throws -> ObjectInfo {
+        try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
+    }
+
+    public func delete(_ key: String, condition: WriteCondition) async throws {
+        try await objects.delete(key, condition: condition)
+    }
+
+    /// The keys that changed since the listing `cursor` names, found by listing again. All
+    /// at once (`limit` does not apply: the listing is taken whole). A cursor this device's
+    /// index does not hold (after a crash between the two, or from elsewhere) is a reset.
+    public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+        let listing = try await objects.listAll(under: "")
+        warn(listing.skipped)
+        guard let (changes, next) = try index.advance(since: cursor, to: listing) else {
+            return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
+        }
+        return ChangeBatch(changes: changes, cursor: next, reset: false)
+    }
+
+    public func currentCursor() async throws -> String {
+        let listing = try await objects.listAll(under: "")
+        warn(listing.skipped)
+        return try index.advance(since: nil, to: listing)!.cursor
+    }
+
+    /// The bucket's versions of `key` when it keeps them; else the current one.
+    public func versions(of key: String) async throws -> [ObjectInfo] {
+        if objects.versioned { return try await objects.allVersions(key) }
+        do { return [try await objects.head(key)] } catch StoreError.notFound { return [] }
+    }
+
+    /// S3 says nothing of quotas, and summing a bucket costs a listing: nil.
+    public func usage() async throws -> StoreUsage? { nil }
+
+    public var keepsPriorVersions: Bool { objects.versioned }
+}
+
+extension S3Objects {
+    /// Whether the server refuses a create over an existing object (`If-None-Match: *`).
+    func serverChecksConditions() async throws -> Bool {
+        let probe = Self.reserved + "probe-" + UUID().uuidString.lowercased()
+        try await send(.PUT, probe, body: .data(Data()), validate: false)
+        var honoured = false
+        do {
+            try await send(.PUT, probe, headers: ["If-None-Match": "*"], body: .data(Data()), validate: false)
+        } catch StoreError.preconditionFailed {
+            honoured = true
+        }
+        _ = try? await send(.DELETE, probe, validate: false)
+        return honoured
+    }
+}
