@@ -50,7 +50,7 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "ubiq", dependencies: [
-            "UbiqFuse", "UbiqFS", "UbiqStore", "UbiqState", "UbiqSync", "CUbiq",
+            "UbiqFuse", "UbiqFS", "UbiqStore", "UbiqS3", "UbiqState", "UbiqSync", "CUbiq",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),

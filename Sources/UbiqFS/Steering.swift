@@ -42,8 +42,10 @@ extension FileSystem {
         syncHandler.withLock { $0 = handler }
     }
 
+    /// `ubiq sync`: sends what is queued (waiting while that makes progress, at most a
+    /// minute), then looks for other devices' changes.
     func syncWithStore() throws {
-        uploader?.hurry()
+        uploader?.flush(timeout: 60)
         guard let handler = syncHandler.withLock({ $0 }) else { return }
         do { try handler() } catch {
             logger.warning("sync with the store failed: \(error)")

@@ -40,6 +40,14 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         }
     }
 
+    func setting(_ name: String) throws -> String? {
+        try run { try String.fetchOne($0, sql: "SELECT value FROM settings WHERE name = ?", arguments: [name]) }
+    }
+
+    func setSetting(_ name: String, _ value: String) throws {
+        try run { try $0.execute(sql: "INSERT OR REPLACE INTO settings VALUES (?, ?)", arguments: [name, value]) }
+    }
+
     // MARK: metadata
 
     /// What is known of these objects at these stamps.

@@ -60,17 +60,28 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                             indexPath: String, logger: Logger, multipartThreshold: Int64 = 64 << 20) async throws -> S3Store {
         let client = S3Client(endpoint: S3Endpoint(url: endpoint, region: region, bucket: location.bucket, credentials: credentials),
                               logger: logger)
-        try await client.ensureBucket()
-        let versioned = try await client.bucketKeepsVersions()
         let index = try S3Index(path: indexPath)
-        let probe = S3Objects(client: client, prefix: location.prefix, versioned: versioned)
-        let conditions = try await probe.serverChecksConditions()
+        var versioned: Bool, conditions: Bool
+        var online = true
+        do {
+            try await client.ensureBucket()
+            versioned = try await client.bucketKeepsVersions()
+            conditions = try await S3Objects(client: client, prefix: location.prefix, versioned: versioned).serverChecksConditions()
+            try index.setSetting("versioned", versioned ? "1" : "0")
+            try index.setSetting("conditions", conditions ? "1" : "0")
+        } catch let e as StoreError where e.isTransient {
+            // Down: a device that knew this bucket works on with what it knew (and syncs when it
+            // is back); one that never reached it cannot start.
+            guard let v = try index.setting("versioned"), let c = try index.setting("conditions") else { throw e }
+            logger.warning("cannot reach the S3 store (\(e)); working with what this device knew")
+            versioned = v == "1"; conditions = c == "1"; online = false
+        }
         if !conditions {
             logger.warning("this S3 server ignores If-None-Match/If-Match on writes: ubiq checks the current version before each write instead, which leaves a short window where two devices' writes can race unseen")
         }
         let objects = S3Objects(client: client, prefix: location.prefix, versioned: versioned, checksConditions: conditions,
                                 multipartThreshold: multipartThreshold, journal: index)
-        if let n = try? await objects.abortStaleUploads(), n > 0 { logger.info("aborted \(n) part uploads left over a day ago") }
+        if online, let n = try? await objects.abortStaleUploads(), n > 0 { logger.info("aborted \(n) part uploads left over a day ago") }
         logger.info("S3 store s3://\(location.bucket)/\(location.prefix) at \(endpoint.absoluteString): \(versioned ? "versioned bucket (history kept)" : "bucket without versioning (no history)"), \(credentials)")
         return S3Store(objects: objects, index: index, logger: logger)
     }

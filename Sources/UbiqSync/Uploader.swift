@@ -50,6 +50,9 @@ public final class Uploader: @unchecked Sendable {
     private var kicked = false
     /// The next round uploads what is queued without waiting out the delay that gathers saves.
     private var hurried = false
+    /// Rounds run for `hurry` that are over, and whether one is under way (for `hurryAndWait`).
+    private var hurriedRoundsDone = 0
+    private var hurriedRoundRunning = false
     private var thread: Thread?
     private var stopped = true
     private var busyCheck: @Sendable (UInt64) -> Bool = { _ in false }
@@ -125,16 +128,44 @@ public final class Uploader: @unchecked Sendable {
         cond.lock(); kicked = true; hurried = true; cond.signal(); cond.unlock()
     }
 
+    /// Hurries, and waits (at most `timeout`) until a round that began after this call is
+    /// over; false when none ended in time (or the uploader is not running).
+    public func hurryAndWait(timeout: TimeInterval) -> Bool {
+        cond.lock()
+        defer { cond.unlock() }
+        guard running else { return false }
+        let target = hurriedRoundsDone + (hurriedRoundRunning ? 2 : 1)
+        kicked = true; hurried = true
+        cond.broadcast()
+        let deadline = Date(timeIntervalSinceNow: timeout)
+        while hurriedRoundsDone < target && running && Date() < deadline { _ = cond.wait(until: deadline) }
+        return hurriedRoundsDone >= target
+    }
+
+    /// Sends what is queued now and waits while that makes progress (at most `timeout`):
+    /// returns when the outbox is empty, or a round sent nothing more (offline, a quota).
+    public func flush(timeout: TimeInterval) {
+        let deadline = Date(timeIntervalSinceNow: timeout)
+        var before = pendingCount
+        while before > 0 && hurryAndWait(timeout: deadline.timeIntervalSinceNow) {
+            let after = pendingCount
+            if after >= before { return }
+            before = after
+        }
+    }
+
     private func loop() {
         while true {
             cond.lock()
             if !running { stopped = true; cond.broadcast(); cond.unlock(); return }
             let now = hurried
             hurried = false
+            if now { hurriedRoundRunning = true }
             cond.unlock()
             refreshUsage()
             let n = !now && shouldYield() ? 0 : processRound(ignoringDelay: now)
             cond.lock()
+            if now { hurriedRoundRunning = false; hurriedRoundsDone += 1; cond.broadcast() }
             if n == 0 && running && !kicked { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.25)) }
             if n == 0 && kicked { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.05)) }
             kicked = false

@@ -3,6 +3,7 @@ import Logging
 import UbiqCoordinator
 import UbiqFS
 import UbiqFuse
+import UbiqS3
 import UbiqState
 import UbiqStore
 import UbiqSync
@@ -32,18 +33,27 @@ struct Daemon {
         let state: LocalState
         let cache: ContentCache
         do {
-            let dir = try DirectoryStore(root: URL(fileURLWithPath: plan.storePath))
-            if let q = plan.quota { try dir.setQuota(q > 0 ? q : nil) }
+            switch plan.store {
+            case .directory(let path):
+                let dir = try DirectoryStore(root: URL(fileURLWithPath: path))
+                if let q = plan.quota { try dir.setQuota(q > 0 ? q : nil) }
+                store = dir
+            case .s3(let location, let endpoint, let region):
+                let credentials = try S3Credentials.resolve()
+                let path = plan.stateDir + "/s3-index.db"
+                store = try runBlocking {
+                    try await S3Store.open(location, endpoint: endpoint, region: region, credentials: credentials,
+                                           indexPath: path, logger: logger)
+                }
+            }
             // A slow link, for tests and demonstrations (docs/testing.md).
             let env = ProcessInfo.processInfo.environment
             let readRate = env["UBIQ_STORE_READ_RATE"].flatMap { MountPlan.parseSize($0) }
             let writeRate = env["UBIQ_STORE_WRITE_RATE"].flatMap { MountPlan.parseSize($0) }
             if readRate != nil || writeRate != nil {
-                store = ThrottledStore(dir, bytesPerSecond: readRate.map(Double.init) ?? 1e15,
+                store = ThrottledStore(store, bytesPerSecond: readRate.map(Double.init) ?? 1e15,
                                        writeBytesPerSecond: writeRate.map(Double.init))
                 logger.info("the link to the store is slowed: reads \(readRate.map(String.init) ?? "-") bytes/s, writes \(writeRate.map(String.init) ?? "-") bytes/s (UBIQ_STORE_READ_RATE, UBIQ_STORE_WRITE_RATE)")
-            } else {
-                store = dir
             }
             // A store that goes away while a file exists (for tests of offline work: docs/testing.md).
             if let flag = env["UBIQ_STORE_OFFLINE_FLAG"], !flag.isEmpty {
@@ -91,7 +101,7 @@ struct Daemon {
         fs.setSyncHandler { [feed] in try feed.poll() }
         fs.setRemoteRetry { [feed] in feed.kick() }
         let server = FuseServer(fs: fs, options: plan.fuseOptions, logger: logger)
-        do { try server.mount(at: plan.mountpoint, fsname: "ubiq:" + plan.storePath) } catch { die("\(error)") }
+        do { try server.mount(at: plan.mountpoint, fsname: plan.fsname) } catch { die("\(error)") }
         let record = MountRecord(pid: getpid(), mountpoint: plan.mountpoint, state: plan.stateDir, store: plan.storeURL)
         let registry = Paths.registry(for: plan.mountpoint)
         try? FileManager.default.createDirectory(atPath: (registry as NSString).deletingLastPathComponent,

@@ -4,6 +4,7 @@ import Logging
 import UbiqCoordinator
 import UbiqFS
 import UbiqFuse
+import UbiqS3
 import UbiqState
 import UbiqStore
 import UbiqSync
@@ -12,7 +13,9 @@ struct Mount: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Mount a store at MOUNTPOINT (returns once the mount is ready).",
         discussion: """
-            Store URLs: dir:/path (or a plain path) for the embedded store.
+            Store URLs: dir:/path (or a plain path) for the embedded store; s3://BUCKET/PREFIX for a
+            bucket of an S3-compatible service (AWS S3, Ceph RGW, SeaweedFS, MinIO, Garage), with
+            credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials (AWS_PROFILE).
             Default store: ~/.local/share/ubiq/store. Default state: ~/.local/state/ubiq/<mount id>,
             one per mount point, so two mount points of one store are two devices.
 
@@ -20,10 +23,17 @@ struct Mount: ParsableCommand {
               ubiq mount ~/Ubiquity
               ubiq mount --store dir:/srv/team-store --state /var/tmp/ubiq-state ~/Team
               ubiq mount --foreground -o allow_other /mnt/cloud
+              ubiq mount --store s3://photos/family --s3-endpoint http://nas:8333 ~/Photos
             """)
 
-    @Option(help: "Store URL: dir:PATH or PATH.")
+    @Option(help: "Store URL: dir:PATH, PATH, or s3://BUCKET/PREFIX.")
     var store: String?
+
+    @Option(help: ArgumentHelp("S3 service address for an s3:// store (default: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, else AWS in the region).", valueName: "URL"))
+    var s3Endpoint: String?
+
+    @Option(help: ArgumentHelp("S3 region for signing (default: $AWS_REGION, $AWS_DEFAULT_REGION, else us-east-1).", valueName: "REGION"))
+    var s3Region: String?
 
     @Option(help: "State directory (database, content cache, log).")
     var state: String?
@@ -91,6 +101,9 @@ struct Mount: ParsableCommand {
         if let noDownloadFor { args += ["--no-download-for", noDownloadFor] }
         args += ["--cache-size", String(plan.cacheSize)]
         if let q = plan.quota { args += ["--quota", String(q)] }
+        if case .s3(_, let endpoint, let region) = plan.store {
+            args += ["--s3-endpoint", endpoint.absoluteString, "--s3-region", region]
+        }
         if downloadForAll { args.append("--download-for-all") }
         args.append(plan.mountpoint)
         p.arguments = args
@@ -119,9 +132,18 @@ struct Mount: ParsableCommand {
 
 /// Everything `mount` checked, resolved to absolute paths.
 struct MountPlan {
+    enum Store {
+        case directory(path: String)
+        case s3(S3Location, endpoint: URL, region: String)
+    }
     var mountpoint: String
     var storeURL: String
-    var storePath: String
+    var store: Store
+    /// The mount's source as df and /proc/mounts show it.
+    var fsname: String {
+        if case .directory(let path) = store { return "ubiq:" + path }
+        return "ubiq:" + storeURL
+    }
     var stateDir: String
     var fuseOptions: FuseOptions
     var drainTimeout: Double
@@ -168,16 +190,32 @@ struct MountPlan {
         }
         // The store.
         let url = m.store ?? "dir:" + Paths.defaultStore
-        let storePath: String
-        if url.hasPrefix("dir:") {
-            storePath = Paths.absolute(String(url.dropFirst(4)))
-        } else if url.contains("://") {
-            throw UserError("unsupported store URL \(url): use dir:PATH")
+        var storePath: String?
+        let store: Store
+        if url.hasPrefix("s3://") {
+            let location: S3Location
+            do { location = try S3Location(url) } catch { throw UserError("\(error)".replacingOccurrences(of: "store error: ", with: "")) }
+            let env = ProcessInfo.processInfo.environment
+            let region = m.s3Region ?? env["AWS_REGION"] ?? env["AWS_DEFAULT_REGION"] ?? "us-east-1"
+            guard !region.isEmpty, region.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else {
+                throw UserError("invalid --s3-region \(region.debugDescription)")
+            }
+            let text = m.s3Endpoint ?? env["AWS_ENDPOINT_URL_S3"] ?? env["AWS_ENDPOINT_URL"] ?? "https://s3.\(region).amazonaws.com"
+            guard let endpoint = URL(string: text), ["http", "https"].contains(endpoint.scheme ?? ""), endpoint.host != nil,
+                  endpoint.path.isEmpty || endpoint.path == "/" else {
+                throw UserError("invalid S3 endpoint \(text): use http(s)://HOST[:PORT]")
+            }
+            do { _ = try S3Credentials.resolve() } catch { throw UserError("\(error)") }
+            store = .s3(location, endpoint: endpoint, region: region)
+        } else if url.hasPrefix("dir:") || !url.contains("://") {
+            let path = Paths.absolute(url.hasPrefix("dir:") ? String(url.dropFirst(4)) : url)
+            if path == mp || path.hasPrefix(mp + "/") { throw UserError("the store cannot be inside the mount point") }
+            try Self.checkDirectory(path, what: "store")
+            storePath = path
+            store = .directory(path: path)
         } else {
-            storePath = Paths.absolute(url)
+            throw UserError("unsupported store URL \(url): use dir:PATH or s3://BUCKET/PREFIX")
         }
-        if storePath == mp || storePath.hasPrefix(mp + "/") { throw UserError("the store cannot be inside the mount point") }
-        try Self.checkDirectory(storePath, what: "store")
         // The state.
         let stateDir = m.state.map(Paths.absolute) ?? Paths.defaultState(for: mp)
         if stateDir == mp || stateDir.hasPrefix(mp + "/") { throw UserError("the state directory cannot be inside the mount point") }
@@ -189,6 +227,7 @@ struct MountPlan {
         if let text = m.quota {
             guard let v = Self.parseSize(text) else { throw UserError("invalid --quota \(text): use a size like 10G, or 0 for none") }
             quota = v
+            if storePath == nil { throw UserError("--quota sets the embedded store's quota; an S3 bucket's limits are the service's") }
         }
         var cacheSize: Int64 = 0
         if let text = m.cacheSize {
@@ -196,7 +235,7 @@ struct MountPlan {
             cacheSize = v
         }
         // Every check passed: only now create what is missing.
-        try Self.createDirectory(storePath, what: "store", mode: 0o755)
+        if let storePath { try Self.createDirectory(storePath, what: "store", mode: 0o755) }
         try Self.createDirectory(stateDir, what: "state directory", mode: 0o700)
         if cacheSize == 0 {
             var st = statvfs()
@@ -206,7 +245,12 @@ struct MountPlan {
         var fo = FuseOptions()
         fo.writebackCache = m.writebackCache
         fo.mountOptions = m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" }
-        return MountPlan(mountpoint: mp, storeURL: "dir:" + storePath, storePath: storePath, stateDir: stateDir,
+        let storeURL: String
+        switch store {
+        case .directory(let path): storeURL = "dir:" + path
+        case .s3(let l, _, _): storeURL = "s3://\(l.bucket)/\(l.prefix)"
+        }
+        return MountPlan(mountpoint: mp, storeURL: storeURL, store: store, stateDir: stateDir,
                          fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay), pollInterval: m.pollInterval, readTimeout: m.readTimeout,
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }

@@ -49,6 +49,7 @@ func shell(_ script: String, cwd: String? = nil, env: [String: String] = [:], ti
 final class MountFixture: @unchecked Sendable {
     let base: String
     let mnt: String
+    /// The store's directory, or its s3:// address.
     let store: String
     let state: String
     /// XDG dirs of the fixture, so tests never touch the user's own.
@@ -79,7 +80,8 @@ final class MountFixture: @unchecked Sendable {
     }
 
     func mount() throws {
-        let r = ubiq("mount --store dir:\(self.store) --state \(state) \(extra) \(mnt)")
+        let url = store.hasPrefix("s3://") ? store : "dir:" + store
+        let r = ubiq("mount --store \(url) --state \(state) \(extra) \(mnt)")
         if r.status != 0 {
             cleanup()
             throw FixtureError("mount failed: \(r.err)\(r.out)")
