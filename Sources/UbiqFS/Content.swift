@@ -2,6 +2,7 @@ import Foundation
 import CUbiq
 import UbiqCoordinator
 import UbiqState
+import UbiqStore
 
 /// Content: open, read, write, flush, fsync, release, setattr, fallocate.
 extension FileSystem {
@@ -47,6 +48,12 @@ extension FileSystem {
         emit(.status, ino)
     }
 
+    /// The version a placeholder stands for is gone from the store (replaced in a store that
+    /// keeps no prior versions): look at the store now, so the next open reads the new one.
+    private func versionGone(_ error: Error) {
+        if case StoreError.notFound = error { remoteRetry.withLock { $0 }?() }
+    }
+
     /// Brings a placeholder's content into the cache (call holding an exclusive claim, without `lock`).
     private func materialize(_ ino: UInt64) throws {
         let needed = try withLock { () -> Bool in
@@ -56,6 +63,7 @@ extension FileSystem {
         guard needed else { return }
         do { try materializer.fetch(ino) } catch {
             logger.error("download of inode \(ino) failed: \(error)")
+            versionGone(error)
             throw FSError.io("download failed: \(error)")
         }
         try withLock {
@@ -117,6 +125,7 @@ extension FileSystem {
         if !withLock({ nodes[ino]?.rec.present ?? true }) {
             do { try materializer.ensure(ino, range: offset ..< offset + Int64(count)) } catch {
                 logger.error("read of inode \(ino) at \(offset) failed: \(error)")
+                versionGone(error)
                 throw FSError.io("download failed: \(error)")
             }
         }
