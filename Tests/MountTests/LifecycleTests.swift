@@ -229,7 +229,7 @@ import Testing
             ("mount --store dir:\(base)/s2 --state \(base)/st2 \(m.mnt)", "already a mount point"),
             ("mount --store dir:\(base)/s3 --state \(m.state) \(base)/free", "in use by another ubiq daemon"),
             ("mount --store dir:\(base)/afile --state \(base)/st4 \(base)/free", "is not a directory"),
-            ("mount --store s3://bucket/x --state \(base)/st5 \(base)/free", "unsupported store URL"),
+            ("mount --store gs://bucket/x --state \(base)/st5 \(base)/free", "unsupported store URL"),
             ("mount --store dir:\(base)/s6 --state \(base)/st6 \(base)/notempty", "is not empty"),
             ("mount --store dir:\(base)/s7 --state \(base)/afile \(base)/free", "is not a directory"),
             ("unmount \(base)/free", "is not mounted"),
@@ -241,7 +241,7 @@ import Testing
             let r = m.ubiq(args)
             #expect(r.status != 0, "\(args) should fail")
             #expect(r.err.contains(message), "\(args): \(r.err)")
-            if !args.hasPrefix("mount --store s3") && args != "mount" {
+            if !args.hasPrefix("mount --store gs") && args != "mount" {
                 #expect(r.err.split(separator: "\n").count == 1, "one line for \(args): \(r.err)")
             }
         }
