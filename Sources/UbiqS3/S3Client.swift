@@ -97,6 +97,51 @@ public final class S3Client: Sendable {
 
     private func once(_ method: HTTPMethod, key: String?, query: [(String, String)], headers: [String: String],
                       body: S3Body, maxResponse: Int) async throws -> S3Response {
+        let request = prepare(method, key: key, query: query, headers: headers, body: body)
+        let response = try await http.execute(request, timeout: timeout)
+        let bytes = try await response.body.collect(upTo: maxResponse)
+        return S3Response(status: Int(response.status.code), headers: response.headers, body: bytes)
+    }
+
+    /// GETs `key` and writes the body into `fd` from `offset` as it arrives (no copy of the
+    /// whole in memory); returns the bytes written. Failures are mapped and retried as `send`'s;
+    /// a failure to write the local file is thrown at once.
+    public func download(key: String, query: [(String, String)] = [], headers: [String: String] = [:],
+                         into fd: Int32, at offset: Int64) async throws -> Int64 {
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                let response = try await http.execute(prepare(.GET, key: key, query: query, headers: headers, body: .none), timeout: timeout)
+                let status = Int(response.status.code)
+                if status == 200 || status == 206 {
+                    var written: Int64 = 0
+                    for try await buffer in response.body {
+                        let data = Data(buffer.readableBytesView)
+                        try LocalWriteError.write(data, to: fd, at: offset + written)
+                        written += Int64(data.count)
+                    }
+                    return written
+                }
+                let r = S3Response(status: status, headers: response.headers, body: try await response.body.collect(upTo: 1 << 20))
+                let error = Self.error(for: r, key: key, method: .GET)
+                guard error.isTransient, attempt < attempts else { throw error }
+                logger.info("S3 GET \(key) answered \(status), trying again")
+            } catch let e as StoreError {
+                throw e
+            } catch let e as LocalWriteError {
+                throw e
+            } catch {
+                guard attempt < attempts else { throw StoreError.unavailable("\(endpoint.url.absoluteString): \(Self.describe(error))") }
+                logger.info("S3 GET \(key) failed (\(Self.describe(error))), trying again")
+            }
+            try await Task.sleep(nanoseconds: UInt64(Double.random(in: 0.5 ... 1.5) * 0.2 * pow(2, Double(attempt - 1)) * 1e9))
+        }
+    }
+
+    /// The signed request.
+    private func prepare(_ method: HTTPMethod, key: String?, query: [(String, String)], headers: [String: String],
+                         body: S3Body) -> HTTPClientRequest {
         let path = path(key)
         var host = endpoint.url.host ?? "localhost"
         if let port = endpoint.url.port { host += ":\(port)" }
@@ -121,9 +166,7 @@ public final class S3Client: Sendable {
         let added = signer.sign(method: method.rawValue, path: path, query: query, headers: signed, payloadHash: payloadHash, date: Date())
         for (k, v) in headers { request.headers.add(name: k, value: v) }
         for (k, v) in added { request.headers.add(name: k, value: v) }
-        let response = try await http.execute(request, timeout: timeout)
-        let bytes = try await response.body.collect(upTo: maxResponse)
-        return S3Response(status: Int(response.status.code), headers: response.headers, body: bytes)
+        return request
     }
 
     static func queryString(_ query: [(String, String)]) -> String {

@@ -186,6 +186,25 @@ public struct S3Objects: Sendable {
         }
     }
 
+    /// `read`, written into `fd` at `offset` as the bytes arrive.
+    public func read(_ key: String, version: String, range: Range<Int64>, into fd: Int32, at offset: Int64) async throws -> Int64 {
+        try StoreKey.validate(key)
+        if range.isEmpty { return 0 }
+        let v = Version(version)
+        var query: [(String, String)] = []
+        var headers = ["Range": "bytes=\(range.lowerBound)-\(range.upperBound - 1)"]
+        if let id = v.id { query.append(("versionId", id)) } else { headers["If-Match"] = v.etag }
+        do {
+            return try await client.download(key: prefix + key, query: query, headers: headers, into: fd, at: offset)
+        } catch StoreError.preconditionFailed, StoreError.notFound {
+            throw StoreError.notFound(key: key)  // that version is gone
+        } catch StoreError.failed(let why) where why.contains(" 416 ") || why.contains("InvalidRange") {
+            return 0  // past the end
+        } catch StoreError.failed(let why) where why.contains(" 400 ") && v.id != nil {
+            throw StoreError.notFound(key: key)  // an unknown version id
+        }
+    }
+
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition,
                     progress: (@Sendable (Int64) -> Void)? = nil) async throws -> ObjectInfo {
         try StoreKey.validate(key)

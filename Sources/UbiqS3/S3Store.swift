@@ -133,6 +133,10 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         try await objects.read(key, version: version, range: range)
     }
 
+    public func read(_ key: String, version: String, range: Range<Int64>, into fd: Int32, at offset: Int64) async throws -> Int64 {
+        try await objects.read(key, version: version, range: range, into: fd, at: offset)
+    }
+
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition) async throws -> ObjectInfo {
         try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition)
     }

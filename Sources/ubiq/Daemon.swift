@@ -88,7 +88,11 @@ struct Daemon {
         // the device's id to tell two mounts on one host apart.
         uploader.deviceName = ConflictName.deviceLabel(ProcessInfo.processInfo.hostName.split(separator: ".").first
             .map(String.init) ?? "host") + "-" + deviceID.prefix(4)
-        let materializer = Materializer(store: store, state: state, cache: cache, logger: logger)
+        // Each chunk is one request: over HTTP, 4 MiB ones read a 256 MiB object cold at about
+        // twice the speed of 1 MiB ones, for a few ms more before the first byte (docs/s3.md).
+        var chunkSize: Int64 = 1 << 20
+        if case .s3 = plan.store { chunkSize = 4 << 20 }
+        let materializer = Materializer(store: store, state: state, cache: cache, logger: logger, chunkSize: chunkSize)
         materializer.readTimeout = plan.readTimeout
         let fs: FileSystem
         do {
