@@ -3,6 +3,7 @@ import Synchronization
 import Logging
 import UbiqCoordinator
 import UbiqState
+import UbiqStore
 import UbiqSync
 
 /// One inode in memory. Guarded by `FileSystem.lock`.
@@ -226,6 +227,11 @@ public final class FileSystem: @unchecked Sendable {
     func withLock<T>(_ body: () throws -> T) rethrows -> T {
         lock.lock(); defer { lock.unlock() }
         return try body()
+    }
+
+    /// `.ubiquity` at the root is the store's own (the key-value store): nobody makes it.
+    static func checkNotReserved(parent: UInt64, name: [UInt8]) throws {
+        if parent == 1 && name == ReservedKeys.rootName { throw FSError.notPermitted }
     }
 
     static func validate(name: [UInt8]) throws {

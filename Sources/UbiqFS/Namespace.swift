@@ -9,6 +9,7 @@ extension FileSystem {
     private func makeNode(in dir: Node, name: [UInt8], type: UInt32, perm: UInt32, caller: Caller,
                           rdev: UInt64 = 0, target: [UInt8]? = nil, openFD: UnsafeMutablePointer<Int32>? = nil) throws -> Node {
         try Self.validate(name: name)
+        try Self.checkNotReserved(parent: dir.rec.ino, name: name)
         if dir.children[name] != nil { throw FSError.exists }
         if dir.nlink == 0 { throw FSError.notFound }  // directory removed while we waited
         var perm = perm & 0o7777
@@ -135,6 +136,7 @@ extension FileSystem {
 
     public func link(_ ino: UInt64, _ newParent: UInt64, _ newName: [UInt8]) throws -> Attributes {
         try Self.validate(name: newName)
+        try Self.checkNotReserved(parent: newParent, name: newName)
         let c = try claim([ino, newParent], .write)
         defer { coordinator.release(c) }
         let a = try withLock {
@@ -240,6 +242,7 @@ extension FileSystem {
         }
         if name.count > maxNameBytes || newName.count > maxNameBytes { throw FSError.nameTooLong }
         try Self.validate(name: newName)
+        try Self.checkNotReserved(parent: newParent, name: newName)
         let from = events.hasSubscribers ? path(of: parent).map { Self.join($0, name) } : nil
         var moved: UInt64 = 0
         while true {

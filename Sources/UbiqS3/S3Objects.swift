@@ -11,7 +11,7 @@ import UbiqStore
 ///   with the same bytes (a metadata change) are one.
 /// - Mode, owner, times, link target and xattrs travel in one user-metadata header,
 ///   `x-amz-meta-ubiq` (base64 JSON). S3 keeps 2 KB of user metadata: a larger set goes in
-///   an object of its own under `.ubiq-store/meta/`, named by its hash (written once, never
+///   an object of its own under `.ubiquity/s3/meta/`, named by its hash (written once, never
 ///   changed), and the header points to it.
 /// - Objects written by other tools have no such header: they show as the mounting user's,
 ///   mode 0644 (folders 0755), modified when S3 says.
@@ -31,8 +31,8 @@ public struct S3Objects: Sendable {
 
     static let metadataHeader = "x-amz-meta-ubiq"
     static let maxMetadataBytes = 2000
-    /// Keys under this folder (in the prefix) belong to the store itself: never listed.
-    public static let reserved = ".ubiq-store/"
+    /// Keys under this folder (in the prefix) belong to the S3 store itself: never listed.
+    public static let reserved = ReservedKeys.root + "s3/"
 
     public init(client: S3Client, prefix: String, versioned: Bool, checksConditions: Bool = true,
                 multipartThreshold: Int64 = 64 << 20, journal: (any MultipartJournal)? = nil) {

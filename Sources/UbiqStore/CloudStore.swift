@@ -244,6 +244,18 @@ public struct StoreUsage: Sendable, Equatable {
     public init(usedBytes: Int64, quotaBytes: Int64?) { self.usedBytes = usedBytes; self.quotaBytes = quotaBytes }
 }
 
+/// Keys under `.ubiquity/` are ubiq's own (the key-value store, a store's internals): never
+/// files. A mount refuses the name `.ubiquity` at its root.
+public enum ReservedKeys {
+    public static let root = ".ubiquity/"
+    /// One object per key of the synced key-value store (`ubiq kv`).
+    public static let kv = ".ubiquity/kv/"
+    /// The top-level name a mount does not let anyone create.
+    public static let rootName = Array(".ubiquity".utf8)
+
+    public static func isReserved(_ key: String) -> Bool { key.hasPrefix(root) || key == ".ubiquity" }
+}
+
 public enum StoreKey {
     public static let maxSegmentBytes = 255
     public static let maxKeyBytes = 4096

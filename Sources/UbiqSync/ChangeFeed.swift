@@ -58,6 +58,14 @@ public final class ChangeFeed: @unchecked Sendable {
         cond.lock(); self.apply = apply; cond.unlock()
     }
 
+    /// Hears the key-value store's changed object keys (and whether the poll compared
+    /// everything: an initial or reset sync).
+    private var kvApply: (@Sendable ([String], Bool) -> Void)?
+
+    public func setKVApplier(_ apply: @escaping @Sendable ([String], Bool) -> Void) {
+        cond.lock(); kvApply = apply; cond.unlock()
+    }
+
     public func start() {
         cond.lock(); defer { cond.unlock() }
         guard !running else { return }
@@ -167,7 +175,13 @@ public final class ChangeFeed: @unchecked Sendable {
             }
         }
         var changes: [RemoteChange] = []
+        var kvKeys: [String] = []
         for key in order {
+            // ubiq's own keys are not files: the key-value store's go to its handler.
+            if ReservedKeys.isReserved(key) {
+                if key.hasPrefix(ReservedKeys.kv) { kvKeys.append(key) }
+                continue
+            }
             let info: ObjectInfo?
             if let k = known[key] {
                 info = k
@@ -183,8 +197,9 @@ public final class ChangeFeed: @unchecked Sendable {
             if let o = info?.metadata.origin, o.hasPrefix(deviceID + ":") { continue }
             changes.append(RemoteChange(key: key, info: info))
         }
-        cond.lock(); let apply = self.apply; cond.unlock()
+        cond.lock(); let apply = self.apply; let kvApply = self.kvApply; cond.unlock()
         let retry = changes.isEmpty ? [] : apply(changes)
+        if !kvKeys.isEmpty { kvApply?(kvKeys, reconcile) }
         let newCursor = cursor
         try state.write { tx in
             if let newCursor { try tx.setMeta(Self.cursorKey, newCursor) }

@@ -38,7 +38,7 @@ public struct Importer {
                 let da = a.key.split(separator: "/").count, db = b.key.split(separator: "/").count
                 return da != db ? da < db : a.key < b.key
             }
-            for obj in sorted where !known.contains(obj.key) && !doomed.contains(obj.key) {
+            for obj in sorted where !known.contains(obj.key) && !doomed.contains(obj.key) && !ReservedKeys.isReserved(obj.key) {
                 do { try StoreKey.validate(obj.key) } catch {
                     logger.warning("skipping store key \(obj.key.debugDescription): \(error)")
                     report.skipped += 1

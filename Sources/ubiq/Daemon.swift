@@ -33,19 +33,8 @@ struct Daemon {
         let state: LocalState
         let cache: ContentCache
         do {
-            switch plan.store {
-            case .directory(let path):
-                let dir = try DirectoryStore(root: URL(fileURLWithPath: path))
-                if let q = plan.quota { try dir.setQuota(q > 0 ? q : nil) }
-                store = dir
-            case .s3(let location, let endpoint, let region):
-                let credentials = try S3Credentials.resolve()
-                let path = plan.stateDir + "/s3-index.db"
-                store = try runBlocking {
-                    try await S3Store.open(location, endpoint: endpoint, region: region, credentials: credentials,
-                                           indexPath: path, logger: logger)
-                }
-            }
+            store = try MountPlan.openStore(plan.store, indexPath: plan.stateDir + "/s3-index.db", logger: logger)
+            if let q = plan.quota, let dir = store as? DirectoryStore { try dir.setQuota(q > 0 ? q : nil) }
             // A slow link, for tests and demonstrations (docs/testing.md).
             let env = ProcessInfo.processInfo.environment
             let readRate = env["UBIQ_STORE_READ_RATE"].flatMap { MountPlan.parseSize($0) }

@@ -190,31 +190,12 @@ struct MountPlan {
         }
         // The store.
         let url = m.store ?? "dir:" + Paths.defaultStore
+        let store = try Self.parseStore(url, s3Endpoint: m.s3Endpoint, s3Region: m.s3Region)
         var storePath: String?
-        let store: Store
-        if url.hasPrefix("s3://") {
-            let location: S3Location
-            do { location = try S3Location(url) } catch { throw UserError("\(error)".replacingOccurrences(of: "store error: ", with: "")) }
-            let env = ProcessInfo.processInfo.environment
-            let region = m.s3Region ?? env["AWS_REGION"] ?? env["AWS_DEFAULT_REGION"] ?? "us-east-1"
-            guard !region.isEmpty, region.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else {
-                throw UserError("invalid --s3-region \(region.debugDescription)")
-            }
-            let text = m.s3Endpoint ?? env["AWS_ENDPOINT_URL_S3"] ?? env["AWS_ENDPOINT_URL"] ?? "https://s3.\(region).amazonaws.com"
-            guard let endpoint = URL(string: text), ["http", "https"].contains(endpoint.scheme ?? ""), endpoint.host != nil,
-                  endpoint.path.isEmpty || endpoint.path == "/" else {
-                throw UserError("invalid S3 endpoint \(text): use http(s)://HOST[:PORT]")
-            }
-            do { _ = try S3Credentials.resolve() } catch { throw UserError("\(error)") }
-            store = .s3(location, endpoint: endpoint, region: region)
-        } else if url.hasPrefix("dir:") || !url.contains("://") {
-            let path = Paths.absolute(url.hasPrefix("dir:") ? String(url.dropFirst(4)) : url)
+        if case .directory(let path) = store {
             if path == mp || path.hasPrefix(mp + "/") { throw UserError("the store cannot be inside the mount point") }
             try Self.checkDirectory(path, what: "store")
             storePath = path
-            store = .directory(path: path)
-        } else {
-            throw UserError("unsupported store URL \(url): use dir:PATH or s3://BUCKET/PREFIX")
         }
         // The state.
         let stateDir = m.state.map(Paths.absolute) ?? Paths.defaultState(for: mp)
@@ -256,6 +237,44 @@ struct MountPlan {
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),
                          cacheSize: cacheSize, quota: quota)
+    }
+
+    /// A store URL (`dir:PATH`, `PATH`, `s3://BUCKET/PREFIX`) and its S3 options, checked.
+    static func parseStore(_ url: String, s3Endpoint: String?, s3Region: String?) throws -> Store {
+        if url.hasPrefix("s3://") {
+            let location: S3Location
+            do { location = try S3Location(url) } catch { throw UserError("\(error)".replacingOccurrences(of: "store error: ", with: "")) }
+            let env = ProcessInfo.processInfo.environment
+            let region = s3Region ?? env["AWS_REGION"] ?? env["AWS_DEFAULT_REGION"] ?? "us-east-1"
+            guard !region.isEmpty, region.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else {
+                throw UserError("invalid --s3-region \(region.debugDescription)")
+            }
+            let text = s3Endpoint ?? env["AWS_ENDPOINT_URL_S3"] ?? env["AWS_ENDPOINT_URL"] ?? "https://s3.\(region).amazonaws.com"
+            guard let endpoint = URL(string: text), ["http", "https"].contains(endpoint.scheme ?? ""), endpoint.host != nil,
+                  endpoint.path.isEmpty || endpoint.path == "/" else {
+                throw UserError("invalid S3 endpoint \(text): use http(s)://HOST[:PORT]")
+            }
+            do { _ = try S3Credentials.resolve() } catch { throw UserError("\(error)") }
+            return .s3(location, endpoint: endpoint, region: region)
+        }
+        if url.hasPrefix("dir:") || !url.contains("://") {
+            return .directory(path: Paths.absolute(url.hasPrefix("dir:") ? String(url.dropFirst(4)) : url))
+        }
+        throw UserError("unsupported store URL \(url): use dir:PATH or s3://BUCKET/PREFIX")
+    }
+
+    /// Opens the store (an S3 store keeps its index at `indexPath`).
+    static func openStore(_ store: Store, indexPath: String, logger: Logger) throws -> any CloudStore {
+        switch store {
+        case .directory(let path):
+            return try DirectoryStore(root: URL(fileURLWithPath: path))
+        case .s3(let location, let endpoint, let region):
+            let credentials = try S3Credentials.resolve()
+            return try runBlocking {
+                try await S3Store.open(location, endpoint: endpoint, region: region, credentials: credentials,
+                                       indexPath: indexPath, logger: logger)
+            }
+        }
     }
 
     /// "500M", "20G", "1.5T", "4096" (bytes), binary units.

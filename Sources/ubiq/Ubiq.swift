@@ -14,10 +14,11 @@ struct Ubiq: ParsableCommand {
               ubiq pin ~/Ubiquity/Docs              keep a folder downloaded
               ubiq sync ~/Ubiquity                  look for other devices' changes now
               ubiq unmount ~/Ubiquity               upload what is pending, unmount
+              ubiq kv set --store dir:/srv/s k v    a synced setting
             """,
         version: ubiqVersion,
         subcommands: [Mount.self, Unmount.self, Status.self, Query.self, Watch.self, Sync.self, Versions.self, Resolve.self,
-                      Restore.self, Service.self, Download.self, Evict.self, Pin.self, Unpin.self])
+                      Restore.self, Service.self, Download.self, Evict.self, Pin.self, Unpin.self, KV.self])
 }
 
 let ubiqVersion = "0.1.0"

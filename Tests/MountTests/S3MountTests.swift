@@ -189,6 +189,19 @@ final class S3Server: @unchecked Sendable {
         #expect(log.contains("working with what this device knew"))
     }
 
+    /// `ubiq kv` works on an S3 store too, beside a mount of it that does not show its objects.
+    @Test func keyValueStoreOnS3() throws {
+        let s3 = try S3Server.shared()
+        let bucket = s3.bucket("kv")
+        let a = try s3.mount(bucket)
+        defer { a.cleanup() }
+        let store = "--store s3://\(bucket)/drive --s3-endpoint \(s3.endpoint)"
+        expectOK(a.ubiq("kv set \(store) --type json prefs '{\"theme\": \"dark\"}'"))
+        #expect(a.ubiq("kv get \(store) prefs").out == "{\"theme\":\"dark\"}\n")
+        #expect(a.ubiq("kv list \(store)").out == "prefs\t{\"theme\":\"dark\"}\n")
+        expectOK(a.sh("\(ubiqBinary) sync . && test -z \"$(ls -A)\""), "kv objects showed as files")
+    }
+
     @Test func badS3ArgumentsAreClearErrors() throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3args-\(UUID().uuidString.prefix(8))").path
         try FileManager.default.createDirectory(atPath: dir + "/m", withIntermediateDirectories: true)

@@ -65,7 +65,7 @@ import UbiqStore
             <Contents><Key>drive/a//b</Key><ETag>"4"</ETag><Size>1</Size></Contents>
             <Contents><Key>drive/\(String(repeating: "n", count: 256))</Key><ETag>"4"</ETag><Size>1</Size></Contents>
             <Contents><Key>other/y</Key><ETag>"5"</ETag><Size>1</Size></Contents>
-            <Contents><Key>drive/.ubiq-store/meta/abc</Key><ETag>"6"</ETag><Size>1</Size></Contents>
+            <Contents><Key>drive/.ubiquity/s3/meta/abc</Key><ETag>"6"</ETag><Size>1</Size></Contents>
             <Contents><Key>drive/caf%C3%A9+ok</Key><ETag>&#34;7&#34;</ETag><Size>1</Size><LastModified>2026-01-02T03:04:05.000Z</LastModified></Contents>
             </ListBucketResult>
             """

@@ -1,0 +1,75 @@
+import Foundation
+import Testing
+
+/// `ubiq kv` on a store, as two devices (two users' state homes), with a mount of the store
+/// beside it: values, errors, last writer wins, watch, and the kv objects never showing as files.
+@Suite struct KVTests {
+    @Test func setGetListRemoveAndErrors() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let store = "--store dir:\(m.store)"
+        expectOK(m.ubiq("kv set \(store) theme dark"))
+        expectOK(m.ubiq("kv set \(store) --type json window '{\"w\": 800}'"))
+        expectOK(m.ubiq("kv set \(store) --type number zoom 1.5"))
+        expectOK(m.ubiq("kv set \(store) --type bool sound false"))
+        expectOK(m.ubiq("kv set \(store) --type bytes icon AAEC"))
+        #expect(m.ubiq("kv get \(store) theme").out == "dark\n")
+        #expect(m.ubiq("kv get \(store) window").out == "{\"w\":800}\n")
+        #expect(m.ubiq("kv get \(store) zoom").out == "1.5\n")
+        #expect(m.ubiq("kv get \(store) --json sound").out.contains("\"type\":\"bool\",\"value\":false"))
+        #expect(m.ubiq("kv list \(store)").out == "icon\tAAEC\nsound\tfalse\ntheme\tdark\nwindow\t{\"w\":800}\nzoom\t1.5\n")
+        expectOK(m.ubiq("kv remove \(store) theme"))
+        let gone = m.ubiq("kv get \(store) theme")
+        #expect(gone.status == 1 && gone.err == "ubiq: no value for \"theme\"\n")
+        let cases: [(String, String)] = [
+            ("set \(String(repeating: "k", count: 65)) v", "at most 64"),
+            ("set --type number n twelve", "is not a number"),
+            ("set --type json j '{'", "not valid JSON"),
+            ("set --type colour c red", "unknown type"),
+        ]
+        for (args, says) in cases {
+            let r = m.ubiq("kv \(args.replacingOccurrences(of: "set ", with: "set \(store) "))")
+            #expect(r.status == 1 && r.err.contains(says) && r.err.split(separator: "\n").count == 1, "\(args): \(r.err)")
+        }
+        let nowhere = m.ubiq("kv get --store dir:\(m.base)/no-store k")
+        #expect(nowhere.status == 1 && nowhere.err.contains("no store at"), "\(nowhere.err)")
+        // The mount holds no trace of them, and nobody can make the name they live under.
+        expectOK(m.sh("test -z \"$(ls -A)\""), "kv objects showed as files")
+        let mk = m.sh("mkdir .ubiquity")
+        #expect(mk.status != 0 && mk.err.contains("Operation not permitted"), "\(mk.err)")
+        expectOK(m.sh("mkdir sub && mkdir sub/.ubiquity"), "the name is reserved at the root only")
+    }
+
+    /// Two devices setting one key at once end with one value, the same for both; a watch on
+    /// one device prints the other's changes.
+    @Test func twoDevicesConvergeAndWatch() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let store = "--store dir:\(m.store)"
+        let kv = { (sub: String) in "\(ubiqBinary) kv \(sub) \(store)" }
+        let devA = "XDG_STATE_HOME=\(m.base)/dev-a", devB = "XDG_STATE_HOME=\(m.base)/dev-b"
+        let watchOut = m.base + "/watch.jsonl"
+        expectOK(shell("\(devA) \(kv("set")) color red"))
+        let watcher = Process()
+        watcher.executableURL = URL(fileURLWithPath: "/bin/bash")
+        watcher.arguments = ["-c", "\(devA) exec \(kv("watch")) --interval 0.3 > \(watchOut)"]
+        try watcher.run()
+        defer { watcher.terminate(); watcher.waitUntilExit() }
+        expectOK(shell("""
+            for i in $(seq 1 8); do \(devA) \(kv("set")) race a$i & \(devB) \(kv("set")) race b$i & done; wait
+            """), "racing sets")
+        let a = shell("\(devA) \(kv("get")) race"), b = shell("\(devB) \(kv("get")) race")
+        #expect(a.status == 0 && a.out == b.out, "devices disagree: \(a.out) \(b.out)")
+        expectOK(shell("\(devB) \(kv("set")) color blue && \(devB) \(kv("remove")) race"))
+        let deadline = Date(timeIntervalSinceNow: 15)
+        var lines: [String] = []
+        while Date() < deadline {
+            lines = ((try? String(contentsOfFile: watchOut, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+            if lines.contains(where: { $0.contains("\"changed\"") && $0.contains("blue") }) && lines.contains(where: { $0.contains("\"removed\":true") }) { break }
+            usleep(200_000)
+        }
+        #expect(lines.first?.contains("\"reason\":\"initial-sync\"") == true && lines.first?.contains("red") == true, "\(lines)")
+        #expect(lines.contains { $0.contains("\"reason\":\"changed\"") && $0.contains("\"color\"") && $0.contains("blue") }, "\(lines)")
+        #expect(lines.contains { $0.contains("\"race\"") && $0.contains("\"removed\":true") }, "\(lines)")
+    }
+}
