@@ -175,6 +175,11 @@ public final class LocalState: Sendable {
                 CREATE INDEX entries_not_in_store ON entries (ino) WHERE remote_key IS NULL;
                 """)
         }
+        m.registerMigration("v7: key-value store") { db in
+            try db.execute(sql: """
+                CREATE TABLE kv (key TEXT PRIMARY KEY, doc BLOB NOT NULL, pending INTEGER NOT NULL DEFAULT 0);
+                """)
+        }
         return m
     }
 
@@ -455,6 +460,21 @@ public struct StateTransaction {
     public func setFeedPending(_ keys: Set<String>) throws {
         try db.execute(cached: "DELETE FROM feed_pending")
         for k in keys { try db.execute(cached: "INSERT INTO feed_pending (key) VALUES (?)", arguments: [k]) }
+    }
+
+    // MARK: the key-value store
+
+    /// Every key's entry as stored (JSON), and whether it waits to go to the store.
+    public func kvAll() throws -> [(key: String, doc: Data, pending: Bool)] {
+        try Row.fetchAll(db, cached: "SELECT key, doc, pending FROM kv ORDER BY key").map { ($0["key"], $0["doc"], $0["pending"]) }
+    }
+
+    public func kvEntry(_ key: String) throws -> (doc: Data, pending: Bool)? {
+        try Row.fetchOne(db, cached: "SELECT doc, pending FROM kv WHERE key = ?", arguments: [key]).map { ($0["doc"], $0["pending"]) }
+    }
+
+    public func kvPut(_ key: String, doc: Data, pending: Bool) throws {
+        try db.execute(cached: "INSERT OR REPLACE INTO kv (key, doc, pending) VALUES (?, ?, ?)", arguments: [key, doc, pending])
     }
 
     // MARK: partial downloads

@@ -199,7 +199,7 @@ public final class ChangeFeed: @unchecked Sendable {
         }
         cond.lock(); let apply = self.apply; let kvApply = self.kvApply; cond.unlock()
         let retry = changes.isEmpty ? [] : apply(changes)
-        if !kvKeys.isEmpty { kvApply?(kvKeys, reconcile) }
+        kvApply?(kvKeys, reconcile)  // also when none changed: it sends what waits
         let newCursor = cursor
         try state.write { tx in
             if let newCursor { try tx.setMeta(Self.cursorKey, newCursor) }

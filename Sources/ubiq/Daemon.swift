@@ -100,7 +100,9 @@ struct Daemon {
         try? FileManager.default.createDirectory(atPath: (registry as NSString).deletingLastPathComponent,
                                                  withIntermediateDirectories: true)
         try? JSONEncoder().encode(record).write(to: URL(fileURLWithPath: registry))
-        let control = ControlServer(path: Self.controlSocketPath(plan), fs: fs, feed: feed, uploader: uploader,
+        let kv = KVMirror(state: state, client: KVStoreClient(store: store, device: deviceID), logger: logger)
+        feed.setKVApplier { [kv] keys, initial in kv.apply(objectKeys: keys, initial: initial) }
+        let control = ControlServer(path: Self.controlSocketPath(plan), fs: fs, feed: feed, uploader: uploader, kv: kv,
                                     info: ["mount": plan.mountpoint, "store": plan.storeURL, "device": deviceID,
                                            "deviceName": uploader.deviceName,
                                            "state": plan.stateDir, "cacheLimit": String(plan.cacheSize)],
@@ -114,6 +116,11 @@ struct Daemon {
         uploader.refreshUsage(force: true)
         uploader.start()
         feed.start()
+        // The key-value store as the store holds it now (the feed brings later changes).
+        Thread.detachNewThread { [kv, store] in
+            guard let keys = try? runBlocking({ try await store.list(prefix: ReservedKeys.kv) }).map(\.key) else { return }
+            kv.apply(objectKeys: keys, initial: true)
+        }
         logger.info("mounted \(plan.storeURL) at \(plan.mountpoint) (device \(deviceID), \(fs.inodeCount) items, cache limit \(plan.cacheSize) bytes)")
         if notify {
             say("ready")

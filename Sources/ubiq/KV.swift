@@ -12,9 +12,13 @@ struct KV: ParsableCommand {
             Like iCloud's key-value store: values are strings, numbers, booleans, JSON or bytes
             (base64 on the command line); at most 1,024 keys of at most 64 bytes, 1 MB in all.
             The last write wins, key by key (the later time; on a tie, the greater device id).
-            The commands work on the store directly (--store), mounted or not.
+            The commands go through the mount the current directory is in (or --mount PATH):
+            a write there is kept by the mount (in its state database, so it survives a crash)
+            and sent to the store at once, or when the store is back. With --store they work on
+            the store directly, mounted or not.
 
             Examples:
+              ubiq kv set --mount ~/Ubiquity theme dark
               ubiq kv set --store dir:/srv/s theme dark
               ubiq kv set --store dir:/srv/s --type json window '{"w": 800, "h": 600}'
               ubiq kv get --store dir:/srv/s theme
@@ -26,8 +30,11 @@ struct KV: ParsableCommand {
 
 /// Which store, and who this device is to it.
 struct KVTarget: ParsableArguments {
-    @Option(help: ArgumentHelp("The store: dir:PATH, PATH or s3://BUCKET/PREFIX.", valueName: "URL"))
-    var store: String
+    @Option(help: ArgumentHelp("A path in the ubiq mount to use (default: the current directory).", valueName: "PATH"))
+    var mount: String?
+
+    @Option(help: ArgumentHelp("Work on this store directly instead: dir:PATH, PATH or s3://BUCKET/PREFIX.", valueName: "URL"))
+    var store: String?
 
     @Option(help: ArgumentHelp("S3 service address for an s3:// store.", valueName: "URL"))
     var s3Endpoint: String?
@@ -35,9 +42,23 @@ struct KVTarget: ParsableArguments {
     @Option(help: ArgumentHelp("S3 region for signing.", valueName: "REGION"))
     var s3Region: String?
 
+    /// Where requests go: the store (`--store`), or a mount's daemon.
+    enum Backend {
+        case store(KVStoreClient)
+        case mount(ControlClient)
+    }
+
+    func backend() throws -> Backend {
+        if store != nil {
+            if mount != nil { throw UserError("--mount and --store: say one") }
+            return .store(try client())
+        }
+        return .mount(ControlClient.connect(for: mount ?? FileManager.default.currentDirectoryPath))
+    }
+
     /// The store's client, as this user's command-line device (an id kept in the state home).
     func client() throws -> KVStoreClient {
-        let spec = try MountPlan.parseStore(store, s3Endpoint: s3Endpoint, s3Region: s3Region)
+        let spec = try MountPlan.parseStore(store ?? "", s3Endpoint: s3Endpoint, s3Region: s3Region)
         if case .directory(let path) = spec, !FileManager.default.fileExists(atPath: path + "/store.db") {
             throw UserError("no store at \(path)")
         }
@@ -86,10 +107,13 @@ struct KVGet: ParsableCommand {
     @Argument var key: String
 
     func run() throws {
-        let client: KVStoreClient
-        do { client = try target.client() } catch { fail("\(error)") }
+        do { try KVLimits.validate(key: key) } catch { fail("\(error)") }
         let key = self.key
-        let e = kvRun { try await client.get(key) }
+        let e: KVEntry?
+        switch kvBackend(target) {
+        case .store(let client): e = kvRun { try await client.get(key) }
+        case .mount(let c): e = kvEntry(c.request(["op": "kv-get", "key": key])["result"])
+        }
         guard let e, let v = e.value else { fail("no value for \(key.debugDescription)") }
         print(json ? kvJSON(e) : v.display)
     }
@@ -108,13 +132,37 @@ struct KVSet: ParsableCommand {
             try KVLimits.validate(key: key)
             entry = KVEntry(key: key, value: try KVValue.parse(value, as: type), timeNs: kvNowNs(), device: "")
         } catch { fail("\(error)") }
-        let client: KVStoreClient
-        do { client = try target.client() } catch { fail("\(error)") }
-        var mine = entry
+        kvWrite(entry, target)
+    }
+}
+
+func kvBackend(_ target: KVTarget) -> KVTarget.Backend {
+    do { return try target.backend() } catch { fail("\(error)") }
+}
+
+func kvEntry(_ doc: Any?) -> KVEntry? {
+    guard let doc, !(doc is NSNull), let data = try? JSONSerialization.data(withJSONObject: doc) else { return nil }
+    return KVEntry.decode(data)
+}
+
+/// Writes `entry` (its device filled in), and says so when a later value stands.
+func kvWrite(_ entry: KVEntry, _ target: KVTarget) {
+    var mine = entry
+    let stands: KVEntry
+    switch kvBackend(target) {
+    case .store(let client):
         mine.device = client.device
         let written = mine
-        let now = kvRun { try await client.write(written) }
-        if now != written { print("a later value from another device stands: \(now.value?.display ?? "(removed)")") }
+        stands = kvRun { try await client.write(written) }
+    case .mount(let c):
+        let doc = (try? JSONSerialization.jsonObject(with: entry.encoded())) ?? [:]
+        let r = c.request(["op": "kv-set", "entry": doc])
+        guard let s = kvEntry(r["stands"]) else { fail("the daemon sent no answer for \(entry.key.debugDescription)") }
+        if r["won"] as? Bool == true { return }
+        stands = s
+    }
+    if stands.timeNs != mine.timeNs || stands.value != mine.value {
+        print("a later value from another device stands: \(stands.value?.display ?? "(removed)")")
     }
 }
 
@@ -125,11 +173,7 @@ struct KVRemove: ParsableCommand {
 
     func run() throws {
         do { try KVLimits.validate(key: key) } catch { fail("\(error)") }
-        let client: KVStoreClient
-        do { client = try target.client() } catch { fail("\(error)") }
-        let entry = KVEntry(key: key, value: nil, timeNs: kvNowNs(), device: client.device)
-        let now = kvRun { try await client.write(entry) }
-        if now != entry { print("a later value from another device stands: \(now.value?.display ?? "(removed)")") }
+        kvWrite(KVEntry(key: key, value: nil, timeNs: kvNowNs(), device: ""), target)
     }
 }
 
@@ -139,9 +183,12 @@ struct KVList: ParsableCommand {
     @Flag(help: "One JSON object per line.") var json = false
 
     func run() throws {
-        let client: KVStoreClient
-        do { client = try target.client() } catch { fail("\(error)") }
-        for e in kvRun({ try await client.list() }) {
+        let all: [KVEntry]
+        switch kvBackend(target) {
+        case .store(let client): all = kvRun { try await client.list() }
+        case .mount(let c): all = (c.request(["op": "kv-list"])["values"] as? [Any] ?? []).compactMap(kvEntry)
+        }
+        for e in all {
             print(json ? kvJSON(e) : "\(e.key)\t\(e.value?.display ?? "")")
         }
     }
@@ -160,7 +207,20 @@ struct KVWatch: ParsableCommand {
 
     func run() throws {
         let client: KVStoreClient
-        do { client = try target.client() } catch { fail("\(error)") }
+        switch kvBackend(target) {
+        case .store(let c): client = c
+        case .mount(let c):
+            // The mount's stream: what its feed brings in from other devices.
+            _ = c.requestRaw(["op": "kv-watch"])
+            while let o = c.nextLine() {
+                let values = (o["entries"] as? [Any] ?? []).compactMap(kvEntry).map(kvWatchValue)
+                let line: [String: Any] = ["reason": o["reason"] ?? "changed", "keys": o["keys"] ?? [], "values": values]
+                if let d = try? JSONSerialization.data(withJSONObject: line, options: [.sortedKeys]) {
+                    FileHandle.standardOutput.write(d + Data("\n".utf8))
+                }
+            }
+            return
+        }
         var versions: [String: String] = [:]
         var first = true
         while true {
@@ -171,11 +231,7 @@ struct KVWatch: ParsableCommand {
             if !changed.isEmpty || first {
                 let reason = first ? "initial-sync" : "changed"
                 let o: [String: Any] = ["reason": reason, "keys": changed.map(\.key),
-                                        "values": changed.map { e -> [String: Any] in
-                                            var v: [String: Any] = ["key": e.key, "device": e.device, "timeNs": e.timeNs]
-                                            if let value = e.value { v.merge(value.jsonObject) { a, _ in a } } else { v["removed"] = true }
-                                            return v
-                                        }]
+                                        "values": changed.map(kvWatchValue)]
                 if let d = try? JSONSerialization.data(withJSONObject: o, options: [.sortedKeys]) {
                     FileHandle.standardOutput.write(d + Data("\n".utf8))  // a line at a time, unbuffered
                 }
@@ -184,4 +240,10 @@ struct KVWatch: ParsableCommand {
             Thread.sleep(forTimeInterval: max(0.2, interval))
         }
     }
+}
+
+func kvWatchValue(_ e: KVEntry) -> [String: Any] {
+    var v: [String: Any] = ["key": e.key, "device": e.device, "timeNs": e.timeNs]
+    if let value = e.value { v.merge(value.jsonObject) { a, _ in a } } else { v["removed"] = true }
+    return v
 }

@@ -72,4 +72,50 @@ import Testing
         #expect(lines.contains { $0.contains("\"reason\":\"changed\"") && $0.contains("\"color\"") && $0.contains("blue") }, "\(lines)")
         #expect(lines.contains { $0.contains("\"race\"") && $0.contains("\"removed\":true") }, "\(lines)")
     }
+
+    /// Through a mount: a set is kept by the mount and sent; another mount of the store gets
+    /// it with its feed, and its watch says so.
+    @Test func throughMountsAndTheirWatch() throws {
+        let a = try MountFixture(extra: "--upload-delay 0")
+        defer { a.cleanup() }
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--poll-interval 1")
+        defer { b.cleanup() }
+        let watchOut = b.base + "/watch.jsonl"
+        let watcher = Process()
+        watcher.executableURL = URL(fileURLWithPath: "/bin/bash")
+        watcher.arguments = ["-c", "cd \(b.mnt) && exec \(ubiqBinary) kv watch > \(watchOut)"]
+        try watcher.run()
+        defer { watcher.terminate(); watcher.waitUntilExit() }
+        expectOK(a.sh("\(ubiqBinary) kv set theme dark && \(ubiqBinary) kv set --type json win '[1,2]'"))
+        #expect(a.sh("\(ubiqBinary) kv get theme").out == "dark\n")
+        expectOK(eventually(b, "test \"$(\(ubiqBinary) kv get theme)\" = dark"), "B has A's value")
+        #expect(b.sh("\(ubiqBinary) kv list").out == "theme\tdark\nwin\t[1,2]\n")
+        #expect(shell("\(ubiqBinary) kv get --store dir:\(a.store) win").out == "[1,2]\n", "not in the store")
+        let deadline = Date(timeIntervalSinceNow: 10)
+        var text = ""
+        while Date() < deadline && !text.contains("\"win\"") {
+            text = (try? String(contentsOfFile: watchOut, encoding: .utf8)) ?? ""
+            usleep(200_000)
+        }
+        #expect(text.contains("\"reason\":\"changed\"") && text.contains("\"theme\"") && text.contains("\"win\""), "\(text)")
+        let long = a.sh("\(ubiqBinary) kv set \(String(repeating: "k", count: 65)) v")
+        #expect(long.status == 1 && long.err.contains("at most 64"), "\(long.err)")
+    }
+
+    /// A set made while the store is away is kept in the mount's state database: it survives
+    /// SIGKILL of the daemon, and goes to the store once it is back.
+    @Test func aSetSurvivesSIGKILLWhileOffline() throws {
+        let flag = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-kv-offline-\(UUID().uuidString)").path
+        defer { unlink(flag) }
+        let m = try MountFixture(extra: "--upload-delay 0 --poll-interval 1", daemonEnv: ["UBIQ_STORE_OFFLINE_FLAG": flag])
+        defer { m.cleanup() }
+        FileManager.default.createFile(atPath: flag, contents: nil)
+        expectOK(m.sh("\(ubiqBinary) kv set note 'written offline'"), "set while offline")
+        #expect(shell("\(ubiqBinary) kv get --store dir:\(m.store) note").status == 1, "reached the store while it was away")
+        #expect(m.signalDaemon(SIGKILL))
+        try m.mount()
+        #expect(m.sh("\(ubiqBinary) kv get note").out == "written offline\n")
+        unlink(flag)
+        expectOK(eventually(m, "test \"$(\(ubiqBinary) kv get --store dir:\(m.store) note)\" = 'written offline'"), "sent once back")
+    }
 }
