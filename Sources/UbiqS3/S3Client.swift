@@ -75,23 +75,42 @@ public final class S3Client: Sendable {
     @discardableResult
     public func send(_ method: HTTPMethod, key: String?, query: [(String, String)] = [], headers: [String: String] = [:],
                      body: S3Body = .none, maxResponse: Int = 64 << 20) async throws -> S3Response {
-        var attempt = 0
+        try await retrying(method, key) {
+            let r = try await once(method, key: key, query: query, headers: headers, body: body, maxResponse: maxResponse)
+            return (200 ..< 300).contains(r.status) || r.status == 304 ? .done(r) : .answered(r)
+        }
+    }
+
+    private enum Outcome<T: Sendable>: Sendable {
+        case done(T)
+        /// An answer that is not a success: mapped to an error, tried again when transient.
+        case answered(S3Response)
+    }
+
+    /// Runs `attempt` until it is done, or fails for good: S3's transient answers and broken
+    /// connections are tried again (`attempts` in all) after a jittered, doubling pause.
+    private func retrying<T: Sendable>(_ method: HTTPMethod, _ key: String?, _ attempt: () async throws -> Outcome<T>) async throws -> T {
+        var tries = 0
         while true {
-            attempt += 1
+            tries += 1
             do {
-                let r = try await once(method, key: key, query: query, headers: headers, body: body, maxResponse: maxResponse)
-                if (200 ..< 300).contains(r.status) || r.status == 304 { return r }
-                let error = Self.error(for: r, key: key ?? "", method: method)
-                guard error.isTransient, attempt < attempts else { throw error }
-                logger.info("S3 \(method) \(key ?? "") answered \(r.status), trying again")
+                switch try await attempt() {
+                case .done(let value): return value
+                case .answered(let r):
+                    let error = Self.error(for: r, key: key ?? "", method: method)
+                    guard error.isTransient, tries < attempts else { throw error }
+                    logger.info("S3 \(method) \(key ?? "") answered \(r.status), trying again")
+                }
             } catch let e as StoreError {
                 throw e
+            } catch let e as LocalWriteError {
+                throw e  // the local disk, not the link
             } catch {
                 // Could not reach it, or the connection broke: transient.
-                guard attempt < attempts else { throw StoreError.unavailable("\(endpoint.url.absoluteString): \(Self.describe(error))") }
+                guard tries < attempts else { throw StoreError.unavailable("\(endpoint.url.absoluteString): \(Self.describe(error))") }
                 logger.info("S3 \(method) \(key ?? "") failed (\(Self.describe(error))), trying again")
             }
-            try await Task.sleep(nanoseconds: UInt64(Double.random(in: 0.5 ... 1.5) * 0.2 * pow(2, Double(attempt - 1)) * 1e9))
+            try await Task.sleep(nanoseconds: UInt64(Double.random(in: 0.5 ... 1.5) * 0.2 * pow(2, Double(tries - 1)) * 1e9))
         }
     }
 
@@ -108,34 +127,19 @@ public final class S3Client: Sendable {
     /// a failure to write the local file is thrown at once.
     public func download(key: String, query: [(String, String)] = [], headers: [String: String] = [:],
                          into fd: Int32, at offset: Int64) async throws -> Int64 {
-        var attempt = 0
-        while true {
-            attempt += 1
-            do {
-                let response = try await http.execute(prepare(.GET, key: key, query: query, headers: headers, body: .none), timeout: timeout)
-                let status = Int(response.status.code)
-                if status == 200 || status == 206 {
-                    var written: Int64 = 0
-                    for try await buffer in response.body {
-                        let data = Data(buffer.readableBytesView)
-                        try LocalWriteError.write(data, to: fd, at: offset + written)
-                        written += Int64(data.count)
-                    }
-                    return written
-                }
-                let r = S3Response(status: status, headers: response.headers, body: try await response.body.collect(upTo: 1 << 20))
-                let error = Self.error(for: r, key: key, method: .GET)
-                guard error.isTransient, attempt < attempts else { throw error }
-                logger.info("S3 GET \(key) answered \(status), trying again")
-            } catch let e as StoreError {
-                throw e
-            } catch let e as LocalWriteError {
-                throw e
-            } catch {
-                guard attempt < attempts else { throw StoreError.unavailable("\(endpoint.url.absoluteString): \(Self.describe(error))") }
-                logger.info("S3 GET \(key) failed (\(Self.describe(error))), trying again")
+        try await retrying(.GET, key) {
+            let response = try await http.execute(prepare(.GET, key: key, query: query, headers: headers, body: .none), timeout: timeout)
+            let status = Int(response.status.code)
+            guard status == 200 || status == 206 else {
+                return .answered(S3Response(status: status, headers: response.headers, body: try await response.body.collect(upTo: 1 << 20)))
             }
-            try await Task.sleep(nanoseconds: UInt64(Double.random(in: 0.5 ... 1.5) * 0.2 * pow(2, Double(attempt - 1)) * 1e9))
+            var written: Int64 = 0
+            for try await buffer in response.body {
+                let data = Data(buffer.readableBytesView)
+                try LocalWriteError.write(data, to: fd, at: offset + written)
+                written += Int64(data.count)
+            }
+            return .done(written)
         }
     }
 
