@@ -86,6 +86,8 @@ public final class FileSystem: @unchecked Sendable {
     /// Items whose remote update waits for their last close, and what to call then.
     let waitingForClose = Mutex<Set<UInt64>>([])
     let remoteRetry = Mutex<(@Sendable () -> Void)?>(nil)
+    /// A container's folder levels (nil: any depth).
+    public let folderLevels = Mutex<FolderLevels?>(nil)
     /// Runs `ubiq sync` (set by the daemon: a poll of the store's changes).
     let syncHandler = Mutex<(@Sendable () throws -> Void)?>(nil)
     /// Tells the kernel to forget a name it may have cached (set by the FUSE binding).

@@ -59,6 +59,7 @@ extension FileSystem {
     }
 
     public func mkdir(_ parent: UInt64, _ name: [UInt8], mode: UInt32, caller: Caller) throws -> Attributes {
+        try checkFolderLevels(parent: parent, name: name)
         let c = try claim([parent], .write)
         defer { coordinator.release(c) }
         let a = try withLock {
@@ -243,6 +244,9 @@ extension FileSystem {
         if name.count > maxNameBytes || newName.count > maxNameBytes { throw FSError.nameTooLong }
         try Self.validate(name: newName)
         try Self.checkNotReserved(parent: newParent, name: newName)
+        if folderLevels.withLock({ $0 }) != nil, let src = try? peek(parent, name), withLock({ nodes[src]?.isDirectory }) == true {
+            try checkFolderLevels(parent: newParent, name: newName)
+        }
         let from = events.hasSubscribers ? path(of: parent).map { Self.join($0, name) } : nil
         var moved: UInt64 = 0
         while true {
@@ -395,5 +399,30 @@ extension FileSystem {
 
     public func releasedir(_ fh: UInt64) {
         _ = withLock { handles.removeValue(forKey: fh) }
+    }
+}
+
+/// How deep folders may go (a container's folder levels): `max` levels below the root, or
+/// below `under` (`Documents`, when a mount shows a container's data too).
+public struct FolderLevels: Sendable, Equatable {
+    public var max: Int
+    public var under: String?
+    public init(max: Int, under: String?) { self.max = max; self.under = under }
+}
+
+extension FileSystem {
+    /// Refuses (EPERM, and a log line) a folder `name` in `parent` deeper than the folder levels allow.
+    func checkFolderLevels(parent: UInt64, name: [UInt8]) throws {
+        guard let rule = folderLevels.withLock({ $0 }), let p = path(of: parent) else { return }
+        var parts = p.split(separator: "/").map(String.init)
+        if let under = rule.under {
+            guard parts.first == under else { return }  // the data scope, or `under` itself
+            parts.removeFirst()
+        }
+        if parts.count + 1 > rule.max {
+            let shown = Self.join(p, name)
+            logger.warning("refused folder \(shown): this container allows \(rule.max == 0 ? "no folders" : "\(rule.max) folder level\(rule.max == 1 ? "" : "s")")\(rule.under.map { " in \($0)" } ?? "")")
+            throw FSError.notPermitted
+        }
     }
 }

@@ -30,11 +30,30 @@ struct Daemon {
         _ = lockFD
         if notify { setsid() }
         var store: any CloudStore
+        var containerConfig: ContainerConfig?
         let state: LocalState
         let cache: ContentCache
         do {
+            state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true)
             store = try MountPlan.openStore(plan.store, indexPath: plan.stateDir + "/s3-index.db", logger: logger)
             if let q = plan.quota, let dir = store as? DirectoryStore { try dir.setQuota(q > 0 ? q : nil) }
+            if let name = plan.container {
+                let base = store
+                let config: ContainerConfig
+                do {
+                    guard let c = try runBlocking({ try await Containers.config(name, in: base) }) else {
+                        die("the store has no container \(name): make it with ubiq container create \(name) --store \(plan.storeURL)")
+                    }
+                    config = c
+                } catch let e as StoreError where e.isTransient {
+                    // Away: the configuration this device saw last (kept in its state).
+                    guard let saved = try? state.read({ try $0.meta("container_config") }),
+                          let c = try? JSONDecoder().decode(ContainerConfig.self, from: Data(saved.utf8)) else { throw e }
+                    config = c
+                }
+                containerConfig = config
+                store = PrefixStore(base, prefix: Containers.prefix(name) + (plan.scope == "documents" ? Containers.documents + "/" : ""))
+            }
             // A slow link, for tests and demonstrations (docs/testing.md).
             let env = ProcessInfo.processInfo.environment
             let readRate = env["UBIQ_STORE_READ_RATE"].flatMap { MountPlan.parseSize($0) }
@@ -49,12 +68,23 @@ struct Daemon {
                 store = FaultyStore(store, offlineFlag: flag)
                 logger.info("the store is unreachable while \(flag) exists (UBIQ_STORE_OFFLINE_FLAG)")
             }
-            state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true)
             state.restoreReserve()
             cache = try ContentCache(directory: URL(fileURLWithPath: plan.stateDir + "/cache"))
         } catch {
             die("\(error)")
         }
+        do {
+            // A state directory serves one container and scope: another would see its files as deleted.
+            let scope = "\(plan.container ?? ""):\(plan.container == nil ? "all" : plan.scope)"
+            let was = try state.read { try $0.meta("container_scope") }
+            if let was, was != scope {
+                die("state directory \(plan.stateDir) belongs to a mount of \(was.hasPrefix(":") ? "the store's root" : "container " + was.replacingOccurrences(of: ":", with: ", scope "))")
+            }
+            try state.write { tx in
+                try tx.setMeta("container_scope", scope)
+                if let c = containerConfig, let d = try? JSONEncoder().encode(c) { try tx.setMeta("container_config", String(decoding: d, as: UTF8.self)) }
+            }
+        } catch { die("\(error)") }
         let deviceID: String
         do {
             deviceID = try state.write { tx in
@@ -91,6 +121,9 @@ struct Daemon {
         } catch { die("\(error)") }
         let feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: plan.pollInterval)
         feed.setApplier { [fs] changes in fs.applyRemote(changes) }
+        if let depth = containerConfig?.maxFolderDepth {
+            fs.folderLevels.withLock { $0 = FolderLevels(max: depth, under: plan.scope == "documents" ? nil : Containers.documents) }
+        }
         fs.setSyncHandler { [feed] in try feed.poll() }
         fs.setRemoteRetry { [feed] in feed.kick() }
         let server = FuseServer(fs: fs, options: plan.fuseOptions, logger: logger)

@@ -58,10 +58,7 @@ struct KVTarget: ParsableArguments {
 
     /// The store's client, as this user's command-line device (an id kept in the state home).
     func client() throws -> KVStoreClient {
-        let spec = try MountPlan.parseStore(store ?? "", s3Endpoint: s3Endpoint, s3Region: s3Region)
-        if case .directory(let path) = spec, !FileManager.default.fileExists(atPath: path + "/store.db") {
-            throw UserError("no store at \(path)")
-        }
+        let opened = try openStoreForCLI(store ?? "", s3Endpoint: s3Endpoint, s3Region: s3Region)
         let dir = Paths.stateHome + "/ubiq"
         try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true,
                                                  attributes: [.posixPermissions: 0o700])
@@ -71,10 +68,6 @@ struct KVTarget: ParsableArguments {
             device = UUID().uuidString.lowercased()
             try? device.write(toFile: idFile, atomically: true, encoding: .utf8)
         }
-        let logger = Logger(label: "ubiq-kv") { _ in SwiftLogNoOpLogHandler() }
-        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-kv-index-\(getpid()).db").path
-        let opened = try MountPlan.openStore(spec, indexPath: index, logger: logger)
-        atexit { for s in ["", "-wal", "-shm"] { unlink(FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-kv-index-\(getpid()).db").path + s) } }
         return KVStoreClient(store: opened, device: device)
     }
 }

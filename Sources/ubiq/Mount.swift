@@ -35,6 +35,12 @@ struct Mount: ParsableCommand {
     @Option(help: ArgumentHelp("S3 region for signing (default: $AWS_REGION, $AWS_DEFAULT_REGION, else us-east-1).", valueName: "REGION"))
     var s3Region: String?
 
+    @Option(help: ArgumentHelp("Mount this container of the store (ubiq container create) instead of the store's root.", valueName: "NAME"))
+    var container: String?
+
+    @Option(help: ArgumentHelp("With --container: documents (its Documents folder only) or all (Documents and its data).", valueName: "SCOPE"))
+    var scope: String = "all"
+
     @Option(help: "State directory (database, content cache, log).")
     var state: String?
 
@@ -101,6 +107,7 @@ struct Mount: ParsableCommand {
         if let noDownloadFor { args += ["--no-download-for", noDownloadFor] }
         args += ["--cache-size", String(plan.cacheSize)]
         if let q = plan.quota { args += ["--quota", String(q)] }
+        if let c = plan.container { args += ["--container", c, "--scope", plan.scope] }
         if case .s3(_, let endpoint, let region) = plan.store {
             args += ["--s3-endpoint", endpoint.absoluteString, "--s3-region", region]
         }
@@ -139,6 +146,9 @@ struct MountPlan {
     var mountpoint: String
     var storeURL: String
     var store: Store
+    var container: String?
+    /// "all" or "documents".
+    var scope: String
     /// The mount's source as df and /proc/mounts show it.
     var fsname: String {
         if case .directory(let path) = store { return "ubiq:" + path }
@@ -191,6 +201,11 @@ struct MountPlan {
         // The store.
         let url = m.store ?? "dir:" + Paths.defaultStore
         let store = try Self.parseStore(url, s3Endpoint: m.s3Endpoint, s3Region: m.s3Region)
+        if let c = m.container {
+            do { try Containers.validate(name: c) } catch { throw UserError("\(error)".replacingOccurrences(of: "store error: ", with: "")) }
+        }
+        guard ["all", "documents"].contains(m.scope) else { throw UserError("--scope is documents or all, not \(m.scope)") }
+        if m.scope != "all" && m.container == nil { throw UserError("--scope applies to a container: add --container NAME") }
         var storePath: String?
         if case .directory(let path) = store {
             if path == mp || path.hasPrefix(mp + "/") { throw UserError("the store cannot be inside the mount point") }
@@ -231,7 +246,7 @@ struct MountPlan {
         case .directory(let path): storeURL = "dir:" + path
         case .s3(let l, _, _): storeURL = "s3://\(l.bucket)/\(l.prefix)"
         }
-        return MountPlan(mountpoint: mp, storeURL: storeURL, store: store, stateDir: stateDir,
+        return MountPlan(mountpoint: mp, storeURL: storeURL, store: store, container: m.container, scope: m.scope, stateDir: stateDir,
                          fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay), pollInterval: m.pollInterval, readTimeout: m.readTimeout,
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }

@@ -1,0 +1,100 @@
+import Foundation
+
+/// The part of a store under one prefix, as a store of its own: keys go in with the prefix and
+/// come out without it; nothing outside it is seen. A container is this over its folder.
+public final class PrefixStore: CloudStore, Sendable {
+    public let inner: any CloudStore
+    /// Ends in "/".
+    public let prefix: String
+    public var keepsPriorVersions: Bool { inner.keepsPriorVersions }
+
+    public init(_ inner: any CloudStore, prefix: String) {
+        self.inner = inner
+        self.prefix = prefix.hasSuffix("/") ? prefix : prefix + "/"
+    }
+
+    func outer(_ key: String) throws -> String {
+        try StoreKey.validate(key)
+        return prefix + key
+    }
+
+    func local(_ info: ObjectInfo) -> ObjectInfo {
+        var i = info
+        i.key = String(info.key.dropFirst(prefix.count))
+        return i
+    }
+
+    /// Errors name keys as this store knows them.
+    func rename(_ error: Error) -> Error {
+        switch error {
+        case StoreError.notFound(let k) where k.hasPrefix(prefix): return StoreError.notFound(key: String(k.dropFirst(prefix.count)))
+        case StoreError.preconditionFailed(let k, let cur) where k.hasPrefix(prefix):
+            return StoreError.preconditionFailed(key: String(k.dropFirst(prefix.count)), current: cur)
+        case StoreError.quotaExceeded(let k) where k.hasPrefix(prefix): return StoreError.quotaExceeded(key: String(k.dropFirst(prefix.count)))
+        default: return error
+        }
+    }
+
+    func mapped<T>(_ body: () async throws -> T) async throws -> T {
+        do { return try await body() } catch { throw rename(error) }
+    }
+
+    public func head(_ key: String) async throws -> ObjectInfo {
+        let k = try outer(key)
+        return local(try await mapped { try await inner.head(k) })
+    }
+
+    public func list(prefix p: String) async throws -> [ObjectInfo] {
+        try await inner.list(prefix: prefix + p).filter { $0.key.count > prefix.count }.map(local)
+    }
+
+    public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        let k = try outer(key)
+        return try await mapped { try await inner.read(k, version: version, range: range) }
+    }
+
+    public func read(_ key: String, version: String, range: Range<Int64>, into fd: Int32, at offset: Int64) async throws -> Int64 {
+        let k = try outer(key)
+        return try await mapped { try await inner.read(k, version: version, range: range, into: fd, at: offset) }
+    }
+
+    public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition) async throws -> ObjectInfo {
+        try await put(key, contentsOf: source, metadata: metadata, condition: condition, progress: nil)
+    }
+
+    public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition,
+                    progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
+        let k = try outer(key)
+        return local(try await mapped { try await inner.put(k, contentsOf: source, metadata: metadata, condition: condition, progress: progress) })
+    }
+
+    public func copy(from source: String, version: String, to destination: String, metadata: ObjectMetadata?,
+                     condition: WriteCondition) async throws -> ObjectInfo {
+        let s = try outer(source), d = try outer(destination)
+        return local(try await mapped { try await inner.copy(from: s, version: version, to: d, metadata: metadata, condition: condition) })
+    }
+
+    public func delete(_ key: String, condition: WriteCondition) async throws {
+        let k = try outer(key)
+        try await mapped { try await inner.delete(k, condition: condition) }
+    }
+
+    /// The inner store's changes under the prefix (the cursor is the inner store's).
+    public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+        var batch = try await inner.changes(since: cursor, limit: limit)
+        batch.changes = batch.changes.filter { $0.key.hasPrefix(prefix) && $0.key.count > prefix.count }.map { c in
+            StoreChange(kind: c.kind, key: String(c.key.dropFirst(prefix.count)), version: c.version)
+        }
+        // Paging follows the inner feed: a full page of others' changes still means "more".
+        return batch
+    }
+
+    public func currentCursor() async throws -> String { try await inner.currentCursor() }
+
+    public func versions(of key: String) async throws -> [ObjectInfo] {
+        let k = try outer(key)
+        return try await mapped { try await inner.versions(of: k) }.map(local)
+    }
+
+    public func usage() async throws -> StoreUsage? { try await inner.usage() }
+}
