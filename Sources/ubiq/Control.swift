@@ -15,10 +15,10 @@ final class ControlServer: @unchecked Sendable {
     let uploader: Uploader
     let info: [String: String]
     let logger: Logger
-    let kv: KVMirror
+    let kv: KVMirror?
     private var fd: Int32 = -1
 
-    init(path: String, fs: FileSystem, feed: ChangeFeed, uploader: Uploader, kv: KVMirror, info: [String: String], logger: Logger) {
+    init(path: String, fs: FileSystem, feed: ChangeFeed, uploader: Uploader, kv: KVMirror?, info: [String: String], logger: Logger) {
         self.path = path; self.fs = fs; self.feed = feed; self.uploader = uploader; self.kv = kv; self.info = info; self.logger = logger
     }
 
@@ -153,23 +153,25 @@ final class ControlServer: @unchecked Sendable {
                     // A reader that went away is noticed at the next write; poke it now and then.
                     if events.isEmpty && !Self.alive(c) { return false }
                 }
+            case _ where op.hasPrefix("kv-") && kv == nil:
+                _ = Self.send(c, ["ok": false, "error": "this mount shows a container's Documents only; its key-value store is reached through a mount of the whole container (--scope all), or with --store and --container"])
             case "kv-get":
-                let e = try kv.get(req["key"] as? String ?? "")
+                let e = try kv!.get(req["key"] as? String ?? "")
                 _ = Self.send(c, ["ok": true, "result": e.map(Self.kvDoc) ?? NSNull()])  // keys after "ok": the answer starts {"ok":true
             case "kv-list":
-                _ = Self.send(c, ["ok": true, "values": try kv.list().map(Self.kvDoc)])
+                _ = Self.send(c, ["ok": true, "values": try kv!.list().map(Self.kvDoc)])
             case "kv-set":
                 guard let doc = req["entry"], let data = try? JSONSerialization.data(withJSONObject: doc),
                       var e = KVEntry.decode(data) else { throw KVError("kv-set needs an entry") }
-                e.device = kv.client.device
-                let stands = try kv.set(e)
+                e.device = kv!.client.device
+                let stands = try kv!.set(e)
                 _ = Self.send(c, ["ok": true, "stands": Self.kvDoc(stands), "won": stands == e])
             case "kv-watch":
-                let id = kv.subscribe()
-                defer { kv.unsubscribe(id) }
+                let id = kv!.subscribe()
+                defer { kv!.unsubscribe(id) }
                 guard Self.send(c, ["ok": true]) else { return false }
                 while true {
-                    let changes = kv.next(id, timeout: 5)
+                    let changes = kv!.next(id, timeout: 5)
                     for ch in changes {
                         let o: [String: Any] = ["reason": ch.reason, "keys": ch.entries.map(\.key), "entries": ch.entries.map(Self.kvDoc)]
                         if !Self.send(c, o) { return false }

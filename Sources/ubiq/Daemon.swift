@@ -133,8 +133,11 @@ struct Daemon {
         try? FileManager.default.createDirectory(atPath: (registry as NSString).deletingLastPathComponent,
                                                  withIntermediateDirectories: true)
         try? JSONEncoder().encode(record).write(to: URL(fileURLWithPath: registry))
-        let kv = KVMirror(state: state, client: KVStoreClient(store: store, device: deviceID), logger: logger)
-        feed.setKVApplier { [kv] keys, initial in kv.apply(objectKeys: keys, initial: initial) }
+        // A mount of a container's Documents only does not see the container's key-value store
+        // (it is beside Documents): kv goes through a mount of the whole container.
+        let kv: KVMirror? = plan.scope == "documents" ? nil
+            : KVMirror(state: state, client: KVStoreClient(store: store, device: deviceID), logger: logger)
+        if let kv { feed.setKVApplier { keys, initial in kv.apply(objectKeys: keys, initial: initial) } }
         let control = ControlServer(path: Self.controlSocketPath(plan), fs: fs, feed: feed, uploader: uploader, kv: kv,
                                     info: ["mount": plan.mountpoint, "store": plan.storeURL, "device": deviceID,
                                            "deviceName": uploader.deviceName,
@@ -150,10 +153,10 @@ struct Daemon {
         uploader.start()
         feed.start()
         // The key-value store as the store holds it now (the feed brings later changes).
-        Thread.detachNewThread { [kv, store] in
+        if let kv { Thread.detachNewThread { [store] in
             guard let keys = try? runBlocking({ try await store.list(prefix: ReservedKeys.kv) }).map(\.key) else { return }
             kv.apply(objectKeys: keys, initial: true)
-        }
+        } }
         logger.info("mounted \(plan.storeURL) at \(plan.mountpoint) (device \(deviceID), \(fs.inodeCount) items, cache limit \(plan.cacheSize) bytes)")
         if notify {
             say("ready")

@@ -42,6 +42,9 @@ struct KVTarget: ParsableArguments {
     @Option(help: ArgumentHelp("S3 region for signing.", valueName: "REGION"))
     var s3Region: String?
 
+    @Option(help: ArgumentHelp("With --store: the key-value store of this container.", valueName: "NAME"))
+    var container: String?
+
     /// Where requests go: the store (`--store`), or a mount's daemon.
     enum Backend {
         case store(KVStoreClient)
@@ -51,6 +54,10 @@ struct KVTarget: ParsableArguments {
     func backend() throws -> Backend {
         if store != nil {
             if mount != nil { throw UserError("--mount and --store: say one") }
+        } else if container != nil {
+            throw UserError("--container goes with --store (a mount of a container reaches its key-value store itself)")
+        }
+        if store != nil {
             return .store(try client())
         }
         return .mount(ControlClient.connect(for: mount ?? FileManager.default.currentDirectoryPath))
@@ -58,7 +65,14 @@ struct KVTarget: ParsableArguments {
 
     /// The store's client, as this user's command-line device (an id kept in the state home).
     func client() throws -> KVStoreClient {
-        let opened = try openStoreForCLI(store ?? "", s3Endpoint: s3Endpoint, s3Region: s3Region)
+        var opened = try openStoreForCLI(store ?? "", s3Endpoint: s3Endpoint, s3Region: s3Region)
+        if let container {
+            let base = opened
+            guard try runBlocking({ try await Containers.config(container, in: base) }) != nil else {
+                throw UserError("the store has no container \(container)")
+            }
+            opened = PrefixStore(base, prefix: Containers.prefix(container))
+        }
         let dir = Paths.stateHome + "/ubiq"
         try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true,
                                                  attributes: [.posixPermissions: 0o700])

@@ -47,6 +47,15 @@ import Testing
         #expect(moved.status != 0, "a folder moved below the levels")
         let log = (try? String(contentsOfFile: notes.state + "/ubiq.log", encoding: .utf8)) ?? ""
         #expect(log.contains("refused folder Documents/trip/deeper: this container allows 1 folder level in Documents"))
+
+        // Each container has a key-value store of its own.
+        expectOK(notes.sh("\(ubiqBinary) kv set theme notes-dark"))
+        expectOK(root.sh("\(ubiqBinary) kv set theme root-light"))
+        #expect(root.ubiq("kv get \(store) --container com.example.notes theme").out == "notes-dark\n")
+        #expect(root.ubiq("kv get \(store) theme").out == "root-light\n")
+        #expect(root.ubiq("kv get \(store) --container com.example.photos theme").status == 1)
+        let viaDocs = docs.sh("\(ubiqBinary) kv get theme")
+        #expect(viaDocs.status == 1 && viaDocs.err.contains("Documents only"), "\(viaDocs.err)")
     }
 
     @Test func wrongContainerUseIsAClearError() throws {
