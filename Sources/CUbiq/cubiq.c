@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <errno.h>
 #include <sys/xattr.h>
+#include <sys/socket.h>
 
 ssize_t cubiq_copy_file_range(int fd_in, int fd_out, size_t len) {
     return copy_file_range(fd_in, NULL, fd_out, NULL, len, 0);
@@ -26,4 +27,11 @@ ssize_t cubiq_getxattr(const char *path, const char *name, void *value, size_t s
 
 int cubiq_setxattr(const char *path, const char *name, const void *value, size_t size) {
     return setxattr(path, name, value, size, 0);
+}
+
+int64_t cubiq_peer_uid(int fd) {
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return -1;
+    return (int64_t)cred.uid;
 }

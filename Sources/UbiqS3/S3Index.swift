@@ -13,6 +13,9 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
     let id: String
 
     init(path: String) throws {
+        // Object names and sizes of the bucket: for this user's eyes only.
+        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        if fd >= 0 { fchmod(fd, 0o600); close(fd) }
         do {
             db = try DatabaseQueue(path: path)
             var m = DatabaseMigrator()

@@ -262,7 +262,9 @@ public struct KVStoreClient: Sendable {
         let key = Self.objectKey(entry.key)
         if entry.value != nil { try KVLimits.check(entry, against: try await totals()) }
         let body = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-kv-\(UUID().uuidString)")
-        try entry.encoded().write(to: body)
+        guard FileManager.default.createFile(atPath: body.path, contents: entry.encoded(), attributes: [.posixPermissions: 0o600]) else {
+            throw KVError("cannot write a temporary file in \(body.deletingLastPathComponent().path)")
+        }
         defer { unlink(body.path) }
         for _ in 0 ..< 20 {
             let now = try await fetch(objectKey: key)

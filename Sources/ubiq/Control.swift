@@ -1,3 +1,4 @@
+import CUbiq
 import Foundation
 import Logging
 import UbiqFS
@@ -69,6 +70,15 @@ final class ControlServer: @unchecked Sendable {
                 return  // closed at unmount
             }
             _ = fcntl(c, F_SETFD, FD_CLOEXEC)
+            // Its owner only (and root): the socket's mode says so too, but a directory or a
+            // mode changed by hand must not open the mount's control to others.
+            let peer = cubiq_peer_uid(c)
+            if peer != Int64(getuid()) && peer != 0 {
+                logger.warning("control socket: refused a connection from uid \(peer)")
+                _ = Self.send(c, ["ok": false, "error": "this mount's control belongs to uid \(getuid())"])
+                close(c)
+                continue
+            }
             let t = Thread { [self] in
                 serve(c)
                 close(c)

@@ -82,6 +82,12 @@ final class S3Server: @unchecked Sendable {
             cat docs/link | grep -qx 'hello s3'
             """), "B's copy")
         // B edits and removes; A sees it.
+        // Its index is the owner's only; no secret in the log or on a command line.
+        expectOK(a.sh("test \"$(stat -c %a \(a.state)/s3-index.db)\" = 600"), "index mode")
+        let secret = s3.env["AWS_SECRET_ACCESS_KEY"]!
+        let log = (try? String(contentsOfFile: a.state + "/ubiq.log", encoding: .utf8)) ?? ""
+        #expect(!log.isEmpty && !log.contains(secret), "the secret is in the log")
+        #expect(!shell("ps -eo args").out.contains(secret), "the secret is on a command line")
         expectOK(b.sh("printf 'edited on B\\n' >> docs/note.txt && rm docs/blob.bin && \(ubiqBinary) sync docs"), "B edits")
         expectOK(a.sh("\(ubiqBinary) sync . && grep -q 'edited on B' docs/note.txt && test ! -e docs/blob.bin"), "A sees B's edit")
         shell("rm -f /tmp/\(bucket).sum")

@@ -1,0 +1,42 @@
+import Foundation
+import Testing
+
+/// What a mount keeps to its owner: the state directory and its files, the control socket
+/// (by mode, and by the peer's credentials if the modes are opened by hand).
+@Suite struct SecurityTests {
+    @Test func stateIsTheOwnersOnly() throws {
+        let m = try MountFixture(extra: "--upload-delay 0")
+        defer { m.cleanup() }
+        expectOK(m.sh("echo secret > f && \(ubiqBinary) sync . && \(ubiqBinary) kv set k v"))
+        let r = m.sh("""
+            set -e
+            cd \(m.state)
+            test "$(stat -c %a .)" = 700
+            test "$(stat -c %a cache)" = 700
+            for f in state.db ubiq.log lock control.sock; do test "$(stat -c %a $f)" = 600 || { echo "$f: $(stat -c %a $f)"; exit 1; }; done
+            """)
+        expectOK(r, "modes")
+    }
+
+    /// Even with the modes opened by hand, another user's connection is refused (SO_PEERCRED).
+    @Test func theControlSocketAnswersItsOwnerOnly() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let sock = m.state + "/control.sock"
+        expectOK(shell("chmod 711 '\(m.base)' '\(m.state)' && chmod 666 '\(sock)'"))
+        let client = """
+            import json, socket, sys
+            s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+            s.sendall(b'{"op":"status"}\\n'); print(s.recv(4096).decode())
+            """
+        let script = m.base + "/client.py"
+        try client.write(toFile: script, atomically: true, encoding: .utf8)
+        expectOK(shell("chmod 644 '\(script)'"))
+        let other = shell("setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/python3 '\(script)' '\(sock)'")
+        #expect(other.out.contains("\"ok\":false") && other.out.contains("belongs to uid"), "\(other.out)\(other.err)")
+        let owner = shell("python3 '\(script)' '\(sock)'")
+        #expect(owner.out.contains("\"ok\":true"), "\(owner.out)\(owner.err)")
+        let log = (try? String(contentsOfFile: m.state + "/ubiq.log", encoding: .utf8)) ?? ""
+        #expect(log.contains("refused a connection from uid 65534"))
+    }
+}
