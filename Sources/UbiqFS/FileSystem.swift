@@ -131,6 +131,7 @@ public final class FileSystem: @unchecked Sendable {
 
     private func load(rootOwner: Caller) throws {
         var repairs: [InodeRecord] = []
+        var lost: [UInt64] = []
         var dropped: [UInt64] = []
         try state.write { tx in
             for r in try tx.allInodes() { nodes[r.ino] = Node(r) }
@@ -170,6 +171,15 @@ public final class FileSystem: @unchecked Sendable {
             // Content written but not committed before a crash: the cache file is the truth.
             for node in nodes.values where node.isRegular && node.rec.present {
                 let actual = cache.size(of: node.rec.ino)
+                if actual == nil, let up = try tx.uploadState(node.rec.ino), up.uploadedContentGen == node.rec.contentGen,
+                   try tx.entries(of: node.rec.ino).contains(where: { $0.remoteVersion != nil }) {
+                    // A crash never removes a cache file: someone did. The store has these bytes
+                    // (nothing changed here since they went up): a placeholder again, not an empty file.
+                    node.rec.present = false
+                    try tx.upsert(node.rec)
+                    lost.append(node.rec.ino)
+                    continue
+                }
                 if actual == nil || actual! != node.rec.size {
                     node.rec.size = actual ?? 0
                     if actual == nil { try cache.createEmpty(node.rec.ino) }
@@ -184,6 +194,7 @@ public final class FileSystem: @unchecked Sendable {
         }
         for ino in dropped { cache.remove(ino) }
         for r in repairs { logger.warning("recovered size of inode \(r.ino) from its cache file: \(r.size) bytes") }
+        for ino in lost { logger.warning("the cache file of inode \(ino) is gone; its content is in the store: a placeholder again") }
     }
 
     // MARK: - Helpers (call with `lock` held unless noted)

@@ -40,3 +40,26 @@ import Testing
         #expect(log.contains("refused a connection from uid 65534"))
     }
 }
+
+/// A state directory someone changed by hand: what is in the store is never lost for it.
+@Suite struct TamperedStateTests {
+    /// A crash never removes a cache file. When one is gone for a file whose bytes are in the
+    /// store, the file is a placeholder again (before: an empty file, uploaded over the store's).
+    @Test func aRemovedCacheFileComesBackFromTheStore() throws {
+        let m = try MountFixture(extra: "--upload-delay 0")
+        defer { m.cleanup() }
+        expectOK(m.sh("head -c 300000 /dev/urandom > data.bin && sha256sum data.bin > ../data.sum && \(ubiqBinary) sync ."))
+        let ino = m.sh("stat -c %i data.bin").out.trimmingCharacters(in: .whitespacesAndNewlines)
+        expectOK(m.unmount())
+        expectOK(shell("rm '\(m.state)/cache/\(ino)'"), "remove the cache file")
+        try m.mount()
+        #expect(m.sh("getfattr --only-values -n user.ubiq.status data.bin").out == "placeholder")
+        expectOK(m.sh("sha256sum -c ../data.sum"), "the store's bytes")
+        let log = (try? String(contentsOfFile: m.state + "/ubiq.log", encoding: .utf8)) ?? ""
+        #expect(log.contains("the cache file of inode \(ino) is gone"))
+        // And nothing went up over the store's version: a second device reads the same bytes.
+        let b = try MountFixture(store: m.store, name: "device-b")
+        defer { b.cleanup() }
+        expectOK(b.sh("sha256sum -c ../../\(URL(fileURLWithPath: m.base).lastPathComponent)/data.sum"))
+    }
+}
