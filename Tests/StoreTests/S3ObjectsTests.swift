@@ -10,7 +10,7 @@ import UbiqStore
                               xattrs: ["user.color": Data("blue".utf8)])
 
     func file(_ bytes: [UInt8]) throws -> URL {
-        let url = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3src-\(UUID().uuidString)")
+        let url = TempFiles.make("ubiq-s3src")
         try Data(bytes).write(to: url)
         return url
     }
