@@ -170,36 +170,35 @@ public struct S3Objects: Sendable {
 
     /// Bytes `range` of `version` (clamped to the object).
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
-        if range.isEmpty { try StoreKey.validate(key); return Data() }
-        let v = Version(version)
-        var query: [(String, String)] = []
-        var headers = ["Range": "bytes=\(range.lowerBound)-\(range.upperBound - 1)"]
-        if let id = v.id { query.append(("versionId", id)) } else { headers["If-Match"] = v.etag }
-        do {
-            return try await send(.GET, key, query: query, headers: headers).data
-        } catch StoreError.preconditionFailed {
-            throw StoreError.notFound(key: key)  // that version is gone
-        } catch StoreError.failed(let why) where why.contains(" 416 ") || why.contains("InvalidRange") {
-            return Data()  // past the end
-        } catch StoreError.failed(let why) where why.contains(" 400 ") && v.id != nil {
-            throw StoreError.notFound(key: key)  // an unknown version id
+        try await pinned(key, version: version, range: range, empty: Data()) { query, headers in
+            try await send(.GET, key, query: query, headers: headers).data
         }
     }
 
     /// `read`, written into `fd` at `offset` as the bytes arrive.
     public func read(_ key: String, version: String, range: Range<Int64>, into fd: Int32, at offset: Int64) async throws -> Int64 {
+        try await pinned(key, version: version, range: range, empty: 0) { query, headers in
+            try await client.download(key: prefix + key, query: query, headers: headers, into: fd, at: offset)
+        }
+    }
+
+    /// A ranged GET pinned to `version` (by version id, else `If-Match` on the ETag): a version
+    /// that is gone is `notFound`, a range past the end is `empty`.
+    private func pinned<T>(_ key: String, version: String, range: Range<Int64>, empty: T,
+                           _ get: ([(String, String)], [String: String]) async throws -> T) async throws -> T {
         try StoreKey.validate(key)
-        if range.isEmpty { return 0 }
+        if key.hasPrefix(Self.reserved) { throw StoreError.invalidKey(key, reason: "reserved for the store's own use") }
+        if range.isEmpty { return empty }
         let v = Version(version)
         var query: [(String, String)] = []
         var headers = ["Range": "bytes=\(range.lowerBound)-\(range.upperBound - 1)"]
         if let id = v.id { query.append(("versionId", id)) } else { headers["If-Match"] = v.etag }
         do {
-            return try await client.download(key: prefix + key, query: query, headers: headers, into: fd, at: offset)
+            return try await get(query, headers)
         } catch StoreError.preconditionFailed, StoreError.notFound {
             throw StoreError.notFound(key: key)  // that version is gone
         } catch StoreError.failed(let why) where why.contains(" 416 ") || why.contains("InvalidRange") {
-            return 0  // past the end
+            return empty  // past the end
         } catch StoreError.failed(let why) where why.contains(" 400 ") && v.id != nil {
             throw StoreError.notFound(key: key)  // an unknown version id
         }
