@@ -38,7 +38,8 @@ extension FileSystem {
         var retry = Set<String>()
         for c in puts + deletes {
             do {
-                let done = try c.info.map { try applyRemotePut(c.key, $0) } ?? applyRemoteDelete(c.key)
+                let done = try c.info.map { try applyRemotePut(c.key, $0, before: c.recordedBefore) }
+                    ?? applyRemoteDelete(c.key, before: c.recordedBefore)
                 if !done { retry.insert(c.key) }
             } catch {
                 logger.warning("could not apply the store's change of \(c.key): \(error)")
@@ -50,12 +51,15 @@ extension FileSystem {
 
     // MARK: - Additions and updates
 
-    private func applyRemotePut(_ key: String, _ info: ObjectInfo) throws -> Bool {
+    private func applyRemotePut(_ key: String, _ info: ObjectInfo, before: String?) throws -> Bool {
         let (known, doomed) = try state.read { tx in (try tx.entries(remoteKey: key), try tx.hasTombstone(key: key)) }
         if let e = known.first {
             if e.remoteVersion == info.version { return true }
+            // This device wrote the key since the store was asked: looked at again next poll.
+            if e.remoteVersion != before { return false }
             return try updateFromRemote(e, info)
         }
+        if before != nil { return false }  // moved away by this device's uploader meanwhile
         // Deleted here, and that delete is on its way to the store: looked at again once it
         // got there (if the store refuses it, this version is newer and comes in then).
         if doomed { return false }
@@ -99,7 +103,11 @@ extension FileSystem {
             }
             if let adopt {
                 try persist { tx in try tx.recordRemote(entryID: adopt.id, key: key, version: info.version, tag: info.contentTag) }
-                return true
+                // Its mode, owner, times and xattrs come too, unless changed here (a folder this
+                // device made and has not uploaded yet keeps its own, to be uploaded on top). A
+                // folder made here as the parent of a child the store sent first has none of its own.
+                guard let e = try state.read({ try $0.entries(remoteKey: key).first }) else { return true }
+                return try updateFromRemote(e, info)
             }
             // Both sides made an item of this name: the local one's upload meets the store's
             // and keeps it as a conflict copy. Tried again at each poll until then (or until
@@ -166,7 +174,7 @@ extension FileSystem {
         let newType = (info.key.hasSuffix("/") ? ObjectKind.directory : info.metadata.kind).fileType
         if kind != newType {
             // A different kind of item under the same name: the old one goes, the new one comes.
-            guard try applyRemoteDelete(e.remoteKey!) else { return false }
+            guard try applyRemoteDelete(e.remoteKey!, before: e.remoteVersion) else { return false }
             return try addFromRemote(info.key, info)
         }
         let isFile = kind == UInt32(S_IFREG)
@@ -183,6 +191,9 @@ extension FileSystem {
             return try withLock {
                 guard let n = nodes[ino] else { return true }
                 if contentChanged && n.opens > 0 { return false }
+                // Uploaded by this device since the store was asked: not replaced by what was read.
+                let recorded = try state.read { try $0.entries(of: ino).first(where: { $0.id == e.id })?.remoteVersion }
+                if recorded != e.remoteVersion { return false }
                 guard !n.unpersisted, n.writers == 0 else { return true }
                 let now = nowNanos()
                 if contentChanged {
@@ -226,8 +237,12 @@ extension FileSystem {
 
     // MARK: - Removals
 
-    private func applyRemoteDelete(_ key: String) throws -> Bool {
+    /// `before`: the version recorded for `key` when the store said it was gone (see RemoteChange).
+    private func applyRemoteDelete(_ key: String, before: String?) throws -> Bool {
         guard let e = try state.read({ try $0.entries(remoteKey: key).first }) else { return true }
+        // This device wrote the key since the store said it was gone (a rename onto it, a new
+        // file of that name): that version is not the one deleted. Looked at again next poll.
+        if e.remoteVersion != before { return false }
         let ino = e.ino
         let local = try state.read { try $0.localChanges(ino) }
         let (isDir, hasChildren, isPlaceholder) = withLock {
@@ -260,12 +275,20 @@ extension FileSystem {
                 dir.rec.ctimeNs = now
                 n.rec.ctimeNs = now
                 let dirRec = dir.rec, rec = n.rec
+                var superseded = false
                 try persist { tx in
+                    // Checked again in the transaction, where the uploader's record of a new
+                    // version would be seen.
+                    guard try tx.entries(remoteKey: key).first(where: { $0.id == e.id })?.remoteVersion == before else {
+                        superseded = true
+                        return
+                    }
                     try tx.setRemote(entryID: e.id, key: nil, version: nil)  // gone there already: no tombstone
                     try tx.removeEntry(parent: e.parent, name: e.name)
                     try tx.upsert(dirRec)
                     if n.nlink > 1 && !n.isDirectory { try tx.upsert(rec) }
                 }
+                if superseded { return false }
                 dir.children[e.name] = nil
                 if n.isDirectory {
                     n.nlink = 0
@@ -279,6 +302,7 @@ extension FileSystem {
             }
         }()
         if removed {
+            logger.info("\(key) was deleted in the store: removed here")
             invalidateKernelEntry(e.parent, e.name)
             if let gone { emit(.deleted, ino, path: gone) }
         }

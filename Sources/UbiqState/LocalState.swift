@@ -444,6 +444,15 @@ public struct StateTransaction {
         Set(try String.fetchAll(db, cached: "SELECT remote_key FROM entries WHERE remote_key IS NOT NULL"))
     }
 
+    /// Every store key an entry stands for, with the version recorded for it.
+    public func remoteVersions() throws -> [String: String] {
+        var out: [String: String] = [:]
+        for r in try Row.fetchAll(db, cached: "SELECT remote_key, remote_version FROM entries WHERE remote_key IS NOT NULL AND remote_version IS NOT NULL") {
+            out[r[0]] = r[1]
+        }
+        return out
+    }
+
     static func entryRecord(_ r: Row) -> EntryRecord {
         EntryRecord(id: r["id"], parent: UInt64(bitPattern: r["parent"]), name: [UInt8](r["name"] as Data),
                     ino: UInt64(bitPattern: r["ino"]), remoteKey: r["remote_key"], remoteVersion: r["remote_version"],

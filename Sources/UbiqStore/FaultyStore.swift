@@ -29,7 +29,103 @@ public final class FaultyStore: CloudStore, Sendable {
     /// (How tests of a mounted daemon take its store away: UBIQ_STORE_OFFLINE_FLAG.)
     public let offlineFlag: String?
 
-    public init(_ inner: any CloudStore, offlineFlag: String? = nil) { self.inner = inner; self.offlineFlag = offlineFlag }
+    /// Random faults, drawn from a seeded generator (nil: none).
+    public var chaos: Chaos? { chaosState.withLock { $0 } }
+    private let chaosState: Mutex<Chaos?>
+    private let rng: Mutex<UInt64>
+    private let injected = Mutex<[String: Int]>([:])
+
+    public init(_ inner: any CloudStore, offlineFlag: String? = nil, chaos: Chaos? = nil) {
+        self.inner = inner; self.offlineFlag = offlineFlag
+        chaosState = Mutex(chaos)
+        rng = Mutex(chaos?.seed ?? 0)
+    }
+
+    /// From now on, these random faults (nil: none); the generator starts again from its seed.
+    public func setChaos(_ chaos: Chaos?) {
+        chaosState.withLock { $0 = chaos }
+        rng.withLock { $0 = chaos?.seed ?? 0 }
+    }
+
+    /// Faults drawn at random, each operation on its own: a store on a bad day.
+    public struct Chaos: Sendable, Equatable, CustomStringConvertible {
+        public var seed: UInt64
+        /// Share of operations that fail before reaching the store (transient: unavailable).
+        public var fail: Double = 0
+        /// Share of writes (put, copy, delete) carried out whose answer is lost.
+        public var lose: Double = 0
+        /// Share of reads answered with fewer bytes than asked for (a cut connection).
+        public var short: Double = 0
+        /// Share of operations that time out: they wait `timeout` seconds, then fail as unavailable.
+        public var hang: Double = 0
+        public var timeout: Double = 2
+        /// Delay added before every operation, in milliseconds, drawn in this range.
+        public var latencyMs: ClosedRange<Int> = 0 ... 0
+
+        public init(seed: UInt64) { self.seed = seed }
+
+        /// `seed=7,fail=0.1,lose=0.05,short=0.1,hang=0.01,timeout=2,latency=0-20` (shares 0...1, ms).
+        public static func parse(_ text: String) -> Chaos? {
+            var c = Chaos(seed: 1)
+            for part in text.split(separator: ",") {
+                let kv = part.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
+                guard kv.count == 2 else { return nil }
+                let v = kv[1]
+                switch kv[0] {
+                case "seed": guard let n = UInt64(v) else { return nil }; c.seed = n
+                case "fail", "lose", "short", "hang":
+                    guard let d = Double(v), (0 ... 1).contains(d) else { return nil }
+                    switch kv[0] { case "fail": c.fail = d; case "lose": c.lose = d; case "short": c.short = d; default: c.hang = d }
+                case "timeout": guard let d = Double(v), d >= 0 else { return nil }; c.timeout = d
+                case "latency":
+                    let r = v.split(separator: "-").compactMap { Int($0) }
+                    guard (1 ... 2).contains(r.count), r.allSatisfy({ $0 >= 0 }), r.first! <= r.last! else { return nil }
+                    c.latencyMs = r.first! ... r.last!
+                default: return nil
+                }
+            }
+            return c
+        }
+
+        public var description: String {
+            "seed=\(seed),fail=\(fail),lose=\(lose),short=\(short),hang=\(hang),timeout=\(timeout),latency=\(latencyMs.lowerBound)-\(latencyMs.upperBound)"
+        }
+    }
+
+    /// How many faults of each kind were injected so far (fail, lose, short, hang, offline, held).
+    public var faultsInjected: [String: Int] { injected.withLock { $0 } }
+
+    private func count(_ kind: String) { injected.withLock { $0[kind, default: 0] += 1 } }
+
+    /// A uniform draw in 0..<1 (splitmix64 over the seed).
+    private func draw() -> Double {
+        let x = rng.withLock { s -> UInt64 in
+            s &+= 0x9E37_79B9_7F4A_7C15
+            var z = s
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+        return Double(x >> 11) / Double(1 << 53)
+    }
+
+    /// Latency, then maybe a failure or a timeout: what every operation meets on its way in.
+    private func chaosBefore(_ op: Operation) async throws {
+        guard let c = chaos else { return }
+        if c.latencyMs.upperBound > 0 {
+            let ms = c.latencyMs.lowerBound + Int(draw() * Double(c.latencyMs.count))
+            if ms > 0 { try? await Task.sleep(nanoseconds: UInt64(min(ms, c.latencyMs.upperBound)) * 1_000_000) }
+        }
+        if c.hang > 0, draw() < c.hang {
+            count("hang")
+            try? await Task.sleep(nanoseconds: UInt64(c.timeout * 1e9))
+            throw StoreError.unavailable("injected fault: timed out after \(c.timeout) s")
+        }
+        if c.fail > 0, draw() < c.fail {
+            count("fail")
+            throw StoreError.unavailable("injected fault: \(op) failed")
+        }
+    }
 
     /// From now on `op` fails with `error` (default: the store is unavailable).
     public func fail(_ op: Operation, with error: StoreError = .unavailable("injected fault")) {
@@ -68,53 +164,66 @@ public final class FaultyStore: CloudStore, Sendable {
         gate.cond.unlock()
     }
 
-    private func check(_ op: Operation) throws {
-        if let flag = offlineFlag, access(flag, F_OK) == 0 { throw StoreError.unavailable("offline (\(flag) exists)") }
-        if let e = failing.withLock({ $0[op] }) { throw e }
+    private func check(_ op: Operation) async throws {
+        if let flag = offlineFlag, access(flag, F_OK) == 0 {
+            count("offline")
+            throw StoreError.unavailable("offline (\(flag) exists)")
+        }
+        if let e = failing.withLock({ $0[op] }) { count("fail"); throw e }
+        try await chaosBefore(op)
     }
 
     private func answer<T>(_ op: Operation, _ value: T) throws -> T {
-        if losing.withLock({ $0.contains(op) }) { throw StoreError.unavailable("injected fault: the answer was lost") }
+        if losing.withLock({ $0.contains(op) }) { count("lose"); throw StoreError.unavailable("injected fault: the answer was lost") }
+        if let c = chaos, c.lose > 0, draw() < c.lose {
+            count("lose")
+            throw StoreError.unavailable("injected fault: the answer to \(op) was lost")
+        }
         return value
     }
 
-    public func head(_ key: String) async throws -> ObjectInfo { try check(.head); return try await inner.head(key) }
+    public func head(_ key: String) async throws -> ObjectInfo { try await check(.head); return try await inner.head(key) }
 
     public func list(prefix: String) async throws -> [ObjectInfo] {
-        try check(.list)
+        try await check(.list)
         return try await inner.list(prefix: prefix)
     }
 
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
-        try check(.read)
-        try held.withLock({ $0[range.lowerBound] })?.pass()
-        return try await inner.read(key, version: version, range: range)
+        try await check(.read)
+        if let gate = held.withLock({ $0[range.lowerBound] }) { count("held"); try gate.pass() }
+        let data = try await inner.read(key, version: version, range: range)
+        if let c = chaos, c.short > 0, data.count > 1, draw() < c.short {
+            count("short")
+            return data.prefix(Int(draw() * Double(data.count - 1)))  // the connection cut part-way
+        }
+        return data
     }
 
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
                     condition: WriteCondition) async throws -> ObjectInfo {
-        try check(.put)
+        try await check(.put)
         return try answer(.put, try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition))
     }
 
     public func copy(from source: String, version: String, to destination: String,
                      metadata: ObjectMetadata?, condition: WriteCondition) async throws -> ObjectInfo {
-        try check(.copy)
+        try await check(.copy)
         return try answer(.copy, try await inner.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition))
     }
 
     public func delete(_ key: String, condition: WriteCondition) async throws {
-        try check(.delete)
+        try await check(.delete)
         try await inner.delete(key, condition: condition)
         try answer(.delete, ())
     }
 
     public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
-        try check(.changes)
+        try await check(.changes)
         return try await inner.changes(since: cursor, limit: limit)
     }
 
-    public func currentCursor() async throws -> String { try check(.changes); return try await inner.currentCursor() }
-    public func versions(of key: String) async throws -> [ObjectInfo] { try check(.head); return try await inner.versions(of: key) }
-    public func usage() async throws -> StoreUsage? { try check(.head); return try await inner.usage() }
+    public func currentCursor() async throws -> String { try await check(.changes); return try await inner.currentCursor() }
+    public func versions(of key: String) async throws -> [ObjectInfo] { try await check(.head); return try await inner.versions(of: key) }
+    public func usage() async throws -> StoreUsage? { try await check(.head); return try await inner.usage() }
 }

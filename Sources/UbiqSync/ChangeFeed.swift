@@ -7,7 +7,14 @@ import UbiqStore
 public struct RemoteChange: Sendable, Equatable {
     public var key: String
     public var info: ObjectInfo?
-    public init(key: String, info: ObjectInfo?) { self.key = key; self.info = info }
+    /// The version of `key` this device had recorded just before it asked the store (nil:
+    /// none). This device's uploader may write the key between that question and the change's
+    /// application; a recorded version that differs by then says so, and the change is looked
+    /// at again at the next poll rather than applied over what was just uploaded.
+    public var recordedBefore: String?
+    public init(key: String, info: ObjectInfo?, recordedBefore: String? = nil) {
+        self.key = key; self.info = info; self.recordedBefore = recordedBefore
+    }
 }
 
 /// Follows the store's change cursor and hands each changed key's current state to the
@@ -134,6 +141,16 @@ public final class ChangeFeed: @unchecked Sendable {
         }
     }
 
+    /// `body`, tried again (up to three times, a moment apart) while the store fails transiently.
+    static func retrying<T>(_ body: () throws -> T) throws -> T {
+        for attempt in 0 ..< 2 {
+            do { return try body() } catch let e as StoreError where e.isTransient {
+                usleep(UInt32(50_000 << attempt))
+            }
+        }
+        return try body()
+    }
+
     private func pollLocked() throws -> Int {
         let store = self.store
         var cursor = try state.read { try $0.meta(Self.cursorKey) }
@@ -144,13 +161,13 @@ public final class ChangeFeed: @unchecked Sendable {
         var reconcile = false
         if cursor == nil {
             // No cursor (the store was down at mount): start from now, and compare everything.
-            cursor = try runBlocking { try await store.currentCursor() }
+            cursor = try Self.retrying { try runBlocking { try await store.currentCursor() } }
             reconcile = true
         }
         while !reconcile {
             let since = cursor
             let size = batchSize
-            let batch = try runBlocking { try await store.changes(since: since, limit: size) }
+            let batch = try Self.retrying { try runBlocking { try await store.changes(since: since, limit: size) } }
             if batch.reset {
                 cursor = try runBlocking { try await store.currentCursor() }
                 reconcile = true
@@ -160,11 +177,14 @@ public final class ChangeFeed: @unchecked Sendable {
             cursor = batch.cursor
             if !batch.more { break }
         }
+        // What this device had recorded of each key before the store is asked (see RemoteChange).
+        var before: [String: String] = [:]
         if reconcile {
             // Everything the store lists, and everything this device knew from it before the
             // listing (a key recorded after it may be an upload the listing missed).
-            let mine = try state.read { try $0.remoteKeys() }
-            let listed = try runBlocking { try await store.list(prefix: "") }
+            before = try state.read { try $0.remoteVersions() }
+            let mine = Set(before.keys)
+            let listed = try Self.retrying { try runBlocking { try await store.list(prefix: "") } }
             for o in listed {
                 known[o.key] = o
                 if seen.insert(o.key).inserted { order.append(o.key) }
@@ -176,6 +196,7 @@ public final class ChangeFeed: @unchecked Sendable {
         }
         var changes: [RemoteChange] = []
         var kvKeys: [String] = []
+        var unread: [String] = []
         for key in order {
             // ubiq's own keys are not files: the key-value store's go to its handler.
             if ReservedKeys.isReserved(key) {
@@ -186,19 +207,25 @@ public final class ChangeFeed: @unchecked Sendable {
             if let k = known[key] {
                 info = k
             } else {
-                do { info = try runBlocking { try await store.head(key) } } catch StoreError.notFound {
+                if let v = try state.read({ try $0.entries(remoteKey: key).first?.remoteVersion }) { before[key] = v }
+                do { info = try Self.retrying { try runBlocking { try await store.head(key) } } } catch StoreError.notFound {
                     info = nil
                 } catch StoreError.invalidKey(_, let why) {
                     logger.warning("skipping store key \(key.debugDescription): \(why)")
+                    continue
+                } catch let e as StoreError where e.isTransient {
+                    // This key waits for the next poll; the others go on (a flaky store must
+                    // not stall the whole feed on one of a thousand keys).
+                    unread.append(key)
                     continue
                 }
             }
             // This device's own writes: the uploader records them.
             if let o = info?.metadata.origin, o.hasPrefix(deviceID + ":") { continue }
-            changes.append(RemoteChange(key: key, info: info))
+            changes.append(RemoteChange(key: key, info: info, recordedBefore: before[key]))
         }
         cond.lock(); let apply = self.apply; let kvApply = self.kvApply; cond.unlock()
-        let retry = changes.isEmpty ? [] : apply(changes)
+        let retry = (changes.isEmpty ? [] : apply(changes)).union(unread)
         kvApply?(kvKeys, reconcile)  // also when none changed: it sends what waits
         let newCursor = cursor
         try state.write { tx in

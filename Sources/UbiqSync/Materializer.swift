@@ -47,6 +47,10 @@ public final class Materializer: @unchecked Sendable {
     public var maxReadahead = 64
     /// Seconds a read waits for its bytes before it fails (EIO at the mount); the fetch goes on.
     public var readTimeout: TimeInterval = 60
+    /// How long a read asks again while the store fails transiently (unreachable, cut short):
+    /// long enough to ride out a flaky link, short enough that a store that is down gives EIO
+    /// soon (bounded by `readTimeout`).
+    public var retryWindow: TimeInterval = 5
     /// Fetch the rest of a file after its first read (false: only what is read).
     public let completeInBackground: Bool
     /// Attempts per chunk before a read fails.
@@ -162,7 +166,8 @@ public final class Materializer: @unchecked Sendable {
     }
 
     /// Blocks until bytes `range` of `ino` are local (clamped to the file). Throws the
-    /// store's error once every attempt failed; a later call tries again.
+    /// store's answer (gone, changed) at once, its failures once they went on for
+    /// `retryWindow`, and `timedOut` after `readTimeout`; a later call tries again.
     public func ensure(_ ino: UInt64, range: Range<Int64>) throws {
         try start(ino, background: false)
         cond.lock()
@@ -194,14 +199,41 @@ public final class Materializer: @unchecked Sendable {
         if needed.isEmpty { return }
         defer { for c in needed where job.present[c] || job.failed[c] != nil { job.urgent.remove(c) } }
         let deadline = Date(timeIntervalSinceNow: readTimeout)
+        let retryUntil = Date(timeIntervalSinceNow: min(readTimeout, retryWindow))
         while needed.contains(where: { !job.present[$0] }) {
             // Only a failure of a fetch made for this call counts: one that began before it
             // (while the store was down, say) must not fail a read made once it is back.
-            if let c = needed.first(where: { job.failed[$0] != nil }), let e = job.failed[c] { throw e }
+            if let c = needed.first(where: { job.failed[$0] != nil }), let e = job.failed[c] {
+                // A store that fails now and then (a cut connection, a timeout) is asked again
+                // until the read's deadline; an answer (gone, changed) or a local error is final.
+                guard Self.worthRetrying(e), Date(timeIntervalSinceNow: 0.25) < retryUntil, !job.cancelled else { throw e }
+                cond.unlock()
+                usleep(250_000)
+                cond.lock()
+                if job.cancelled { throw e }
+                let again = needed.filter { !job.present[$0] && !job.inFlight.contains($0) }
+                for c in again { job.failed[c] = nil }
+                job.error = nil
+                job.wanted = again + job.wanted.filter { !again.contains($0) }
+                job.urgent.formUnion(again)
+                spawnWorkersLocked(job)
+                continue
+            }
             if !cond.wait(until: deadline) && Date() >= deadline {
                 throw SyncError.timedOut(key: job.key, seconds: readTimeout)
             }
         }
+    }
+
+    /// Whether a failed fetch may succeed if asked again: the store was unreachable, timed
+    /// out or cut the answer short. Not: the version is gone, the local disk failed.
+    static func worthRetrying(_ e: Error) -> Bool {
+        if let s = e as? StoreError { return s.isTransient }
+        if let s = e as? SyncError {
+            if case .sizeMismatch = s { return true }
+            return false
+        }
+        return !(e is LocalWriteError)
     }
 
     /// Downloads all of `ino`; returns when it is wholly local.

@@ -210,6 +210,7 @@ public final class Uploader: @unchecked Sendable {
             do {
                 let cond: WriteCondition = t.version.map { .ifMatch($0) } ?? .always
                 let store = self.store
+                trace("delete \(t.key) \(cond) (tombstone)")
                 try runBlocking { try await store.delete(t.key, condition: cond) }
             } catch StoreError.notFound {
             } catch StoreError.preconditionFailed {
@@ -337,6 +338,12 @@ public final class Uploader: @unchecked Sendable {
         }
     }
 
+    /// Each store write, in the log, when UBIQ_TRACE_UPLOADS=1 (to follow a crash test's history).
+    private static let tracing = ProcessInfo.processInfo.environment["UBIQ_TRACE_UPLOADS"] == "1"
+    private func trace(_ what: @autoclosure () -> String) {
+        if Self.tracing { logger.info("upload trace: \(what())") }
+    }
+
     private func upload(_ ino: UInt64) throws -> Outcome {
         guard var s = try snapshot(ino) else { return .done }
         if s.entries.isEmpty { return .done }  // removed: its tombstones do the rest
@@ -396,6 +403,7 @@ public final class Uploader: @unchecked Sendable {
                         progress.set(ino, 0)
                         defer { progress.set(ino, nil) }
                         let report: @Sendable (Int64) -> Void = { sent in progress.set(ino, Int(min(99, sent * 100 / total))) }
+                        trace("put \(key) \(condition) ino \(ino) gen \(s.rec.contentGen)")
                         return try runBlocking {
                             try await store.put(key, contentsOf: source, metadata: meta, condition: condition, progress: report)
                         }
@@ -431,7 +439,8 @@ public final class Uploader: @unchecked Sendable {
                 // Moved: server-side copy, then drop the old key. No content leaves the store.
                 let meta = metadata(s, generation: s.rec.contentGen)
                 func copy(_ condition: WriteCondition) throws -> ObjectInfo {
-                    try runBlocking {
+                    trace("copy \(oldKey)@\(oldVersion) to \(key) \(condition) ino \(ino)")
+                    return try runBlocking {
                         try await store.copy(from: oldKey, version: oldVersion, to: key, metadata: meta, condition: condition)
                     }
                 }
@@ -558,6 +567,7 @@ public final class Uploader: @unchecked Sendable {
         guard cycle else { return }
         let store = self.store
         do {
+            trace("delete \(oldKey) \(entry.remoteVersion ?? "always") (rename cycle)")
             try runBlocking { try await store.delete(oldKey, condition: entry.remoteVersion.map { .ifMatch($0) } ?? .always) }
         } catch StoreError.notFound {
         } catch StoreError.preconditionFailed {
@@ -575,6 +585,7 @@ public final class Uploader: @unchecked Sendable {
         let version = entry.remoteVersion
         let store = self.store
         do {
+            trace("delete \(old) \(version ?? "always") (moved to \(newKey))")
             try runBlocking { try await store.delete(old, condition: version.map { .ifMatch($0) } ?? .always) }
         } catch StoreError.notFound {
         } catch StoreError.preconditionFailed {
@@ -595,6 +606,7 @@ public final class Uploader: @unchecked Sendable {
             // Deleted in the store meanwhile: an edit beats a delete.
             return isDir ? .wait : .over(nil, copy: nil)
         } catch { return .wait }
+        trace("\(key) taken by \(info.version) from \(info.metadata.origin ?? "?") (ino \(ino) gen \(generation))")
         // Our own upload from before a crash, recorded in the store but not here.
         if info.metadata.origin == origin(ino, generation) { return .adopt(info.version, info.contentTag) }
         // Folders merge: the same folder made on two devices is one folder.

@@ -30,6 +30,7 @@ struct Daemon {
         _ = lockFD
         if notify { setsid() }
         var store: any CloudStore
+        var faulty: FaultyStore?
         var containerConfig: ContainerConfig?
         let state: LocalState
         let cache: ContentCache
@@ -64,9 +65,21 @@ struct Daemon {
                 logger.info("the link to the store is slowed: reads \(readRate.map(String.init) ?? "-") bytes/s, writes \(writeRate.map(String.init) ?? "-") bytes/s (UBIQ_STORE_READ_RATE, UBIQ_STORE_WRITE_RATE)")
             }
             // A store that goes away while a file exists (for tests of offline work: docs/testing.md).
-            if let flag = env["UBIQ_STORE_OFFLINE_FLAG"], !flag.isEmpty {
-                store = FaultyStore(store, offlineFlag: flag)
-                logger.info("the store is unreachable while \(flag) exists (UBIQ_STORE_OFFLINE_FLAG)")
+            // And one with random faults (latency, failures, lost answers, cut reads, timeouts).
+            let flag = env["UBIQ_STORE_OFFLINE_FLAG"].flatMap { $0.isEmpty ? nil : $0 }
+            var chaos: FaultyStore.Chaos?
+            if let text = env["UBIQ_STORE_CHAOS"], !text.isEmpty {
+                guard let c = FaultyStore.Chaos.parse(text) else {
+                    die("UBIQ_STORE_CHAOS: cannot read \(text.debugDescription) (e.g. seed=7,fail=0.1,lose=0.05,short=0.1,hang=0.01,timeout=2,latency=0-20)")
+                }
+                chaos = c
+            }
+            if flag != nil || chaos != nil {
+                let f = FaultyStore(store, offlineFlag: flag, chaos: chaos)
+                faulty = f
+                store = f
+                if let flag { logger.info("the store is unreachable while \(flag) exists (UBIQ_STORE_OFFLINE_FLAG)") }
+                if let chaos { logger.info("the store injects random faults: \(chaos) (UBIQ_STORE_CHAOS)") }
             }
             state.restoreReserve()
             cache = try ContentCache(directory: URL(fileURLWithPath: plan.stateDir + "/cache"))
@@ -184,6 +197,7 @@ struct Daemon {
             }
         }
         state.syncToDisk()
+        if let faulty { logger.info("faults injected in this run: \(faulty.faultsInjected.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))") }
         try? FileManager.default.removeItem(atPath: registry)
         try? FileManager.default.removeItem(atPath: plan.stateDir + "/unmount-request")
         logger.info("stopped")
