@@ -428,8 +428,11 @@ public struct StateTransaction {
         if db.changesCount == 0 { try addTombstone(key: key, version: version) }
     }
 
-    public func addTombstone(key: String, version: String?) throws {
+    /// Returns the tombstone's id.
+    @discardableResult
+    public func addTombstone(key: String, version: String?) throws -> Int64 {
         try db.execute(cached: "INSERT INTO tombstones (remote_key, remote_version) VALUES (?, ?)", arguments: [key, version])
+        return db.lastInsertedRowID
     }
 
     public func hasTombstone(key: String) throws -> Bool {

@@ -13,9 +13,23 @@ public struct Importer {
     let state: LocalState
     let cache: ContentCache
     let logger: Logger
+    /// This device's id: an object it wrote that no item here records is not imported (below).
+    let deviceID: String?
 
-    public init(store: any CloudStore, state: LocalState, cache: ContentCache, logger: Logger) {
-        self.store = store; self.state = state; self.cache = cache; self.logger = logger
+    public init(store: any CloudStore, state: LocalState, cache: ContentCache, logger: Logger, deviceID: String? = nil) {
+        self.store = store; self.state = state; self.cache = cache; self.logger = logger; self.deviceID = deviceID
+    }
+
+    /// The entry at `parts` (folder names, then the item's), if every step exists.
+    private func existing(_ tx: StateTransaction, _ parts: [String]) throws -> EntryRecord? {
+        var parent: UInt64 = 1
+        var found: EntryRecord?
+        for seg in parts {
+            guard let e = try tx.entry(parent: parent, name: Array(seg.utf8)) else { return nil }
+            found = e
+            parent = e.ino
+        }
+        return found
     }
 
     public struct Report: Sendable, Equatable {
@@ -45,6 +59,15 @@ public struct Importer {
                     continue
                 }
                 let (parts, isDir) = StoreKey.segments(obj.key)
+                if let d = deviceID, let o = obj.metadata.origin, o.hasPrefix(d + ":"), try existing(tx, parts) == nil {
+                    // Written by this device, recorded by no item here, and nothing here has its
+                    // name: an upload whose answer never came, from an item deleted or renamed
+                    // here since. Not a file to bring back: the uploader deletes it (if unchanged).
+                    try tx.addTombstone(key: obj.key, version: obj.version)
+                    logger.info("\(obj.key) is an upload of this device's that its item no longer needs: deleting it")
+                    report.skipped += 1
+                    continue
+                }
                 var parent: UInt64 = 1
                 var ok = true
                 // Ensure every folder on the way exists.

@@ -214,8 +214,22 @@ public final class Uploader: @unchecked Sendable {
                 try runBlocking { try await store.delete(t.key, condition: cond) }
             } catch StoreError.notFound {
             } catch StoreError.preconditionFailed {
-                // Changed in the store since we last saw it: an edit elsewhere beats our delete.
-                logger.info("not deleting \(t.key): it changed in the store")
+                if let leftover = try? leftoverOfOurs(t.key) {
+                    // This device's own later upload, whose answer it never had (a lost reply, a
+                    // crash): the item it came from is gone here, so the delete covers it too.
+                    let store = self.store
+                    trace("delete \(t.key) ifMatch(\(leftover)) (tombstone, our unrecorded upload)")
+                    do { try runBlocking { try await store.delete(t.key, condition: .ifMatch(leftover)) } } catch StoreError.notFound {
+                    } catch StoreError.preconditionFailed {
+                        logger.info("not deleting \(t.key): it changed in the store")
+                    } catch {
+                        logger.warning("delete of \(t.key) failed, will retry: \(error)")
+                        return handled
+                    }
+                } else {
+                    // Changed in the store since we last saw it: an edit elsewhere beats our delete.
+                    logger.info("not deleting \(t.key): it changed in the store")
+                }
             } catch {
                 logger.warning("delete of \(t.key) failed, will retry: \(error)")
                 return handled
@@ -415,7 +429,7 @@ public final class Uploader: @unchecked Sendable {
                         switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
                                                  condition: condition, current: current) {
                         case .adopt(let v, let tag):
-                            try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: v, tag: tag) }
+                            try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, version: v, tag: tag))
                             continue
                         case .wait:
                             try breakRenameCycle(entry, to: key, s)
@@ -429,8 +443,7 @@ public final class Uploader: @unchecked Sendable {
                             if let copy { setAside.append(copy.key) }
                         }
                     }
-                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag) }
-                    try removeOld(entry, newKey: key)
+                    try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, version: info.version, tag: info.contentTag))
                     continue
                 }
             }
@@ -451,8 +464,7 @@ public final class Uploader: @unchecked Sendable {
                     switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
                                              condition: .ifAbsent, current: current) {
                     case .adopt(let v, let tag):
-                        try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: v, tag: tag) }
-                        try removeOld(entry, newKey: key)
+                        try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, version: v, tag: tag))
                         continue
                     case .wait:
                         try breakRenameCycle(entry, to: key, s)
@@ -466,8 +478,7 @@ public final class Uploader: @unchecked Sendable {
                         if let aside { setAside.append(aside.key) }
                     }
                 }
-                try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag) }
-                try removeOld(entry, newKey: key)
+                try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, version: info.version, tag: info.contentTag))
             } else if metaDirty {
                 let meta = metadata(s, generation: s.rec.contentGen)
                 do {
@@ -579,8 +590,21 @@ public final class Uploader: @unchecked Sendable {
         logger.info("names swapped: \(oldKey) is sent again as \(key) once that name is free")
     }
 
-    /// After an entry's object was written at `newKey`, delete where it was before.
-    private func removeOld(_ entry: EntryRecord, newKey: String) throws {
+    /// Records that `entry` now stands for `key` at `version`. Where it stood before (another
+    /// key) gets a tombstone in the same transaction: the old object is deleted even when the
+    /// delete fails now or this device stops before it (else it would come back as a file).
+    /// Returns the tombstone's id.
+    private func recordAt(_ entry: EntryRecord, key: String, version: String, tag: String?) throws -> Int64? {
+        try state.write { tx -> Int64? in
+            try tx.recordRemote(entryID: entry.id, key: key, version: version, tag: tag)
+            guard let old = entry.remoteKey, old != key else { return nil }
+            return try tx.addTombstone(key: old, version: entry.remoteVersion)
+        }
+    }
+
+    /// After an entry's object was written at `newKey`, delete where it was before, and drop
+    /// the tombstone `recordAt` left for it (which, should this fail, deletes it later).
+    private func removeOld(_ entry: EntryRecord, newKey: String, tombstone: Int64?) throws {
         guard let old = entry.remoteKey, old != newKey else { return }
         let version = entry.remoteVersion
         let store = self.store
@@ -591,6 +615,18 @@ public final class Uploader: @unchecked Sendable {
         } catch StoreError.preconditionFailed {
             logger.info("left \(old) in the store: it changed there since")
         }
+        if let tombstone { try state.write { try $0.removeTombstone(tombstone) } }
+    }
+
+    /// The store's current version of `key` when this device wrote it and no item here records
+    /// it: an upload whose answer never came (a lost reply, a crash), from an item since deleted,
+    /// renamed or written again here. Nil otherwise (another device's version, or one recorded).
+    private func leftoverOfOurs(_ key: String) throws -> String? {
+        let store = self.store
+        let info = try runBlocking { try await store.head(key) }
+        guard let origin = info.metadata.origin, origin.hasPrefix(deviceID + ":") else { return nil }
+        let recorded = try state.read { try $0.entries(remoteKey: key).contains { $0.remoteVersion == info.version } }
+        return recorded ? nil : info.version
     }
 
     /// `over(version, copy)`: write again over the store's `version` (nil: the key is free
@@ -617,6 +653,13 @@ public final class Uploader: @unchecked Sendable {
                 try tx.entries(remoteKey: key).contains { $0.id != entryID } || tx.hasTombstone(key: key)
             }
             if held { return .wait }
+        }
+        // This device's own upload whose answer never came, from an item since deleted or
+        // renamed here: nothing of another device's to keep, so this write goes over it.
+        if !isDir, let o = info.metadata.origin, o.hasPrefix(deviceID + ":"),
+           try state.read({ tx in try !tx.entries(remoteKey: key).contains { $0.remoteVersion == info.version } }) {
+            trace("\(key): our own unrecorded upload \(info.version) is written over")
+            return .over(info.version, copy: nil)
         }
         let why = "\(key) changed in the store since this device last saw it (now \(current ?? "?"))"
         if isDir { return .conflict(why) }

@@ -109,7 +109,7 @@ struct Daemon {
         } catch { die("\(error)") }
         do {
             try ChangeFeed.prepare(store: store, state: state)
-            try Importer(store: store, state: state, cache: cache, logger: logger).run()
+            try Importer(store: store, state: state, cache: cache, logger: logger, deviceID: deviceID).run()
         } catch {
             logger.warning("could not list the store (\(error)); showing what this device knew")
         }

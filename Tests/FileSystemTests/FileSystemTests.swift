@@ -45,7 +45,7 @@ final class Device: @unchecked Sendable {
         try ChangeFeed.prepare(store: remote, state: state)
         materializer = Materializer(store: remote, state: state, cache: cache, logger: logger,
                                     chunkSize: 1 << 20, completeInBackground: completeInBackground)
-        try Importer(store: remote, state: state, cache: cache, logger: logger).run()
+        try Importer(store: remote, state: state, cache: cache, logger: logger, deviceID: dir.lastPathComponent).run()
         let coordinator = Coordinator(defaultTimeout: 30)
         uploader = Uploader(state: state, store: remote, coordinator: coordinator, cache: cache,
                             deviceID: dir.lastPathComponent, logger: logger)

@@ -69,8 +69,8 @@ import Testing
         #expect(fb["short", default: 0] > 0 && fb["fail", default: 0] > 0, "B met faults: \(fb)")
     }
 
-    /// Rounds of a write-heavy workload (small and large files, appends, renames, deletes),
-    /// each ended by SIGKILL of the daemon at a random moment, then a remount: every file whose
+    /// Rounds of a write-heavy workload (small and large files, appends, renames, deletes) over
+    /// a flaky store, each ended by SIGKILL of the daemon at a random moment, then a remount: every file whose
     /// close or fsync returned is there byte for byte, every rename and delete whose folder
     /// fsync returned holds, no conflict copy appears, the state database passes SQLite's
     /// integrity check, and at the end the outbox drains and a second device sees that tree.
@@ -78,7 +78,10 @@ import Testing
         let seed = Self.seed()
         print("crash seed \(seed) (replay: UBIQ_SEED=\(seed))")
         var rng = SplitMix(seed: UInt64(seed))
-        let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1")
+        // The store fails, loses answers and cuts reads now and then too: a crash right after a
+        // write whose answer was lost is the case that brings deleted files back.
+        let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1",
+                                 daemonEnv: ["UBIQ_STORE_CHAOS": "seed=\(seed),fail=0.1,lose=0.1,short=0.1,latency=0-3"])
         defer { a.cleanup() }
         let journal = a.base + "/journal", dir = a.mnt + "/c"
         let budget = Date(timeIntervalSinceNow: Double(ProcessInfo.processInfo.environment["UBIQ_CRASH_SECONDS"] ?? "") ?? 60)
