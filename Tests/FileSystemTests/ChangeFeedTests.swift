@@ -162,6 +162,30 @@ import UbiqStore
         #expect(try b.read("again") == "second")
     }
 
+    /// An object whose size lies (the store says 1,000 bytes more than it sends): the listing
+    /// shows what the store says, and a read of the missing bytes fails (EIO at the mount) in
+    /// bounded time instead of hanging or returning zeros.
+    @Test func anObjectWhoseSizeLiesFailsItsReadsCleanly() async throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let text = String(repeating: "x", count: 5000)
+        try a.write("f", text)
+        a.sync()
+        let faulty = FaultyStore(store)
+        faulty.lieAboutSizes(by: 1000)
+        let b = try Device(store: store, remote: faulty, completeInBackground: false)
+        b.materializer.retryWindow = 0.5
+        #expect(try b.fs.getattr(try b.ino("f")).size == 6000)
+        let start = Date()
+        do {
+            let got = try b.read("f")
+            Issue.record("a read of a lying object returned \(got.count) bytes")
+        } catch {
+            #expect("\(error)".contains("store sent 5000 bytes, expected 6000"), "\(error)")
+        }
+        #expect(Date().timeIntervalSince(start) < 10)
+    }
+
     @Test func aMetadataChangeKeepsTheLocalCopy() throws {
         let store = try newStore()
         let a = try Device(store: store)
