@@ -85,7 +85,10 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
     /// when `since` is not this index's latest cursor (the caller starts over).
     /// Objects modified within `unsettled` of the listing may yet change again within the
     /// same second unseen (S3 times are in seconds): they count as changed once more next time.
-    func advance(since: String?, to listing: Listing, unsettled: TimeInterval = 2) throws -> (changes: [StoreChange], cursor: String)? {
+    /// `stableFolders`: a folder marker's time is not part of its state (a server that drops its
+    /// metadata changes that time whenever something is added inside it).
+    func advance(since: String?, to listing: Listing, unsettled: TimeInterval = 2,
+                 stableFolders: Bool = false) throws -> (changes: [StoreChange], cursor: String)? {
         try run { db in
             let gen = Int(try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'generation'") ?? "0") ?? 0
             if let since, since != cursor(gen) { return nil }
@@ -98,9 +101,11 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
             var seen = Set<String>()
             for o in listing.objects {
                 seen.insert(o.key)
-                let settled = o.modified.map { listing.taken.timeIntervalSince($0) >= unsettled } ?? true
-                let stamp = settled ? o.stamp : ""
-                if old[o.key] != o.stamp { changes.append(StoreChange(kind: .put, key: o.key, version: nil)) }
+                let folder = stableFolders && o.key.hasSuffix("/")
+                let settled = folder || (o.modified.map { listing.taken.timeIntervalSince($0) >= unsettled } ?? true)
+                let full = folder ? "\(o.etag)||\(o.size)" : o.stamp
+                let stamp = settled ? full : ""
+                if old[o.key] != full { changes.append(StoreChange(kind: .put, key: o.key, version: nil)) }
                 if old[o.key] != stamp { try put.execute(arguments: [o.key, stamp]) }
             }
             let del = try db.cachedStatement(sql: "DELETE FROM feed WHERE key = ?")

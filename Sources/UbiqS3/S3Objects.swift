@@ -28,6 +28,10 @@ public struct S3Objects: Sendable {
     public let multipartThreshold: Int64
     /// Where part uploads under way are remembered (nil: they start over).
     public let journal: (any MultipartJournal)?
+    /// Whether the server keeps user metadata on folder markers (`a/b/`). SeaweedFS does not
+    /// (it makes them its own directories): there a folder's version is its ETag alone, so a
+    /// folder never seems changed by another device only because its metadata is gone.
+    public let keepsFolderMetadata: Bool
 
     static let metadataHeader = "x-amz-meta-ubiq"
     static let maxMetadataBytes = 2000
@@ -35,7 +39,8 @@ public struct S3Objects: Sendable {
     public static let reserved = ReservedKeys.root + "s3/"
 
     public init(client: S3Client, prefix: String, versioned: Bool, checksConditions: Bool = true,
-                multipartThreshold: Int64 = 64 << 20, journal: (any MultipartJournal)? = nil) {
+                multipartThreshold: Int64 = 64 << 20, journal: (any MultipartJournal)? = nil, keepsFolderMetadata: Bool = true) {
+        self.keepsFolderMetadata = keepsFolderMetadata
         self.client = client
         self.prefix = prefix.isEmpty || prefix.hasSuffix("/") ? prefix : prefix + "/"
         self.versioned = versioned
@@ -74,8 +79,13 @@ public struct S3Objects: Sendable {
             meta = Self.foreign(key, modified: r.header("Last-Modified").flatMap(S3Time.httpDate))
         }
         let length = size ?? r.header("Content-Length").flatMap { Int64($0) } ?? 0
-        return ObjectInfo(key: key, version: Version.string(id: id, etag: etag, metadata: text), size: length,
+        return ObjectInfo(key: key, version: Version.string(id: id, etag: etag, metadata: versioning(text, of: key)), size: length,
                           metadata: meta, contentTag: etag)
+    }
+
+    /// The metadata text that names a version of `key` (none for a folder on a server that drops it).
+    func versioning(_ text: String?, of key: String) -> String? {
+        keepsFolderMetadata || !key.hasSuffix("/") ? text : nil
     }
 
     /// The metadata of an object another tool wrote.
@@ -274,7 +284,7 @@ public struct S3Objects: Sendable {
         // CopyObject answers the new ETag in its body.
         let etag = S3Client.xmlValue("ETag", in: r.text).map(Self.quoted) ?? r.header("ETag") ?? from.contentTag ?? ""
         let id = versioned ? r.header("x-amz-version-id") : nil
-        return ObjectInfo(key: destination, version: Version.string(id: id, etag: etag, metadata: text), size: from.size,
+        return ObjectInfo(key: destination, version: Version.string(id: id, etag: etag, metadata: versioning(text, of: destination)), size: from.size,
                           metadata: meta, contentTag: etag)
     }
 

@@ -61,26 +61,33 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let client = S3Client(endpoint: S3Endpoint(url: endpoint, region: region, bucket: location.bucket, credentials: credentials),
                               logger: logger)
         let index = try S3Index(path: indexPath)
-        var versioned: Bool, conditions: Bool
+        var versioned: Bool, conditions: Bool, folders: Bool
         var online = true
         do {
             try await client.ensureBucket()
             versioned = try await client.bucketKeepsVersions()
-            conditions = try await S3Objects(client: client, prefix: location.prefix, versioned: versioned).serverChecksConditions()
+            let probe = S3Objects(client: client, prefix: location.prefix, versioned: versioned)
+            conditions = try await probe.serverChecksConditions()
+            folders = try await probe.serverKeepsFolderMetadata()
             try index.setSetting("versioned", versioned ? "1" : "0")
             try index.setSetting("conditions", conditions ? "1" : "0")
+            try index.setSetting("folder_metadata", folders ? "1" : "0")
         } catch let e as StoreError where e.isTransient {
             // Down: a device that knew this bucket works on with what it knew (and syncs when it
             // is back); one that never reached it cannot start.
             guard let v = try index.setting("versioned"), let c = try index.setting("conditions") else { throw e }
             logger.warning("cannot reach the S3 store (\(e)); working with what this device knew")
             versioned = v == "1"; conditions = c == "1"; online = false
+            folders = try index.setting("folder_metadata") != "0"
+        }
+        if !folders {
+            logger.warning("this S3 server keeps no metadata on folder markers: folders' modes, owners, times and xattrs stay on the device that set them (files' are synced)")
         }
         if !conditions {
             logger.warning("this S3 server ignores If-None-Match/If-Match on writes: ubiq checks the current version before each write instead, which leaves a short window where two devices' writes can race unseen")
         }
         let objects = S3Objects(client: client, prefix: location.prefix, versioned: versioned, checksConditions: conditions,
-                                multipartThreshold: multipartThreshold, journal: index)
+                                multipartThreshold: multipartThreshold, journal: index, keepsFolderMetadata: folders)
         if online, let n = try? await objects.abortStaleUploads(), n > 0 { logger.info("aborted \(n) part uploads left over a day ago") }
         logger.info("S3 store s3://\(location.bucket)/\(location.prefix) at \(endpoint.absoluteString): \(versioned ? "versioned bucket (history kept)" : "bucket without versioning (no history)"), \(credentials)")
         return S3Store(objects: objects, index: index, logger: logger)
@@ -161,7 +168,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
         let listing = try await objects.listAll(under: "")
         warn(listing.skipped)
-        guard let (changes, next) = try index.advance(since: cursor, to: listing) else {
+        guard let (changes, next) = try index.advance(since: cursor, to: listing, stableFolders: !objects.keepsFolderMetadata) else {
             return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         }
         return ChangeBatch(changes: changes, cursor: next, reset: false)
@@ -170,7 +177,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     public func currentCursor() async throws -> String {
         let listing = try await objects.listAll(under: "")
         warn(listing.skipped)
-        return try index.advance(since: nil, to: listing)!.cursor
+        return try index.advance(since: nil, to: listing, stableFolders: !objects.keepsFolderMetadata)!.cursor
     }
 
     /// The bucket's versions of `key` when it keeps them; else the current one.
@@ -198,5 +205,14 @@ extension S3Objects {
         }
         _ = try? await send(.DELETE, probe, validate: false)
         return honoured
+    }
+
+    /// Whether a folder marker keeps the metadata header it was written with.
+    func serverKeepsFolderMetadata() async throws -> Bool {
+        let probe = Self.reserved + "probe-" + UUID().uuidString.lowercased() + "/"
+        try await send(.PUT, probe, headers: [Self.metadataHeader: "probe"], body: .data(Data()), validate: false)
+        let kept = try await send(.HEAD, probe, validate: false).header(Self.metadataHeader) == "probe"
+        _ = try? await send(.DELETE, probe, validate: false)
+        return kept
     }
 }

@@ -25,6 +25,40 @@ import Testing
         return total
     }
 
+    /// On `a`: random POSIX work (compared step by step with a local folder), many small
+    /// uploads, renames and deletes, and a file of `bigMiB` MiB. Then `a`'s queue drains, `b`
+    /// holds exactly the local tree (reading every byte) with no conflict copy, and both are
+    /// unmounted. Returns the faults each daemon reported.
+    static func workThenCompare(_ a: MountFixture, _ b: MountFixture, seed: Int, ops: Int, bigMiB: Int,
+                                seconds: Double, foldersKeepMetadata: Bool = true) throws -> (a: [String: Int], b: [String: Int]) {
+        let local = a.base + "/local"
+        try FileManager.default.createDirectory(atPath: local, withIntermediateDirectories: true)
+        let run = shell("python3 \(fsrandom) \(a.mnt) \(local) --seed \(seed) --ops \(ops)")
+        #expect(run.status == 0, "seed \(seed): \(run.out)\(run.err)")
+        // Many small uploads, renames (copy and delete in the store) and deletes, on both trees.
+        let work = "mkdir -p w && for i in $(seq 1 40); do echo \"file $i\" > w/f$i; done && for i in $(seq 1 10); do mv w/f$i w/g$i; done && rm w/f1[1-5] && chmod 600 w/f2*"
+        expectOK(a.sh(work))
+        expectOK(shell(work, cwd: local))
+        // A big file too, so that reads on B come in many chunks, some cut short.
+        let big = a.sh("head -c \(bigMiB)M /dev/urandom > big.bin && sha256sum < big.bin | cut -c1-64")
+        expectOK(big)
+        shell("cp '\(a.mnt)/big.bin' '\(local)/big.bin'")
+        // Everything goes up (ubiq sync waits for the queue while it moves).
+        let synced = eventually(a, "\(ubiqBinary) sync . >/dev/null; \(ubiqBinary) status -r . | grep -Eq '^ *([0-9]+) items: \\1 current$'", seconds: seconds)
+        expectOK(synced, "seed \(seed): A's queue drains: \(a.ubiq("status -r \(a.mnt)").out)")
+        // A itself still has the local tree, after its uploads and the store's echoes of them.
+        expectOK(shell("python3 \(fsrandom) \(a.mnt) \(local) --compare-only"), "seed \(seed): A after syncing")
+        // B sees exactly the local tree (hard links arrive as separate files), reading every byte.
+        let folders = foldersKeepMetadata ? "" : " --ignore-dir-meta"
+        let same = eventually(b, "python3 \(fsrandom) \(b.mnt) \(local) --compare-only --ignore-nlink\(folders)", seconds: seconds)
+        expectOK(same, "seed \(seed): B has A's tree")
+        expectOK(b.sh("[ \"$(sha256sum < big.bin | cut -c1-64)\" = \(big.out.prefix(64)) ]"), "seed \(seed): B reads big.bin whole")
+        #expect(!b.sh("ls -R").out.contains("conflict"), "seed \(seed): no conflict copy from a lost answer: \(b.sh("ls -R").out)")
+        expectOK(a.unmount())
+        expectOK(b.unmount())
+        return (faults(a), faults(b))
+    }
+
     /// Two devices whose store fails a fifth of all operations, loses a tenth of the answers to
     /// writes (done, but the device never hears so), cuts a fifth of the reads short, times out
     /// now and then, and answers late. Random POSIX work on one device behaves exactly as on a
@@ -41,29 +75,7 @@ import Testing
         let b = try MountFixture(store: a.store, name: "device-b", extra: "--poll-interval 1 --read-timeout 30",
                                  daemonEnv: ["UBIQ_STORE_CHAOS": "seed=\(seed + 1),\(chaos)"])
         defer { b.cleanup() }
-        let local = a.base + "/local"
-        try FileManager.default.createDirectory(atPath: local, withIntermediateDirectories: true)
-        let run = shell("python3 \(Self.fsrandom) \(a.mnt) \(local) --seed \(seed) --ops 600")
-        #expect(run.status == 0, "seed \(seed): \(run.out)\(run.err)")
-        // Many small uploads, renames (copy and delete in the store) and deletes, on both trees.
-        let work = "mkdir -p w && for i in $(seq 1 40); do echo \"file $i\" > w/f$i; done && for i in $(seq 1 10); do mv w/f$i w/g$i; done && rm w/f1[1-5] && chmod 600 w/f2*"
-        expectOK(a.sh(work))
-        expectOK(shell(work, cwd: local))
-        // A big file too, so that reads on B come in many chunks, some cut short.
-        let big = a.sh("head -c 24M /dev/urandom > big.bin && sha256sum < big.bin | cut -c1-64")
-        expectOK(big)
-        shell("head -c 24M '\(a.mnt)/big.bin' > '\(local)/big.bin'")
-        // Everything goes up (ubiq sync waits for the queue while it moves).
-        let synced = eventually(a, "\(ubiqBinary) sync . >/dev/null; \(ubiqBinary) status -r . | grep -Eq '^ *([0-9]+) items: \\1 current$'", seconds: 120)
-        expectOK(synced, "seed \(seed): A's queue drains: \(a.ubiq("status -r \(a.mnt)").out)")
-        // B sees exactly the local tree (hard links arrive as separate files), reading every byte.
-        let same = eventually(b, "python3 \(Self.fsrandom) \(b.mnt) \(local) --compare-only --ignore-nlink", seconds: 120)
-        expectOK(same, "seed \(seed): B has A's tree")
-        expectOK(b.sh("[ \"$(sha256sum < big.bin | cut -c1-64)\" = \(big.out.prefix(64)) ]"), "seed \(seed): B reads big.bin whole")
-        #expect(!b.sh("ls -R").out.contains("conflict"), "seed \(seed): no conflict copy from a lost answer: \(b.sh("ls -R").out)")
-        expectOK(a.unmount())
-        expectOK(b.unmount())
-        let fa = Self.faults(a), fb = Self.faults(b)
+        let (fa, fb) = try Self.workThenCompare(a, b, seed: seed, ops: 600, bigMiB: 24, seconds: 120)
         print("chaos seed \(seed): faults injected on A \(fa), on B \(fb)")
         #expect(fa["fail", default: 0] > 0 && fa["lose", default: 0] + fb["lose", default: 0] > 0, "A met faults: \(fa)")
         #expect(fb["short", default: 0] > 0 && fb["fail", default: 0] > 0, "B met faults: \(fb)")

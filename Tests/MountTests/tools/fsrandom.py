@@ -175,14 +175,18 @@ def main():
     ap.add_argument("--compare-only", action="store_true", help="only compare the two trees")
     ap.add_argument("--ignore-nlink", action="store_true",
                     help="another device sees hard links as separate files")
+    ap.add_argument("--ignore-dir-meta", action="store_true",
+                    help="folders' modes and xattrs are not compared (a store that keeps none for folders)")
     args = ap.parse_args()
     if args.compare_only:
         a, b = snapshot(args.mount), snapshot(args.local)
-        if args.ignore_nlink:
-            for t in (a, b):
-                for v in t.values():
-                    if v["type"] != stat.S_IFDIR:
-                        v.pop("nlink")
+        for t in (a, b):
+            for v in t.values():
+                if args.ignore_nlink and v["type"] != stat.S_IFDIR:
+                    v.pop("nlink")
+                if args.ignore_dir_meta and v["type"] == stat.S_IFDIR:
+                    v.pop("mode")
+                    v.pop("xattrs", None)
         if a != b:
             bad = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)][:5]
             print(f"trees differ at {bad}: {[a.get(k) for k in bad]} vs {[b.get(k) for k in bad]}")
