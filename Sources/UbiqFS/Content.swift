@@ -173,6 +173,24 @@ extension FileSystem {
         }
     }
 
+    /// The first write since a file's content was last made durable: its new generation is
+    /// committed (and its upload queued) before any byte reaches the cache file. After a crash
+    /// the state then says the cache file holds a write (uploaded as it is), and a cache file
+    /// that differs from a version marked as uploaded is damage, not a write (FileSystem.load).
+    /// Not synced: it only has to come before the bytes, which a killed daemon keeps in order.
+    private func markBeingWritten(_ ino: UInt64) throws {
+        try withLock {
+            guard let n = nodes[ino], !n.unpersisted else { return }
+            n.rec.contentGen += 1
+            let rec = n.rec, named = n.nlink > 0, delay = uploadDelay
+            try persist { tx in
+                try tx.upsert(rec)
+                if named { try tx.enqueue(ino, delay: delay) }
+            }
+            n.unpersisted = true
+        }
+    }
+
     /// Writes `count` bytes from `data` at `offset`; returns how many were written.
     public func write(_ fh: UInt64, offset: Int64, count: Int, from data: UnsafeRawPointer) throws -> Int {
         let (ino, fd, canWrite) = try handle(fh)
@@ -180,6 +198,7 @@ extension FileSystem {
         if offset < 0 { throw FSError.invalid }
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
+        try markBeingWritten(ino)
         var done = 0
         var freedForThis = false
         while done < count {

@@ -133,6 +133,7 @@ public final class FileSystem: @unchecked Sendable {
         var repairs: [InodeRecord] = []
         var lost: [UInt64] = []
         var dropped: [UInt64] = []
+        var damaged: [UInt64] = []
         try state.write { tx in
             for r in try tx.allInodes() { nodes[r.ino] = Node(r) }
             if nodes[rootIno] == nil {
@@ -180,6 +181,16 @@ public final class FileSystem: @unchecked Sendable {
                     lost.append(node.rec.ino)
                     continue
                 }
+                if let actual, actual != node.rec.size, let up = try tx.uploadState(node.rec.ino),
+                   up.uploadedContentGen == node.rec.contentGen,
+                   try tx.entries(of: node.rec.ino).contains(where: { $0.remoteVersion != nil }) {
+                    // No write was under way (a write marks the file first): the cache file was
+                    // damaged or cut short outside ubiq. The store has the bytes: fetched anew.
+                    node.rec.present = false
+                    try tx.upsert(node.rec)
+                    damaged.append(node.rec.ino)
+                    continue
+                }
                 if actual == nil || actual! != node.rec.size {
                     node.rec.size = actual ?? 0
                     if actual == nil { try cache.createEmpty(node.rec.ino) }
@@ -195,6 +206,10 @@ public final class FileSystem: @unchecked Sendable {
         for ino in dropped { cache.remove(ino) }
         for r in repairs { logger.warning("recovered size of inode \(r.ino) from its cache file: \(r.size) bytes") }
         for ino in lost { logger.warning("the cache file of inode \(ino) is gone; its content is in the store: a placeholder again") }
+        for ino in damaged {
+            cache.remove(ino)
+            logger.warning("the cache file of inode \(ino) was changed outside ubiq (its size is not the recorded one); its content is in the store: a placeholder again")
+        }
     }
 
     // MARK: - Helpers (call with `lock` held unless noted)

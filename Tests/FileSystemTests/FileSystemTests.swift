@@ -344,6 +344,37 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(after == before)
     }
 
+    /// A crash in the middle of an in-place write to a file whose bytes were in the store (the
+    /// size unchanged): after the restart the file shows what reached its cache file, and that
+    /// goes up, so this device and the store agree.
+    @Test func aWriteCutByACrashIsUploadedAsItIs() throws {
+        let d = try Device(store: try newStore())
+        try d.write("f", "abcdef")
+        d.sync()
+        let fh = try d.fs.open(try d.ino("f"), flags: O_WRONLY)
+        _ = try "XY".withCString { try d.fs.write(fh, offset: 0, count: 2, from: $0) }
+        try d.open()  // the daemon died: no close, no fsync
+        #expect(try d.read("f") == "XYcdef")
+        d.sync()
+        let b = try Device(store: d.store)
+        #expect(try b.read("f") == "XYcdef")
+    }
+
+    /// A cache file cut short outside ubiq, of a file whose bytes are in the store and that no
+    /// write was changing: damage, not a write. The file is fetched from the store again, and
+    /// nothing goes up over the store's version.
+    @Test func aCacheFileCutShortOutsideUbiqIsFetchedAgain() throws {
+        let d = try Device(store: try newStore())
+        try d.write("f", "abcdef")
+        d.sync()
+        let ino = try d.ino("f")
+        #expect(truncate(d.dir.appendingPathComponent("cache/\(ino)").path, 3) == 0)
+        try d.open()
+        #expect(try d.read("f") == "abcdef")
+        d.sync()
+        #expect(try runBlocking { try await d.store.head("f") }.size == 6)
+    }
+
     @Test func writesNotYetCommittedAreRecoveredFromTheCache() throws {
         let d = try Device(store: try newStore())
         try d.write("f", "abc")

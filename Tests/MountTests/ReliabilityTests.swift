@@ -124,7 +124,12 @@ import Testing
             rounds += 1
         }
         print("crash seed \(seed): \(rounds) SIGKILLs survived, \(operations) acknowledged operations checked")
-        expectOK(a.unmount(), "the outbox drains at unmount")
+        // The queue drains (through the store's faults), then the unmount.
+        let drained = eventually(a, "\(ubiqBinary) sync . >/dev/null; \(ubiqBinary) status -r . | grep -Eq '^ *([0-9]+) items: \\1 current$'", seconds: 120)
+        expectOK(drained, "seed \(seed): the queue drains: \(a.ubiq("status -r \(a.mnt)").out)")
+        let unmounted = a.unmount()
+        expectOK(unmounted)
+        #expect(unmounted.out.contains("All changes are in the store"), "\(unmounted.out)")
         let integrity = shell("python3 -c \"import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('PRAGMA integrity_check').fetchone()[0])\" \(a.state)/state.db")
         #expect(integrity.out.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "state database: \(integrity.out)\(integrity.err)")
         let b = try MountFixture(store: a.store, name: "device-b")
