@@ -125,13 +125,20 @@ public final class S3Client: Sendable {
     /// GETs `key` and writes the body into `fd` from `offset` as it arrives (no copy of the
     /// whole in memory); returns the bytes written. Failures are mapped and retried as `send`'s;
     /// a failure to write the local file is thrown at once.
+    /// `accept`: whether the answer's headers name the object wanted; when they do not, nothing
+    /// is written and the answer counts as a failed precondition (412).
     public func download(key: String, query: [(String, String)] = [], headers: [String: String] = [:],
-                         into fd: Int32, at offset: Int64) async throws -> Int64 {
+                         into fd: Int32, at offset: Int64,
+                         accept: @Sendable (HTTPHeaders) -> Bool = { _ in true }) async throws -> Int64 {
         try await retrying(.GET, key) {
             let response = try await http.execute(prepare(.GET, key: key, query: query, headers: headers, body: .none), timeout: timeout)
             let status = Int(response.status.code)
             guard status == 200 || status == 206 else {
                 return .answered(S3Response(status: status, headers: response.headers, body: try await response.body.collect(upTo: 1 << 20)))
+            }
+            guard accept(response.headers) else {
+                for try await _ in response.body {}  // read to the end, so the connection can serve again
+                return .answered(S3Response(status: 412, headers: response.headers, body: ByteBuffer()))
             }
             var written: Int64 = 0
             for try await buffer in response.body {

@@ -180,16 +180,35 @@ public struct S3Objects: Sendable {
 
     /// Bytes `range` of `version` (clamped to the object).
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
-        try await pinned(key, version: version, range: range, empty: Data()) { query, headers in
-            try await send(.GET, key, query: query, headers: headers).data
+        let v = Version(version)
+        return try await pinned(key, version: version, range: range, empty: Data()) { query, headers in
+            let r = try await send(.GET, key, query: query, headers: headers)
+            guard Self.serves(v, etag: r.header("ETag"), versionID: r.header("x-amz-version-id")) else {
+                throw StoreError.preconditionFailed(key: key, current: nil)
+            }
+            return r.data
         }
     }
 
     /// `read`, written into `fd` at `offset` as the bytes arrive.
     public func read(_ key: String, version: String, range: Range<Int64>, into fd: Int32, at offset: Int64) async throws -> Int64 {
-        try await pinned(key, version: version, range: range, empty: 0) { query, headers in
-            try await client.download(key: prefix + key, query: query, headers: headers, into: fd, at: offset)
+        let v = Version(version)
+        return try await pinned(key, version: version, range: range, empty: 0) { query, headers in
+            try await client.download(key: prefix + key, query: query, headers: headers, into: fd, at: offset,
+                                      accept: { Self.serves(v, etag: $0.first(name: "ETag"), versionID: $0.first(name: "x-amz-version-id")) })
         }
+    }
+
+    /// Whether an answer's headers name `v`: the version id where the bucket has them, else
+    /// the ETag. A server that ignored the pin (`If-Match` unheeded, a proxy's stale copy)
+    /// sends another version's bytes: they are refused, never mixed into a file.
+    static func serves(_ v: Version, etag: String?, versionID: String?) -> Bool {
+        if let id = v.id {
+            guard let versionID else { return true }  // a server that does not say
+            return versionID == id
+        }
+        guard let etag else { return true }
+        return quoted(etag) == quoted(v.etag)
     }
 
     /// A ranged GET pinned to `version` (by version id, else `If-Match` on the ETag): a version

@@ -5,6 +5,20 @@ import UbiqStore
 
 /// The object operations of the S3 store on a real SeaweedFS, in a bucket without
 /// versioning and in one with it.
+/// Bytes of another version are refused: a server that ignores `If-Match` on a GET, or a
+/// proxy's stale copy, answers with another ETag (or version id), and the read fails as "that
+/// version is gone" instead of mixing those bytes into a file.
+@Test func anAnswerNamingAnotherVersionIsRefused() {
+    let plain = S3Objects.Version("\"abc\"~0123456789ab")
+    #expect(S3Objects.serves(plain, etag: "\"abc\"", versionID: nil))
+    #expect(S3Objects.serves(plain, etag: "abc", versionID: nil))
+    #expect(!S3Objects.serves(plain, etag: "\"def\"", versionID: nil))
+    let versioned = S3Objects.Version("v1 \"abc\"")
+    #expect(S3Objects.serves(versioned, etag: "\"abc\"", versionID: "v1"))
+    #expect(!S3Objects.serves(versioned, etag: "\"abc\"", versionID: "v2"))
+    #expect(S3Objects.serves(versioned, etag: nil, versionID: nil))  // a server that says nothing is taken at its word
+}
+
 @Suite struct S3ObjectsTests {
     let meta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mtimeNs: 1_700_000_000_123_456_789,
                               xattrs: ["user.color": Data("blue".utf8)])
