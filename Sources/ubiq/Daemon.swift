@@ -121,10 +121,13 @@ struct Daemon {
         uploader.deviceName = ConflictName.deviceLabel(ProcessInfo.processInfo.hostName.split(separator: ".").first
             .map(String.init) ?? "host") + "-" + deviceID.prefix(4)
         // Each chunk is one request: over HTTP, 4 MiB ones read a 256 MiB object cold at about
-        // twice the speed of 1 MiB ones, for a few ms more before the first byte (docs/s3.md).
+        // twice the speed of 1 MiB ones, for a few ms more before the first byte, and 8 of 8 MiB
+        // at once another sixth faster than 4 of 4 MiB, as fast as one plain GET (docs/s3.md).
         var chunkSize: Int64 = 1 << 20
-        if case .s3 = plan.store { chunkSize = 4 << 20 }
-        let materializer = Materializer(store: store, state: state, cache: cache, logger: logger, chunkSize: chunkSize)
+        var parallelism = 4
+        if case .s3 = plan.store { chunkSize = 8 << 20; parallelism = 8 }
+        let materializer = Materializer(store: store, state: state, cache: cache, logger: logger, chunkSize: chunkSize,
+                                        parallelism: parallelism)
         materializer.readTimeout = plan.readTimeout
         let fs: FileSystem
         do {
