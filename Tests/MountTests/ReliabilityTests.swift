@@ -89,7 +89,7 @@ import Testing
     @Test func sigkillAtRandomMomentsLosesNothingAcknowledged() throws {
         let seed = Self.seed()
         print("crash seed \(seed) (replay: UBIQ_SEED=\(seed))")
-        var rng = SplitMix(seed: UInt64(seed))
+        var rng = UInt64(seed)  // kill times from the seed (a linear congruential step per round)
         // The store fails, loses answers and cuts reads now and then too: a crash right after a
         // write whose answer was lost is the case that brings deleted files back.
         let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1",
@@ -108,7 +108,8 @@ import Testing
             load.standardOutput = FileHandle(forWritingAtPath: out)
             load.standardError = load.standardOutput
             try load.run()
-            usleep(UInt32(200_000 + rng.next() % 1_300_000))
+            rng = rng &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            usleep(UInt32(200_000 + (rng >> 33) % 1_300_000))
             #expect(a.signalDaemon(SIGKILL), "round \(rounds): the daemon survived SIGKILL")
             let deadline = Date(timeIntervalSinceNow: 30)
             while load.isRunning && Date() < deadline { usleep(20_000) }
@@ -197,18 +198,5 @@ extension ReliabilityTests {
         let b = try MountFixture(store: m.store, name: "device-b")
         defer { b.cleanup() }
         expectOK(b.sh("[ \"$(cat queued)\" = waiting ]"), "what waited went up")
-    }
-}
-
-/// A small seeded generator (splitmix64), so that a seed replays the same kill times.
-struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
