@@ -56,6 +56,9 @@ public final class S3Client: Sendable {
         var config = HTTPClient.Configuration()
         config.timeout = .init(connect: .seconds(10), read: .seconds(60))
         config.connectionPool.retryConnectionEstablishment = false
+        // AHC keeps 8 connections a host by default: fewer than the 8 chunk downloads, 4 part
+        // uploads and 16 metadata HEADs a mount may have under way at once.
+        config.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = 32
         return HTTPClient(eventLoopGroupProvider: .singleton, configuration: config)
     }()
 
