@@ -40,7 +40,17 @@ public struct Importer {
     @discardableResult
     public func run() throws -> Report {
         let store = self.store
-        let objects = try runBlocking { try await store.list(prefix: "") }
+        // Asked again a moment later when the store fails transiently: besides the placeholders,
+        // this listing is where leftovers of this device's unanswered uploads are found (below).
+        var objects: [ObjectInfo] = []
+        for attempt in 0 ..< 4 {
+            do {
+                objects = try runBlocking { try await store.list(prefix: "") }
+                break
+            } catch let e as StoreError where e.isTransient && attempt < 3 {
+                usleep(UInt32(200_000 << attempt))
+            }
+        }
         var report = Report()
         try state.write { tx in
             let known = try tx.remoteKeys()
