@@ -624,9 +624,13 @@ public final class Uploader: @unchecked Sendable {
     private func leftoverOfOurs(_ key: String) throws -> String? {
         let store = self.store
         let info = try runBlocking { try await store.head(key) }
-        guard let origin = info.metadata.origin, origin.hasPrefix(deviceID + ":") else { return nil }
-        let recorded = try state.read { try $0.entries(remoteKey: key).contains { $0.remoteVersion == info.version } }
-        return recorded ? nil : info.version
+        return try isUnrecordedOfOurs(info, at: key) ? info.version : nil
+    }
+
+    /// Whether `info`, the store's version at `key`, is one this device wrote that no item here records.
+    private func isUnrecordedOfOurs(_ info: ObjectInfo, at key: String) throws -> Bool {
+        guard let origin = info.metadata.origin, origin.hasPrefix(deviceID + ":") else { return false }
+        return try !state.read { try $0.entries(remoteKey: key).contains { $0.remoteVersion == info.version } }
     }
 
     /// `over(version, copy)`: write again over the store's `version` (nil: the key is free
@@ -656,8 +660,7 @@ public final class Uploader: @unchecked Sendable {
         }
         // This device's own upload whose answer never came, from an item since deleted or
         // renamed here: nothing of another device's to keep, so this write goes over it.
-        if !isDir, let o = info.metadata.origin, o.hasPrefix(deviceID + ":"),
-           try state.read({ tx in try !tx.entries(remoteKey: key).contains { $0.remoteVersion == info.version } }) {
+        if !isDir, try isUnrecordedOfOurs(info, at: key) {
             trace("\(key): our own unrecorded upload \(info.version) is written over")
             return .over(info.version, copy: nil)
         }
