@@ -75,8 +75,9 @@ final class ControlServer: @unchecked Sendable {
             let peer = cubiq_peer_uid(c)
             if peer != Int64(getuid()) && peer != 0 {
                 logger.warning("control socket: refused a connection from uid \(peer)")
-                _ = Self.send(c, ["ok": false, "error": "this mount's control belongs to uid \(getuid())"])
-                close(c)
+                let t = Thread { Self.refuse(c) }
+                t.name = "ubiq-control-refuse"
+                t.start()
                 continue
             }
             let t = Thread { [self] in
@@ -86,6 +87,24 @@ final class ControlServer: @unchecked Sendable {
             t.name = "ubiq-control-conn"
             t.start()
         }
+    }
+
+    /// Answers a connection it will not serve, then waits (a second at most) for the client's
+    /// request before closing: closed at once, the client's write of its request could fail
+    /// with EPIPE before it reads why.
+    private static func refuse(_ c: Int32) {
+        _ = send(c, ["ok": false, "error": "this mount's control belongs to uid \(getuid())"])
+        shutdown(c, Int32(SHUT_WR))
+        var tv = timeval(tv_sec: 1, tv_usec: 0)
+        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        var buf = [UInt8](repeating: 0, count: 4096)
+        var drained = 0
+        while drained < 1 << 16 {
+            let n = read(c, &buf, buf.count)
+            if n <= 0 { break }
+            drained += n
+        }
+        close(c)
     }
 
     /// Answers requests, a line each, until the client closes (or a stream ends).

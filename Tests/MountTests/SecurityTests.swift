@@ -25,8 +25,9 @@ import Testing
         let sock = m.state + "/control.sock"
         expectOK(shell("chmod 711 '\(m.base)' '\(m.state)' && chmod 666 '\(sock)'"))
         let client = """
-            import json, socket, sys
+            import json, socket, sys, time
             s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+            time.sleep(0.3)  # a slow client still reads why it is refused (not EPIPE on its write)
             s.sendall(b'{"op":"status"}\\n'); print(s.recv(4096).decode())
             """
         let script = m.base + "/client.py"
