@@ -39,6 +39,7 @@ let package = Package(
         .target(name: "UbiqCoordinator"),
         .target(name: "UbiqSync", dependencies: [
             "UbiqStore", "UbiqState", "UbiqCoordinator",
+            .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "UbiqFS", dependencies: [

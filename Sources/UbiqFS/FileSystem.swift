@@ -124,6 +124,8 @@ public final class FileSystem: @unchecked Sendable {
             if conflict, let poll = self?.remoteRetry.withLock({ $0 }) { poll() }
         }
         materializer.setCompletion { [weak self] ino in self?.contentArrived(ino) }
+        // Bytes thrown away (they did not match their digest) may be in the kernel's cache.
+        materializer.setRejection { [weak self] ino in self?.kernelCache.withLock { $0 }?(ino) }
         resumePinnedDownloads()
     }
 

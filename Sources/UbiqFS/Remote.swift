@@ -102,7 +102,7 @@ extension FileSystem {
                 return e
             }
             if let adopt {
-                try persist { tx in try tx.recordRemote(entryID: adopt.id, key: key, version: info.version, tag: info.contentTag) }
+                try persist { tx in try tx.recordRemote(entryID: adopt.id, key: key, version: info.version, tag: info.contentTag, digest: info.metadata.sha256) }
                 // Its mode, owner, times and xattrs come too, unless changed here (a folder this
                 // device made and has not uploaded yet keeps its own, to be uploaded on top). A
                 // folder made here as the parent of a child the store sent first has none of its own.
@@ -148,7 +148,8 @@ extension FileSystem {
                 try tx.upsert(rec)
                 try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
                 try tx.insertEntry(parent: parent, name: name, ino: ino, remoteKey: remote?.key,
-                                   remoteVersion: remote?.version, remoteTag: remote?.contentTag)
+                                   remoteVersion: remote?.version, remoteTag: remote?.contentTag,
+                                   remoteDigest: remote?.metadata.sha256)
                 try tx.replaceXattrs(ino, xattrs)
             }
             attachLocked(rec, in: dir, name: name).xattrs = xattrs
@@ -219,7 +220,7 @@ extension FileSystem {
                 let rec = n.rec, xattrs = n.xattrs
                 try persist { tx in
                     try tx.upsert(rec)
-                    try tx.recordRemote(entryID: e.id, key: info.key, version: info.version, tag: info.contentTag)
+                    try tx.recordRemote(entryID: e.id, key: info.key, version: info.version, tag: info.contentTag, digest: info.metadata.sha256)
                     try tx.replaceXattrs(ino, xattrs)
                     if contentChanged { try tx.removeDownload(ino) }
                 }

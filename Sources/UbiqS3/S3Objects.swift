@@ -277,7 +277,8 @@ public struct S3Objects: Sendable {
         let v = Version(version)
         let from = try await head(source)
         if v.id == nil, from.contentTag != v.etag { throw StoreError.notFound(key: source) }
-        let meta = metadata ?? from.metadata
+        // The digest follows the bytes: the source's, when the version read is the one copied.
+        let meta = (metadata ?? from.metadata).describing(digest: from.contentTag == v.etag ? from.metadata.sha256 : nil)
         let text = try await encode(meta, key: destination)
         var headers = try await conditions(condition, at: destination)
         var copySource = SigV4.encodePath("/" + client.endpoint.bucket + "/" + prefix + source)

@@ -53,6 +53,9 @@ public struct EntryRecord: Sendable, Equatable {
     public var remoteVersion: String?
     /// The store's content tag of that version (see `ObjectInfo.contentTag`).
     public var remoteTag: String? = nil
+    /// The SHA-256 written beside that version's bytes (`ObjectMetadata.sha256`): a download
+    /// of it is checked against this.
+    public var remoteDigest: String? = nil
 }
 
 /// What the uploader has yet to do for an inode.
@@ -179,6 +182,9 @@ public final class LocalState: Sendable {
             try db.execute(sql: """
                 CREATE TABLE kv (key TEXT PRIMARY KEY, doc BLOB NOT NULL, pending INTEGER NOT NULL DEFAULT 0);
                 """)
+        }
+        m.registerMigration("v8: content digests") { db in
+            try db.execute(sql: "ALTER TABLE entries ADD COLUMN remote_digest TEXT")
         }
         return m
     }
@@ -359,11 +365,13 @@ public struct StateTransaction {
     // MARK: entries
 
     public func insertEntry(parent: UInt64, name: [UInt8], ino: UInt64,
-                            remoteKey: String? = nil, remoteVersion: String? = nil, remoteTag: String? = nil) throws {
+                            remoteKey: String? = nil, remoteVersion: String? = nil, remoteTag: String? = nil,
+                            remoteDigest: String? = nil) throws {
         try db.cachedStatement(sql: """
-            INSERT INTO entries (parent, name, ino, remote_key, remote_version, remote_tag) VALUES (?, ?, ?, ?, ?, ?)
+            INSERT INTO entries (parent, name, ino, remote_key, remote_version, remote_tag, remote_digest)
+            VALUES (?, ?, ?, ?, ?, ?, ?)
             """).execute(arguments: [Int64(bitPattern: parent), Data(name), Int64(bitPattern: ino), remoteKey,
-                                     remoteVersion, remoteTag])
+                                     remoteVersion, remoteTag, remoteDigest])
     }
 
     /// Removes an entry; if its object is in the store, records a tombstone so
@@ -415,16 +423,16 @@ public struct StateTransaction {
             .map(Self.entryRecord)
     }
 
-    public func setRemote(entryID: Int64, key: String?, version: String?, tag: String? = nil) throws {
-        try db.execute(cached: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ? WHERE id = ?",
-                       arguments: [key, version, tag, entryID])
+    public func setRemote(entryID: Int64, key: String?, version: String?, tag: String? = nil, digest: String? = nil) throws {
+        try db.execute(cached: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ?, remote_digest = ? WHERE id = ?",
+                       arguments: [key, version, tag, digest, entryID])
     }
 
     /// Records that entry `entryID`'s object now sits at `key`@`version`. If the
     /// entry was removed meanwhile, the object is an orphan: a tombstone deletes it.
-    public func recordRemote(entryID: Int64, key: String, version: String, tag: String? = nil) throws {
-        try db.execute(cached: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ? WHERE id = ?",
-                       arguments: [key, version, tag, entryID])
+    public func recordRemote(entryID: Int64, key: String, version: String, tag: String? = nil, digest: String? = nil) throws {
+        try db.execute(cached: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ?, remote_digest = ? WHERE id = ?",
+                       arguments: [key, version, tag, digest, entryID])
         if db.changesCount == 0 { try addTombstone(key: key, version: version) }
     }
 
@@ -459,7 +467,7 @@ public struct StateTransaction {
     static func entryRecord(_ r: Row) -> EntryRecord {
         EntryRecord(id: r["id"], parent: UInt64(bitPattern: r["parent"]), name: [UInt8](r["name"] as Data),
                     ino: UInt64(bitPattern: r["ino"]), remoteKey: r["remote_key"], remoteVersion: r["remote_version"],
-                    remoteTag: r["remote_tag"])
+                    remoteTag: r["remote_tag"], remoteDigest: r["remote_digest"])
     }
 
     // MARK: the change feed

@@ -25,13 +25,24 @@ public struct ObjectMetadata: Codable, Sendable, Equatable {
     public var origin: String?
     /// The writing device's name, for people (conflict copies are named after it).
     public var device: String?
+    /// SHA-256 of the content (hex), set by the device that wrote the bytes. It follows the
+    /// bytes: a copy keeps its source version's digest whatever metadata it is given. A device
+    /// checks a download against it (nil: another tool wrote the object; nothing to check).
+    public var sha256: String?
 
     public init(kind: ObjectKind, mode: UInt32 = 0o644, uid: UInt32 = 0, gid: UInt32 = 0,
                 mtimeNs: Int64 = 0, rdev: UInt64 = 0, target: Data? = nil,
-                xattrs: [String: Data] = [:], origin: String? = nil, device: String? = nil) {
+                xattrs: [String: Data] = [:], origin: String? = nil, device: String? = nil, sha256: String? = nil) {
         self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
         self.mtimeNs = mtimeNs; self.rdev = rdev; self.target = target
-        self.xattrs = xattrs; self.origin = origin; self.device = device
+        self.xattrs = xattrs; self.origin = origin; self.device = device; self.sha256 = sha256
+    }
+
+    /// These metadata with the digest of the bytes they will describe.
+    public func describing(digest: String?) -> ObjectMetadata {
+        var m = self
+        m.sha256 = digest
+        return m
     }
 }
 

@@ -212,7 +212,8 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         // Blobs are immutable and shared between versions by hard link-free reference:
         // a copy records the same blob under a new version id.
         return try install(key: destination, version: Self.newVersion(), size: src.size,
-                           metadata: metadata ?? src.meta, blob: src.blob, condition: condition)
+                           metadata: (metadata ?? src.meta).describing(digest: src.meta.sha256), blob: src.blob,
+                           condition: condition)
     }
 
     public func delete(_ key: String, condition: WriteCondition) async throws {

@@ -56,6 +56,10 @@ public final class FaultyStore: CloudStore, Sendable {
         public var lose: Double = 0
         /// Share of reads answered with fewer bytes than asked for (a cut connection).
         public var short: Double = 0
+        /// Share of reads answered with other bytes than the version asked for, as if they were
+        /// it: another version's (a server that ignores the version asked for, a stale cache),
+        /// or, when the key has no other version, the same bytes with one changed.
+        public var wrong: Double = 0
         /// Share of operations that time out: they wait `timeout` seconds, then fail as unavailable.
         public var hang: Double = 0
         public var timeout: Double = 2
@@ -64,7 +68,7 @@ public final class FaultyStore: CloudStore, Sendable {
 
         public init(seed: UInt64) { self.seed = seed }
 
-        /// `seed=7,fail=0.1,lose=0.05,short=0.1,hang=0.01,timeout=2,latency=0-20` (shares 0...1, ms).
+        /// `seed=7,fail=0.1,lose=0.05,short=0.1,wrong=0.05,hang=0.01,timeout=2,latency=0-20` (shares 0...1, ms).
         public static func parse(_ text: String) -> Chaos? {
             var c = Chaos(seed: 1)
             for part in text.split(separator: ",") {
@@ -73,9 +77,15 @@ public final class FaultyStore: CloudStore, Sendable {
                 let v = kv[1]
                 switch kv[0] {
                 case "seed": guard let n = UInt64(v) else { return nil }; c.seed = n
-                case "fail", "lose", "short", "hang":
+                case "fail", "lose", "short", "wrong", "hang":
                     guard let d = Double(v), (0 ... 1).contains(d) else { return nil }
-                    switch kv[0] { case "fail": c.fail = d; case "lose": c.lose = d; case "short": c.short = d; default: c.hang = d }
+                    switch kv[0] {
+                    case "fail": c.fail = d
+                    case "lose": c.lose = d
+                    case "short": c.short = d
+                    case "wrong": c.wrong = d
+                    default: c.hang = d
+                    }
                 case "timeout": guard let d = Double(v), d >= 0 else { return nil }; c.timeout = d
                 case "latency":
                     let r = v.split(separator: "-").compactMap { Int($0) }
@@ -88,11 +98,11 @@ public final class FaultyStore: CloudStore, Sendable {
         }
 
         public var description: String {
-            "seed=\(seed),fail=\(fail),lose=\(lose),short=\(short),hang=\(hang),timeout=\(timeout),latency=\(latencyMs.lowerBound)-\(latencyMs.upperBound)"
+            "seed=\(seed),fail=\(fail),lose=\(lose),short=\(short),wrong=\(wrong),hang=\(hang),timeout=\(timeout),latency=\(latencyMs.lowerBound)-\(latencyMs.upperBound)"
         }
     }
 
-    /// How many faults of each kind were injected so far (fail, lose, short, hang, offline, held).
+    /// How many faults of each kind were injected so far (fail, lose, short, wrong, hang, offline, held).
     public var faultsInjected: [String: Int] { injected.withLock { $0 } }
 
     private func count(_ kind: String) { injected.withLock { $0[kind, default: 0] += 1 } }
@@ -206,10 +216,31 @@ public final class FaultyStore: CloudStore, Sendable {
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
         try await check(.read)
         if let gate = held.withLock({ $0[range.lowerBound] }) { count("held"); try gate.pass() }
+        if let c = chaos, c.wrong > 0, !range.isEmpty, draw() < c.wrong {
+            count("wrong")
+            return try await wrongBytes(key, version: version, range: range)
+        }
         let data = try await inner.read(key, version: version, range: range)
         if let c = chaos, c.short > 0, data.count > 1, draw() < c.short {
             count("short")
             return data.prefix(Int(draw() * Double(data.count - 1)))  // the connection cut part-way
+        }
+        return data
+    }
+
+    /// What a read of `version` gets from a store that serves the wrong bytes: another
+    /// version's range (its length may differ, as a real one's would), else one byte changed.
+    private func wrongBytes(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        let others = try await inner.versions(of: key).filter { $0.version != version && $0.size > range.lowerBound }
+        if !others.isEmpty {
+            let other = others[Int(draw() * Double(others.count)) % others.count]
+            let data = try await inner.read(key, version: other.version, range: range)
+            if data != (try await inner.read(key, version: version, range: range)) { return data }
+        }
+        var data = try await inner.read(key, version: version, range: range)
+        if !data.isEmpty {
+            let i = data.startIndex + Int(draw() * Double(data.count)) % data.count
+            data[i] ^= 0x20
         }
         return data
     }

@@ -108,7 +108,7 @@ public struct Importer {
                         var r = r
                         r.perm = m.mode & 0o7777; r.uid = m.uid; r.gid = m.gid; r.mtimeNs = m.mtimeNs
                         try tx.upsert(r)
-                        try tx.recordRemote(entryID: e.id, key: obj.key, version: obj.version, tag: obj.contentTag)
+                        try tx.recordRemote(entryID: e.id, key: obj.key, version: obj.version, tag: obj.contentTag, digest: obj.metadata.sha256)
                         try importXattrs(tx, e.ino, m)
                         report.added += 1
                     } else {
@@ -127,7 +127,7 @@ public struct Importer {
                                           target: m.target.map { [UInt8]($0) }, present: present))
                 try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
                 try tx.insertEntry(parent: parent, name: name, ino: ino, remoteKey: obj.key, remoteVersion: obj.version,
-                                   remoteTag: obj.contentTag)
+                                   remoteTag: obj.contentTag, remoteDigest: obj.metadata.sha256)
                 try importXattrs(tx, ino, m)
                 report.added += 1
             }

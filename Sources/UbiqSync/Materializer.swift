@@ -11,9 +11,13 @@ public enum SyncError: Error, CustomStringConvertible {
     case superseded(ino: UInt64)
     /// A read waited longer than the read timeout for its bytes.
     case timedOut(key: String, seconds: Double)
+    /// The bytes the store sent do not have the digest written beside them, in every attempt.
+    case digestMismatch(key: String, attempts: Int)
 
     public var description: String {
         switch self {
+        case let .digestMismatch(key, n):
+            return "\(key): the store's bytes do not match the digest written with them (\(n) downloads); not kept"
         case let .timedOut(key, s): return "\(key): the store did not send the bytes within \(Int(s)) s"
         case .superseded(let ino): return "the download of inode \(ino) was dropped: the item changed in the store"
         case .noRemoteCopy(let ino): return "inode \(ino) has no copy in the store"
@@ -67,6 +71,12 @@ public final class Materializer: @unchecked Sendable {
     /// Content bytes brought from the store since this Materializer started.
     public var bytesFetched: Int64 { cond.lock(); defer { cond.unlock() }; return fetched }
     private var completion: @Sendable (UInt64) -> Void = { _ in }
+    private var rejection: @Sendable (UInt64) -> Void = { _ in }
+    /// Downloads thrown away because their bytes did not match their digest.
+    public var digestMismatches: Int { cond.lock(); defer { cond.unlock() }; return mismatchCount }
+    private var mismatchCount = 0
+    /// Whole downloads fetched again after a mismatch before reads fail with it.
+    public var mismatchAttempts = 3
 
     /// One file's download. Guarded by `Materializer.cond`.
     final class Job: @unchecked Sendable {
@@ -95,9 +105,19 @@ public final class Materializer: @unchecked Sendable {
         /// When progress was last saved, and whether a save is under way.
         var savedAt = Date()
         var saving = false
+        /// The SHA-256 written beside this version's bytes (nil: nothing to check).
+        let expected: String?
+        /// The digest of chunks `0 ..< hashedChunks`, taken in order as they arrive, by one
+        /// thread at a time (`hashing`).
+        var digest = ContentDigest()
+        var hashedChunks = 0
+        var hashing = false
+        /// Whole downloads whose bytes did not match `expected`.
+        var mismatches = 0
         var done: Bool { presentCount == present.count }
-        init(ino: UInt64, key: String, version: String, size: Int64, fd: Int32, chunks: Int) {
+        init(ino: UInt64, key: String, version: String, size: Int64, fd: Int32, chunks: Int, expected: String?) {
             self.ino = ino; self.key = key; self.version = version; self.size = size; self.fd = fd
+            self.expected = expected
             present = Array(repeating: false, count: chunks)
         }
     }
@@ -113,6 +133,12 @@ public final class Materializer: @unchecked Sendable {
     /// Called (on a download thread) when a file's content is wholly local and synced.
     public func setCompletion(_ done: @escaping @Sendable (UInt64) -> Void) {
         cond.lock(); completion = done; cond.unlock()
+    }
+
+    /// Called (on another thread) when bytes already in the cache file were thrown away
+    /// because the whole did not match its digest: readers may hold them in a cache.
+    public func setRejection(_ rejected: @escaping @Sendable (UInt64) -> Void) {
+        cond.lock(); rejection = rejected; cond.unlock()
     }
 
     /// Starts (or joins) the download of `ino`; its cache file exists at its full size after this.
@@ -156,7 +182,8 @@ public final class Materializer: @unchecked Sendable {
             close(fd)
             throw SyncError.local("cannot size cache file: \(String(cString: strerror(errno)))")
         }
-        let job = Job(ino: ino, key: key, version: version, size: rec.size, fd: fd, chunks: chunks)
+        let job = Job(ino: ino, key: key, version: version, size: rec.size, fd: fd, chunks: chunks,
+                      expected: entry.remoteDigest)
         if let resume {
             job.present = resume
             job.presentCount = resume.filter { $0 }.count
@@ -355,15 +382,13 @@ public final class Materializer: @unchecked Sendable {
             cond.lock()
             job.inFlight.remove(chunk)
             switch result {
+            case .success where job.expected != nil && job.presentCount + 1 == job.present.count:
+                // The chunk that completes the file: the whole is checked before a reader
+                // sees this chunk (a file of one chunk is never read unchecked).
+                if verifyLocked(job, completing: chunk) { arrivedLocked(job, chunk) }
             case .success:
-                job.present[chunk] = true
-                job.presentCount += 1
-                job.urgent.remove(chunk)
-                fetched += min(chunkSize, job.size - Int64(chunk) * chunkSize)
-                spawnWorkersLocked(job)
-                if !job.done && !job.saving && Date().timeIntervalSince(job.savedAt) >= progressInterval {
-                    saveProgressLocked(job)
-                }
+                arrivedLocked(job, chunk)
+                hashArrivedLocked(job)
             case .failure(let e):
                 job.error = e
                 job.failed[chunk] = e
@@ -392,6 +417,69 @@ public final class Materializer: @unchecked Sendable {
             cond.broadcast()
             cond.unlock()
         }
+    }
+
+    private func arrivedLocked(_ job: Job, _ chunk: Int) {
+        job.present[chunk] = true
+        job.presentCount += 1
+        job.urgent.remove(chunk)
+        fetched += min(chunkSize, job.size - Int64(chunk) * chunkSize)
+        spawnWorkersLocked(job)
+        if !job.done && !job.saving && Date().timeIntervalSince(job.savedAt) >= progressInterval {
+            saveProgressLocked(job)
+        }
+    }
+
+    /// Adds the chunks that arrived in order to the job's digest (reading them back from the
+    /// cache file, where they are in the page cache still), so checking the whole at the end
+    /// costs about one chunk. Called with `cond` held; drops it while hashing.
+    private func hashArrivedLocked(_ job: Job, including held: Int? = nil) {
+        guard job.expected != nil, !job.hashing else { return }
+        job.hashing = true
+        while job.hashedChunks < job.present.count, !job.cancelled,
+              job.present[job.hashedChunks] || job.hashedChunks == held {
+            let c = job.hashedChunks
+            let range = Int64(c) * chunkSize ..< min(job.size, Int64(c + 1) * chunkSize)
+            cond.unlock()
+            let ok = job.digest.add(job.fd, range)
+            cond.lock()
+            if !ok { break }
+            job.hashedChunks += 1
+        }
+        job.hashing = false
+        cond.broadcast()
+    }
+
+    /// Checks the whole file, `chunk` (just fetched, not yet marked present) included, against
+    /// its digest. A mismatch throws every chunk away and fetches them again, up to
+    /// `mismatchAttempts` times; after that the reads waiting for it fail. Called with `cond` held.
+    private func verifyLocked(_ job: Job, completing chunk: Int) -> Bool {
+        job.inFlight.insert(chunk)  // no other worker takes it while it is checked
+        while job.hashing { cond.wait() }
+        hashArrivedLocked(job, including: chunk)
+        job.inFlight.remove(chunk)
+        if job.cancelled { return false }
+        let got = job.hashedChunks == job.present.count ? job.digest.hex() : "unreadable"
+        if got == job.expected { return true }
+        job.mismatches += 1
+        mismatchCount += 1
+        let e = SyncError.digestMismatch(key: job.key, attempts: job.mismatches)
+        logger.error("download of \(job.key) (version \(job.version)) thrown away: its bytes have SHA-256 \(got), not \(job.expected ?? "")")
+        for c in job.present.indices { job.present[c] = false }
+        job.presentCount = 0
+        job.hashedChunks = 0
+        job.digest = ContentDigest()
+        if job.mismatches >= mismatchAttempts {
+            job.error = e
+            for c in job.urgent.union([chunk]) { job.failed[c] = e }
+        } else {
+            let first = job.urgent.union([chunk]).sorted()  // what readers wait for comes first
+            job.wanted = first + job.wanted.filter { !first.contains($0) }
+            spawnWorkersLocked(job)
+        }
+        let rejected = rejection, ino = job.ino
+        DispatchQueue.global().async { rejected(ino) }
+        return false
     }
 
     /// Saves the progress of every download under way and waits for it (at unmount, so the

@@ -374,6 +374,8 @@ public final class Uploader: @unchecked Sendable {
         defer {
             if let staged, stagedIsCopy { unlink(staged.path) }
             if let heldClaim { coordinator.release(heldClaim) }
+            // Kept until the upload is recorded (else the percent would read 0 in between).
+            progress.set(ino, nil)
         }
         let store = self.store
 
@@ -409,13 +411,17 @@ public final class Uploader: @unchecked Sendable {
                 } else {
                     let condition: WriteCondition = (entry.remoteKey == key && entry.remoteVersion != nil)
                         ? .ifMatch(entry.remoteVersion!) : .ifAbsent
-                    let meta = metadata(s, generation: s.rec.contentGen)
+                    // The digest of the staged bytes goes with them (checked by every download).
+                    var described = metadata(s, generation: s.rec.contentGen)
+                    if let staged {
+                        do { described.sha256 = try ContentDigest.of(path: staged.path) } catch { return .retry("\(error)") }
+                    }
+                    let meta = described
                     let source = staged
                     let total = max(1, s.rec.size)
                     let progress = self.progress
                     func send(_ condition: WriteCondition) throws -> ObjectInfo {
                         progress.set(ino, 0)
-                        defer { progress.set(ino, nil) }
                         let report: @Sendable (Int64) -> Void = { sent in progress.set(ino, Int(min(99, sent * 100 / total))) }
                         trace("put \(key) \(condition) ino \(ino) gen \(s.rec.contentGen)")
                         return try runBlocking {
@@ -428,8 +434,8 @@ public final class Uploader: @unchecked Sendable {
                     } catch StoreError.preconditionFailed(_, let current) {
                         switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
                                                  condition: condition, current: current) {
-                        case .adopt(let v, let tag):
-                            try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, version: v, tag: tag))
+                        case .adopt(let found):
+                            try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, found))
                             continue
                         case .wait:
                             try breakRenameCycle(entry, to: key, s)
@@ -443,7 +449,7 @@ public final class Uploader: @unchecked Sendable {
                             if let copy { setAside.append(copy.key) }
                         }
                     }
-                    try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, version: info.version, tag: info.contentTag))
+                    try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, info))
                     continue
                 }
             }
@@ -463,8 +469,8 @@ public final class Uploader: @unchecked Sendable {
                 } catch StoreError.preconditionFailed(_, let current) {
                     switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
                                              condition: .ifAbsent, current: current) {
-                    case .adopt(let v, let tag):
-                        try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, version: v, tag: tag))
+                    case .adopt(let found):
+                        try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, found))
                         continue
                     case .wait:
                         try breakRenameCycle(entry, to: key, s)
@@ -478,14 +484,14 @@ public final class Uploader: @unchecked Sendable {
                         if let aside { setAside.append(aside.key) }
                     }
                 }
-                try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, version: info.version, tag: info.contentTag))
+                try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, info))
             } else if metaDirty {
                 let meta = metadata(s, generation: s.rec.contentGen)
                 do {
                     let info = try runBlocking {
                         try await store.copy(from: key, version: oldVersion, to: key, metadata: meta, condition: .ifMatch(oldVersion))
                     }
-                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag) }
+                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag, digest: info.metadata.sha256) }
                 } catch StoreError.preconditionFailed {
                     switch try mergeMetadata(key: key, entry: entry, meta: meta, isPlaceholder: isRegular && !s.rec.present) {
                     case .merged: break
@@ -528,7 +534,7 @@ public final class Uploader: @unchecked Sendable {
                 try await store.copy(from: key, version: current.version, to: key, metadata: final, condition: .ifMatch(current.version))
             }
         } catch StoreError.preconditionFailed { return .again } catch StoreError.notFound { return .again }
-        if sameBytes { try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag) } }
+        if sameBytes { try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag, digest: info.metadata.sha256) } }
         return .merged
     }
 
@@ -594,9 +600,10 @@ public final class Uploader: @unchecked Sendable {
     /// key) gets a tombstone in the same transaction: the old object is deleted even when the
     /// delete fails now or this device stops before it (else it would come back as a file).
     /// Returns the tombstone's id.
-    private func recordAt(_ entry: EntryRecord, key: String, version: String, tag: String?) throws -> Int64? {
+    private func recordAt(_ entry: EntryRecord, key: String, _ info: ObjectInfo) throws -> Int64? {
         try state.write { tx -> Int64? in
-            try tx.recordRemote(entryID: entry.id, key: key, version: version, tag: tag)
+            try tx.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag,
+                                digest: info.metadata.sha256)
             guard let old = entry.remoteKey, old != key else { return nil }
             return try tx.addTombstone(key: old, version: entry.remoteVersion)
         }
@@ -635,7 +642,7 @@ public final class Uploader: @unchecked Sendable {
 
     /// `over(version, copy)`: write again over the store's `version` (nil: the key is free
     /// now), its content kept at `copy` first.
-    private enum Taken { case adopt(String, String?), wait, conflict(String), over(String?, copy: (key: String, version: String)?) }
+    private enum Taken { case adopt(ObjectInfo), wait, conflict(String), over(String?, copy: (key: String, version: String)?) }
 
     /// A conditional write found the key taken. Decide whose it is.
     private func resolveTaken(key: String, entryID: Int64, ino: UInt64, generation: Int64, isDir: Bool,
@@ -648,9 +655,9 @@ public final class Uploader: @unchecked Sendable {
         } catch { return .wait }
         trace("\(key) taken by \(info.version) from \(info.metadata.origin ?? "?") (ino \(ino) gen \(generation))")
         // Our own upload from before a crash, recorded in the store but not here.
-        if info.metadata.origin == origin(ino, generation) { return .adopt(info.version, info.contentTag) }
+        if info.metadata.origin == origin(ino, generation) { return .adopt(info) }
         // Folders merge: the same folder made on two devices is one folder.
-        if isDir && info.metadata.kind == .directory && condition == .ifAbsent { return .adopt(info.version, info.contentTag) }
+        if isDir && info.metadata.kind == .directory && condition == .ifAbsent { return .adopt(info) }
         // Another name of ours still sits there and is about to move away (or be deleted).
         if condition == .ifAbsent {
             let held = try state.read { tx in

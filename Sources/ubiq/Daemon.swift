@@ -70,7 +70,7 @@ struct Daemon {
             var chaos: FaultyStore.Chaos?
             if let text = env["UBIQ_STORE_CHAOS"], !text.isEmpty {
                 guard let c = FaultyStore.Chaos.parse(text) else {
-                    die("UBIQ_STORE_CHAOS: cannot read \(text.debugDescription) (e.g. seed=7,fail=0.1,lose=0.05,short=0.1,hang=0.01,timeout=2,latency=0-20)")
+                    die("UBIQ_STORE_CHAOS: cannot read \(text.debugDescription) (e.g. seed=7,fail=0.1,lose=0.05,short=0.1,wrong=0.05,hang=0.01,timeout=2,latency=0-20)")
                 }
                 chaos = c
             }
@@ -185,6 +185,9 @@ struct Daemon {
         logger.info("unmounting (loop ended with \(status))")
         if let stats = server.operationStats { logger.info("operation times: \(stats)") }
         logger.info("fetched \(materializer.bytesFetched) content bytes from the store in this run")
+        if materializer.digestMismatches > 0 {
+            logger.warning("\(materializer.digestMismatches) downloads thrown away in this run: their bytes did not match their digest")
+        }
         feed.stop()
         control.stop()
         server.unmount()

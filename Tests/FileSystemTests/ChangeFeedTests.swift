@@ -186,6 +186,69 @@ import UbiqStore
         #expect(Date().timeIntervalSince(start) < 10)
     }
 
+    /// A store that serves other bytes than the version asked for, as if they were it (another
+    /// version's, or changed in transit): each download is checked against the SHA-256 its
+    /// writer stored beside the bytes, and a mismatch is fetched again, so a read gets the right
+    /// bytes or an error, never others. The digest follows the bytes through a chmod (a copy).
+    @Test func bytesThatDoNotMatchTheirDigestAreNeverKept() async throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        func text(_ i: Int, _ round: Int) -> String { "file \(i), version \(round): " + String(repeating: "\(i)", count: 2000 * (i + 1)) }
+        for round in 0 ..< 3 {  // older versions, for a wrong read to serve
+            for i in 0 ..< 8 { try a.write("f\(i)", text(i, round)) }
+            a.sync()
+        }
+        var big = Data(count: 3 << 20 + 12345)  // four chunks
+        for i in big.indices { big[i] = UInt8(truncatingIfNeeded: i &* 31 &+ i >> 11) }
+        try a.write("big", String(decoding: big.map { 0x41 + $0 % 26 }, as: UTF8.self))
+        a.sync()
+        _ = try a.fs.setattr(try a.ino("f0"), AttributeChanges(mode: 0o600), caller: .root)
+        a.sync()
+        let f0 = try await store.head("f0")
+        #expect(f0.metadata.mode & 0o777 == 0o600)
+        let f0Digest = try ContentDigest.of(path: a.dir.appendingPathComponent("cache/\(try a.ino("f0"))").path)
+        #expect(f0.metadata.sha256 == f0Digest && f0Digest.count == 64)
+
+        let faulty = FaultyStore(store)
+        var chaos = FaultyStore.Chaos(seed: 7)
+        chaos.wrong = 0.3
+        faulty.setChaos(chaos)
+        let b = try Device(store: store, remote: faulty)
+        for i in 0 ..< 8 {
+            var got: String?
+            for _ in 0 ..< 20 where got == nil { got = try? b.read("f\(i)") }
+            #expect(got == text(i, 2), "f\(i)")
+        }
+        // Four chunks: the first ones are read before the whole can be checked; once the
+        // download completes, what is kept is the right file.
+        let ino = try b.ino("big")
+        var complete = false
+        for _ in 0 ..< 20 where !complete { complete = (try? b.materializer.fetch(ino)) != nil }
+        #expect(complete)
+        #expect(try b.fs.getattr(ino).blocks * 512 >= Int64(big.count))
+        let kept = try Data(contentsOf: b.dir.appendingPathComponent("cache/\(ino)"))
+        #expect(kept == Data(big.map { 0x41 + $0 % 26 }))
+        #expect(faulty.faultsInjected["wrong", default: 0] > 0)
+        #expect(b.materializer.digestMismatches > 0)
+
+        // A store that never sends the right bytes: reads fail, nothing is kept.
+        var always = FaultyStore.Chaos(seed: 8)
+        always.wrong = 1
+        faulty.setChaos(always)
+        try a.write("f1", "new")
+        a.sync()
+        b.pull()
+        do {
+            let got = try b.read("f1")
+            Issue.record("a read of bytes that never match their digest returned \(got.debugDescription)")
+        } catch {
+            #expect("\(error)".contains("do not match the digest"), "\(error)")
+        }
+        #expect(try b.fs.getattr(try b.ino("f1")).blocks == 0)
+        faulty.setChaos(nil)
+        #expect(try b.read("f1") == "new")
+    }
+
     @Test func aMetadataChangeKeepsTheLocalCopy() throws {
         let store = try newStore()
         let a = try Device(store: store)

@@ -61,15 +61,16 @@ final class S3Server: @unchecked Sendable {
 /// objects other tools wrote, keys that are not names, and a server that is down.
 @Suite(.serialized) struct S3MountTests {
     /// Two devices on one bucket whose store (as each device sees it) fails 15% of operations,
-    /// loses 10% of the answers to writes and cuts 15% of reads short: random POSIX work and a
-    /// file big enough to go up in parts reach the other device whole, with no conflict copy,
-    /// and the writing device keeps its own folders' modes and xattrs.
+    /// loses 10% of the answers to writes, cuts 15% of reads short and answers 5% with other
+    /// bytes than the version asked for: random POSIX work and a file big enough to go up in
+    /// parts reach the other device whole, with no conflict copy, and the writing device keeps
+    /// its own folders' modes and xattrs.
     @Test func aFlakyS3StoreLosesNothing() throws {
         let seed = ProcessInfo.processInfo.environment["UBIQ_SEED"].flatMap(Int.init) ?? Int.random(in: 1 ... 1_000_000)
         print("s3 chaos seed \(seed) (replay: UBIQ_SEED=\(seed))")
         let s3 = try S3Server.shared()
         let bucket = s3.bucket("chaos")
-        let chaos = "fail=0.15,lose=0.1,short=0.15,latency=0-3"
+        let chaos = "fail=0.15,lose=0.1,short=0.15,wrong=0.05,latency=0-3"
         let a = try s3.mount(bucket, extra: "--upload-delay 0 --poll-interval 1",
                              daemonEnv: ["UBIQ_STORE_CHAOS": "seed=\(seed),\(chaos)"])
         defer { a.cleanup() }
