@@ -203,7 +203,10 @@ public final class Materializer: @unchecked Sendable {
         let upper = min(range.upperBound, job.size)
         if range.lowerBound >= upper { return }
         let first = Int(range.lowerBound / chunkSize), last = Int((upper - 1) / chunkSize)
-        let needed = (first ... last).filter { !job.present[$0] }
+        // Once a download of this file was thrown away (its bytes did not match their digest),
+        // nothing of it is read until a whole download passes the check: a read waits for all.
+        let needed = job.mismatches > 0 ? job.present.indices.filter { !job.present[$0] }
+                                        : (first ... last).filter { !job.present[$0] }
         // Sequential reads (this one starts within a chunk of where the last ended) grow the
         // window, also when their bytes are here already (fetched ahead for them).
         if job.lastReadEnd >= 0 && abs(range.lowerBound - job.lastReadEnd) <= chunkSize {
@@ -341,7 +344,9 @@ public final class Materializer: @unchecked Sendable {
         guard completeInBackground else { return false }
         var i = job.nextSequential
         while i < job.present.count && (job.present[i] || job.inFlight.contains(i)) { i += 1 }
-        return i < job.present.count
+        if i < job.present.count { return true }
+        // A chunk passed over earlier (its fetch failed): what `takeChunk` falls back to.
+        return job.present.indices.contains { !job.present[$0] && !job.inFlight.contains($0) }
     }
 
     private func urgentAvailable(_ job: Job, _ c: Int) -> Bool {
@@ -460,13 +465,20 @@ public final class Materializer: @unchecked Sendable {
         job.inFlight.remove(chunk)
         if job.cancelled { return false }
         let got = job.hashedChunks == job.present.count ? job.digest.hex() : "unreadable"
-        if got == job.expected { return true }
+        let rejected = rejection, ino = job.ino
+        if got == job.expected {
+            // Pages of an attempt thrown away may have reached the kernel's cache after it was
+            // dropped (a read under way then): dropped again, now that the bytes are right.
+            if job.mismatches > 0 { DispatchQueue.global().async { rejected(ino) } }
+            return true
+        }
         job.mismatches += 1
         mismatchCount += 1
         let e = SyncError.digestMismatch(key: job.key, attempts: job.mismatches)
         logger.error("download of \(job.key) (version \(job.version)) thrown away: its bytes have SHA-256 \(got), not \(job.expected ?? "")")
         for c in job.present.indices { job.present[c] = false }
         job.presentCount = 0
+        job.nextSequential = 0  // the background fetch starts over
         job.hashedChunks = 0
         job.digest = ContentDigest()
         if job.mismatches >= mismatchAttempts {
@@ -477,7 +489,6 @@ public final class Materializer: @unchecked Sendable {
             job.wanted = first + job.wanted.filter { !first.contains($0) }
             spawnWorkersLocked(job)
         }
-        let rejected = rejection, ino = job.ino
         DispatchQueue.global().async { rejected(ino) }
         return false
     }

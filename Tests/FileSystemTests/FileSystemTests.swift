@@ -669,6 +669,28 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(try read(d, fh, chunk, 100) == Array(bytes[Int(chunk) ..< Int(chunk) + 100]))
     }
 
+    /// A background download halted by a chunk whose fetches failed (the chunks after it
+    /// arrived) goes on when asked again (`ubiq download`), with no reader: before, the
+    /// passed-over chunk was found only by a read, and the download stayed halted.
+    @Test func aDownloadHaltedByAFailedChunkGoesOnWhenAskedAgain() throws {
+        let (store, _) = try Self.storeWithFile(6 << 20)
+        let faulty = FaultyStore(store)
+        let d = try Device(store: store, remote: faulty)
+        let ino = try d.ino("big.bin")
+        faulty.hold(readsAt: 1 << 20)
+        try d.fs.download(ino)
+        usleep(300_000)  // the chunks after the held one arrive meanwhile
+        faulty.release(readsAt: 1 << 20, failing: .unavailable("injected fault"))
+        var deadline = Date(timeIntervalSinceNow: 10)
+        while d.materializer.lastError(ino) == nil && Date() < deadline { usleep(50_000) }
+        #expect(d.materializer.lastError(ino) != nil, "the download halted")
+        faulty.heal()
+        try d.fs.download(ino)
+        deadline = Date(timeIntervalSinceNow: 10)
+        while try d.fs.getattr(ino).blocks * 512 < 6 << 20 && Date() < deadline { usleep(50_000) }
+        #expect(try d.fs.getattr(ino).blocks * 512 >= 6 << 20, "downloaded whole")
+    }
+
     /// A store that does not answer: the read fails after the read timeout (EIO at the
     /// mount), the fetch goes on, and a later read gets the bytes.
     @Test func aReadThatWaitsTooLongFailsAndALaterOneWorks() throws {
