@@ -70,25 +70,29 @@ extension StateTransaction {
         default: order = "path"
         }
         let dir = (q.descending ?? false) ? " DESC" : ""
+        // Folders first (a walk that builds only their paths), then the entries in them: a
+        // filter on the entries' own columns is applied before their paths are built.
         let sql = """
-            WITH RECURSIVE tree(ino, path, name, depth, remote) AS (
-              SELECT ino, CAST(name AS TEXT), CAST(name AS TEXT), 1, remote_key FROM entries WHERE parent = ?1
+            WITH RECURSIVE dirs(ino, path, depth) AS (
+              SELECT ?1, '', 0
               UNION ALL
-              SELECT e.ino, tree.path || '/' || CAST(e.name AS TEXT), CAST(e.name AS TEXT), tree.depth + 1, e.remote_key
-              FROM entries e JOIN tree ON e.parent = tree.ino
-              WHERE ?2 IS NULL OR tree.depth < ?2
+              SELECT e.ino, dirs.path || CAST(e.name AS TEXT) || '/', dirs.depth + 1
+              FROM dirs JOIN entries e ON e.parent = dirs.ino JOIN inodes d ON d.ino = e.ino
+              WHERE d.type = \(S_IFDIR) AND (?2 IS NULL OR dirs.depth + 1 < ?2)
             )
             SELECT * FROM (
-              SELECT tree.ino, tree.path, tree.name, tree.depth, i.type, i.size, i.mtime, i.pinned,
+              SELECT e.ino, dirs.path || CAST(e.name AS TEXT) AS path, CAST(e.name AS TEXT) AS name,
+                dirs.depth + 1 AS depth, i.type, i.size, i.mtime, i.pinned,
                 CASE
                   WHEN i.upload_conflict = 1 THEN 'conflict'
-                  WHEN EXISTS (SELECT 1 FROM outbox o WHERE o.ino = tree.ino) THEN 'uploading'
+                  WHEN EXISTS (SELECT 1 FROM outbox o WHERE o.ino = e.ino) THEN 'uploading'
                   WHEN i.upload_error IS NOT NULL THEN 'error'
-                  WHEN tree.remote IS NULL THEN 'local'
+                  WHEN e.remote_key IS NULL THEN 'local'
                   WHEN i.type = \(S_IFREG) AND i.present = 0 THEN 'placeholder'
                   ELSE 'current'
                 END AS status
-              FROM tree JOIN inodes i ON i.ino = tree.ino
+              FROM dirs JOIN entries e ON e.parent = dirs.ino JOIN inodes i ON i.ino = e.ino
+              WHERE ?2 IS NULL OR dirs.depth < ?2
             )
             \(filters.isEmpty ? "" : "WHERE " + filters.joined(separator: " AND "))
             ORDER BY \(order.split(separator: ",").map { $0 + dir }.joined(separator: ","))
