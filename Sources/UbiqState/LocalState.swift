@@ -186,6 +186,9 @@ public final class LocalState: Sendable {
         m.registerMigration("v8: content digests") { db in
             try db.execute(sql: "ALTER TABLE entries ADD COLUMN remote_digest TEXT")
         }
+        m.registerMigration("v9: where an unrecorded upload went") { db in
+            try db.execute(sql: "ALTER TABLE outbox ADD COLUMN sent_key TEXT")
+        }
         return m
     }
 
@@ -375,12 +378,19 @@ public struct StateTransaction {
     }
 
     /// Removes an entry; if its object is in the store, records a tombstone so
-    /// the uploader deletes it there.
+    /// the uploader deletes it there. Where an upload of it went without an answer (`markSent`)
+    /// gets a tombstone too, which deletes only an object of this device that no item records
+    /// (`Tombstone.leftover`).
     public func removeEntry(parent: UInt64, name: [UInt8]) throws {
         let args: StatementArguments = [Int64(bitPattern: parent), Data(name)]
         try db.cachedStatement(sql: """
             INSERT INTO tombstones (remote_key, remote_version)
             SELECT remote_key, remote_version FROM entries WHERE parent = ? AND name = ? AND remote_key IS NOT NULL
+            """).execute(arguments: args)
+        try db.cachedStatement(sql: """
+            INSERT INTO tombstones (remote_key, remote_version)
+            SELECT o.sent_key, '\(Tombstone.leftover)' FROM entries e JOIN outbox o ON o.ino = e.ino
+            WHERE e.parent = ? AND e.name = ? AND o.sent_key IS NOT NULL AND o.sent_key IS NOT e.remote_key
             """).execute(arguments: args)
         try db.cachedStatement(sql: "DELETE FROM entries WHERE parent = ? AND name = ?").execute(arguments: args)
     }
@@ -617,7 +627,19 @@ public struct StateTransaction {
 
     // MARK: tombstones
 
-    public struct Tombstone: Sendable { public var id: Int64; public var key: String; public var version: String? }
+    public struct Tombstone: Sendable {
+        public var id: Int64; public var key: String; public var version: String?
+        /// The version of a tombstone for where an upload went whose answer never came: it
+        /// deletes only an object this device wrote that no item records.
+        public static let leftover = "ubiq:unrecorded-upload"
+        public var isLeftover: Bool { version == Self.leftover }
+    }
+
+    /// Notes that an upload of `ino` is being sent to `key`, which no entry of it records yet:
+    /// should its answer never come and the item be removed, the key is checked (`removeEntry`).
+    public func markSent(_ ino: UInt64, key: String) throws {
+        try db.execute(cached: "UPDATE outbox SET sent_key = ? WHERE ino = ?", arguments: [key, Int64(bitPattern: ino)])
+    }
 
     public func tombstones(limit: Int) throws -> [Tombstone] {
         try Row.fetchAll(db, cached: "SELECT id, remote_key, remote_version FROM tombstones ORDER BY id LIMIT ?",

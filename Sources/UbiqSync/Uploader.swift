@@ -208,6 +208,18 @@ public final class Uploader: @unchecked Sendable {
         let graves = (try? state.read { try $0.tombstones(limit: 256) }) ?? []
         for t in graves {
             do {
+                if t.isLeftover {
+                    // Where an upload went whose answer never came, from an item removed since:
+                    // deleted if it is there and no item here records it.
+                    if let leftover = try leftoverOfOurs(t.key) {
+                        let store = self.store
+                        trace("delete \(t.key) ifMatch(\(leftover)) (tombstone for an unanswered upload)")
+                        try runBlocking { try await store.delete(t.key, condition: .ifMatch(leftover)) }
+                    }
+                    try? state.write { try $0.removeTombstone(t.id) }
+                    handled += 1
+                    continue
+                }
                 let cond: WriteCondition = t.version.map { .ifMatch($0) } ?? .always
                 let store = self.store
                 trace("delete \(t.key) \(cond) (tombstone)")
@@ -428,6 +440,8 @@ public final class Uploader: @unchecked Sendable {
                             try await store.put(key, contentsOf: source, metadata: meta, condition: condition, progress: report)
                         }
                     }
+                    // Should the answer never come and the item be removed, the key is checked then.
+                    if entry.remoteKey != key { try state.write { try $0.markSent(ino, key: key) } }
                     let info: ObjectInfo
                     do {
                         info = try send(condition)
@@ -463,6 +477,7 @@ public final class Uploader: @unchecked Sendable {
                         try await store.copy(from: oldKey, version: oldVersion, to: key, metadata: meta, condition: condition)
                     }
                 }
+                try state.write { try $0.markSent(ino, key: key) }
                 let info: ObjectInfo
                 do {
                     info = try copy(.ifAbsent)

@@ -136,7 +136,8 @@ import UbiqStore
     }
 
     /// An upload the store carried out but whose answer never came, from an item then deleted
-    /// here: it does not come back as a file at the next start, and is deleted from the store.
+    /// here: it is deleted from the store at once (not at the next start), and does not come back
+    /// as a file.
     /// And a new item of that name written over such a leftover makes no conflict copy.
     @Test func anUnansweredUploadOfADeletedItemDoesNotComeBack() async throws {
         let store = try newStore()
@@ -153,6 +154,10 @@ import UbiqStore
         faulty.heal()
         a.sync()
         #expect(try await store.head("again").size == 6)
+        // Deleted without waiting for the next start: the unlink left a tombstone for where the
+        // unanswered upload went (before, other devices saw "gone" until this one started again).
+        await #expect(throws: StoreError.self) { try await store.head("gone") }
+        #expect(try Device(store: store).names("") == ["again"])
         try a.open()  // the next start
         a.sync()
         #expect(try a.names("") == ["again"])

@@ -193,6 +193,40 @@ extension ReliabilityTests {
 }
 
 extension ReliabilityTests {
+    /// A listing far bigger than any folder a person makes: 60,000 objects in one folder and
+    /// 20,000 more in 200 folders, with hostile keys among them, planted in the store's index.
+    /// A new device shows every good name once (readdir pages through the big folder), finds
+    /// them with `ubiq query`, makes nothing of the hostile keys, and stays small.
+    @Test func aHugeListingMountsWhole() throws {
+        let a = try MountFixture()
+        defer { a.cleanup() }
+        expectOK(a.unmount())
+        let fill = """
+            import json, sqlite3, sys, time
+            db = sqlite3.connect(sys.argv[1] + "/store.db")
+            now = time.time()
+            meta = json.dumps({"kind": "file", "mode": 420, "uid": 0, "gid": 0, "mtimeNs": int(now * 1e9), "rdev": 0, "xattrs": {}}).encode()
+            rows = [(f"huge/f{i:06d}", f"v{i}", 0, meta, "none", now) for i in range(60000)]
+            rows += [(f"tree/d{i % 200:03d}/g{i:06d}", f"w{i}", 0, meta, "none", now) for i in range(20000)]
+            rows += [(k, "h", 0, meta, "none", now) for k in ("huge/../escape", "huge//x", "huge/" + "n" * 300, "../up", "/abs")]
+            db.executemany("INSERT INTO objects (key, version, size, meta, blob, modified) VALUES (?, ?, ?, ?, ?, ?)", rows)
+            db.commit()
+            """
+        let script = a.base + "/fill.py"
+        try fill.write(toFile: script, atomically: true, encoding: .utf8)
+        expectOK(shell("python3 '\(script)' '\(a.store)'"), "fill the index")
+        let b = try MountFixture(store: a.store, name: "device-b")
+        defer { b.cleanup() }
+        expectOK(b.sh("[ \"$(ls -f huge | wc -l)\" = 60002 ] && [ \"$(ls huge | uniq | wc -l)\" = 60000 ]"), "every name in the big folder, once")
+        expectOK(b.sh("[ \"$(find tree -type f | wc -l)\" = 20000 ] && [ \"$(ls tree | wc -l)\" = 200 ]"), "every name in the tree")
+        expectOK(b.sh("[ \"$(\(ubiqBinary) query --name 'f0599*' . | wc -l)\" = 100 ]"), "a query over them")
+        expectOK(b.sh("[ \"$(ls -a | tr '\\n' ' ')\" = '. .. huge tree ' ] && ! ls huge | grep -qv '^f[0-9]*$'"), "no hostile key became a name")
+        #expect(!FileManager.default.fileExists(atPath: b.base + "/escape") && !FileManager.default.fileExists(atPath: b.base + "/up"))
+        let pid = shell("pgrep -f -- '--state \(b.state) '").out.split(separator: "\n").first.map(String.init) ?? ""
+        let peak = shell("awk '/VmHWM/ {print $2}' /proc/\(pid)/status").out.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect((Int(peak) ?? .max) < 400 * 1024, "the daemon's peak RSS: \(peak) KiB")
+    }
+
     /// A state directory on a read-only file system: the mount is refused with one line that
     /// names it, nothing is mounted, and the state (the queue of a previous run) is untouched;
     /// writable again, the same state mounts and sends what waited.
