@@ -28,6 +28,30 @@ import Testing
     }
 
     /// mtime/ctime/atime of a file and its folders change after each operation exactly as on ext4.
+    /// The exerciser shrinks what it finds: with a fault put into one of two plain folders (its
+    /// chmod drops a bit), a long failing run comes down to a few operations, printed as lines
+    /// that replay it; replayed on two faithful folders, the same lines agree.
+    @Test func theExerciserShrinksAFailingSequence() throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-shrink-\(UUID().uuidString.prefix(8))").path
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        try FileManager.default.createDirectory(atPath: base + "/a", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: base + "/b", withIntermediateDirectories: true)
+        let run = shell("python3 \(Self.tool) a b --seed 3 --ops 400 --break-first-root", cwd: base)
+        #expect(run.status == 1, "\(run.out)\(run.err)")
+        let lines = run.out.split(separator: "\n").map(String.init)
+        guard let at = lines.firstIndex(where: { $0.hasPrefix("shrunk to ") }) else {
+            Issue.record("not shrunk: \(run.out)")
+            return
+        }
+        let found = lines.first { $0.hasPrefix("seed 3 step ") } ?? ""
+        let step = Int(found.split(separator: " ")[3].dropLast()) ?? 0
+        let ops = lines[(at + 1)...].prefix { $0.hasPrefix("{") }
+        #expect(ops.count >= 1 && ops.count <= 3 && ops.count < step, "\(step) steps shrunk to \(ops.count): \(run.out)")
+        try (ops.joined(separator: "\n") + "\n").write(toFile: base + "/ops.jsonl", atomically: true, encoding: .utf8)
+        #expect(shell("python3 \(Self.tool) a b --replay ops.jsonl --break-first-root", cwd: base).status == 1)
+        #expect(shell("python3 \(Self.tool) a b --replay ops.jsonl", cwd: base).status == 0)
+    }
+
     @Test func timestampsChangeAsOnALocalDisk() throws {
         let m = try MountFixture()
         defer { m.cleanup() }

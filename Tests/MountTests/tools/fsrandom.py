@@ -7,15 +7,21 @@ symlink targets and user xattrs (not ubiq's own status, user.ubiq.*).
     fsrandom.py MOUNT_DIR LOCAL_DIR --seed N --ops N
 
 Exit status 0 when both trees behaved alike; otherwise prints the seed, the
-step and the operation that differed (replay with the same seed).
+step and the operation that differed (replay with the same seed), then shrinks
+the failing sequence: operations are taken out while the trees still differ
+(both emptied before each try), and the shortest sequence found is printed as
+JSON lines, replayable with --replay FILE.
 """
 import argparse
 import errno
 import hashlib
+import json
 import os
 import random
+import shutil
 import stat
 import sys
+import time
 
 NAMES = ["a", "b", "c", "d", "e"]
 
@@ -51,11 +57,13 @@ def snapshot(root):
 
 
 class Exerciser:
-    def __init__(self, roots, rng):
+    def __init__(self, roots, rng, break_first=False):
         self.roots = roots
         self.rng = rng
         self.fds = []  # (fd per root)
         self.counts = {}
+        # Only to test the shrinker: chmod on the first tree drops the owner's execute bit.
+        self.break_first = break_first
 
     def path(self):
         """Mostly something that exists (or a new name inside an existing folder), sometimes anything."""
@@ -82,7 +90,8 @@ class Exerciser:
             return f"{label}: mount {rs[0]} vs local {rs[1]}"
         return None
 
-    def step(self):
+    def generate(self):
+        """The next operation, drawn at random, with its paths and bytes resolved."""
         r = self.rng
         p, q = self.path(), self.path()
         data = bytes(r.getrandbits(8) for _ in range(r.choice([0, 1, 100, 5000])))
@@ -92,6 +101,26 @@ class Exerciser:
         op = r.choice(["create", "write", "write", "truncate", "read", "mkdir", "rmdir", "unlink",
                        "rename", "rename", "link", "symlink", "chmod", "setxattr", "rmxattr", "stat",
                        "listdir", "openwrite", "fdwrite", "fdclose"])
+        o = {"op": op, "p": p, "q": q, "data": data.hex(), "off": off, "size": size, "mode": mode}
+        if op in ("setxattr", "rmxattr"):
+            o["name"] = "user." + r.choice(["x", "y"])
+        if op in ("fdwrite", "fdclose"):
+            o["slot"] = r.randrange(4)
+        return o
+
+    def step(self):
+        return self.execute(self.generate())
+
+    def close_all(self):
+        for pair in self.fds:
+            for fd in pair:
+                os.close(fd)
+        self.fds = []
+
+    def execute(self, o):
+        """Applies operation `o` to both trees; what differed, or None."""
+        op, p, q, off, size, mode = o["op"], o["p"], o["q"], o["off"], o["size"], o["mode"]
+        data = bytes.fromhex(o["data"])
         j = lambda root, x: os.path.join(root, x)
         if op == "create":
             return self.both(f"create {p}", lambda root: os.close(os.open(j(root, p), os.O_CREAT | os.O_EXCL | os.O_WRONLY, mode)))
@@ -123,14 +152,18 @@ class Exerciser:
         if op == "symlink":
             return self.both(f"symlink {q} {p}", lambda root: os.symlink(q, j(root, p)))
         if op == "chmod":
-            return self.both(f"chmod {p} {oct(mode)}", lambda root: os.chmod(j(root, p), mode, follow_symlinks=False)
-                             if not os.path.islink(j(root, p)) else None)
+            def ch(root):
+                if os.path.islink(j(root, p)):
+                    return None
+                bad = self.break_first and root == self.roots[0]
+                return os.chmod(j(root, p), mode & ~0o100 if bad else mode, follow_symlinks=False)
+            return self.both(f"chmod {p} {oct(mode)}", ch)
         if op == "setxattr":
-            name = "user." + r.choice(["x", "y"])
+            name = o["name"]
             return self.both(f"setxattr {p} {name}", lambda root: os.setxattr(j(root, p), name, data[:100], follow_symlinks=False)
                              if not os.path.islink(j(root, p)) else None)
         if op == "rmxattr":
-            name = "user." + r.choice(["x", "y"])
+            name = o["name"]
             return self.both(f"removexattr {p} {name}", lambda root: os.removexattr(j(root, p), name, follow_symlinks=False)
                              if not os.path.islink(j(root, p)) else None)
         if op == "stat":
@@ -154,15 +187,85 @@ class Exerciser:
                 self.fds.append((fds[0][1], fds[1][1]))
             return None
         if op == "fdwrite" and self.fds:
-            pair = r.choice(self.fds)
+            pair = self.fds[o["slot"] % len(self.fds)]
             rs = [result(lambda fd=fd: os.pwrite(fd, data, off)) for fd in pair]
             return None if rs[0] == rs[1] else f"pwrite on open fd @{off}: {rs[0]} vs {rs[1]}"
         if op == "fdclose" and self.fds:
-            pair = self.fds.pop(r.randrange(len(self.fds)))
+            pair = self.fds.pop(o["slot"] % len(self.fds))
             for fd in pair:
                 os.close(fd)
             return None
         return None
+
+
+def differ(a, b):
+    """The first few paths where two snapshots differ, with what each has there."""
+    keys = sorted(set(a) | set(b))
+    bad = [k for k in keys if a.get(k) != b.get(k)][:5]
+    return f"trees differ at {bad}: mount {[a.get(k) for k in bad]} local {[b.get(k) for k in bad]}" if bad else None
+
+
+def empty(root):
+    for name in os.listdir(root):
+        p = os.path.join(root, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            for dirpath, dirnames, _ in os.walk(p):
+                os.chmod(dirpath, 0o700)
+            shutil.rmtree(p)
+        else:
+            os.unlink(p)
+
+
+def replay(ex, ops):
+    """Both trees emptied, then `ops` applied: what differed (a step, or the trees at the end), or None."""
+    ex.close_all()
+    for root in ex.roots:
+        empty(root)
+    for o in ops:
+        diff = ex.execute(o)
+        if diff:
+            return diff
+    diff = differ(snapshot(ex.roots[0]), snapshot(ex.roots[1]))
+    ex.close_all()
+    return diff
+
+
+def shrink(ex, ops, budget_s=60, budget_runs=400):
+    """A shorter sequence that still makes the trees differ (delta debugging: chunks of
+    operations taken out, halving the chunk size down to one operation)."""
+    deadline, runs = time.time() + budget_s, 0
+    if not replay(ex, ops):
+        return None  # it does not happen again from empty trees (timing, or what came before)
+    n = 2
+    while len(ops) >= 2 and time.time() < deadline and runs < budget_runs:
+        chunk = max(1, len(ops) // n)
+        shrunk = False
+        for start in range(0, len(ops), chunk):
+            candidate = ops[:start] + ops[start + chunk:]
+            runs += 1
+            if candidate and replay(ex, candidate):
+                ops, n, shrunk = candidate, max(n - 1, 2), True
+                break
+            if time.time() >= deadline or runs >= budget_runs:
+                break
+        if not shrunk:
+            if chunk == 1:
+                break
+            n = min(len(ops), n * 2)
+    return ops
+
+
+def report_shrunk(ex, ops, args):
+    if args.no_shrink:
+        return
+    shrunk = shrink(ex, ops)
+    if shrunk is None:
+        print("the difference did not happen again when replayed from empty trees: not shrunk")
+        return
+    print(f"shrunk to {len(shrunk)} operations (replay with --replay FILE, one JSON object a line):")
+    for o in shrunk:
+        print(json.dumps(o, sort_keys=True))
+    print(f"which gives: {replay(ex, shrunk)}")
 
 
 def main():
@@ -177,6 +280,10 @@ def main():
                     help="another device sees hard links as separate files")
     ap.add_argument("--ignore-dir-meta", action="store_true",
                     help="folders' modes and xattrs are not compared (a store that keeps none for folders)")
+    ap.add_argument("--replay", help="apply the operations in this file (JSON lines) to emptied trees")
+    ap.add_argument("--no-shrink", action="store_true", help="do not shrink a failing sequence")
+    ap.add_argument("--break-first-root", action="store_true",
+                    help="make chmod wrong on the first tree (to test the shrinker)")
     args = ap.parse_args()
     if args.compare_only:
         a, b = snapshot(args.mount), snapshot(args.local)
@@ -194,22 +301,25 @@ def main():
         print(f"trees equal ({len(a)} items)")
         return 0
     rng = random.Random(args.seed)
-    ex = Exerciser([args.mount, args.local], rng)
+    ex = Exerciser([args.mount, args.local], rng, break_first=args.break_first_root)
+    if args.replay:
+        with open(args.replay) as f:
+            ops = [json.loads(line) for line in f if line.strip()]
+        diff = replay(ex, ops)
+        print(f"replayed {len(ops)} operations: {diff or 'trees equal'}")
+        return 1 if diff else 0
+    ops = []
     for i in range(1, args.ops + 1):
-        diff = ex.step()
+        o = ex.generate()
+        ops.append(o)
+        diff = ex.execute(o)
+        if not diff and (i % args.check_every == 0 or i == args.ops):
+            diff = differ(snapshot(args.mount), snapshot(args.local))
         if diff:
             print(f"seed {args.seed} step {i}: {diff}")
+            report_shrunk(ex, ops, args)
             return 1
-        if i % args.check_every == 0 or i == args.ops:
-            a, b = snapshot(args.mount), snapshot(args.local)
-            if a != b:
-                keys = sorted(set(a) | set(b))
-                bad = [k for k in keys if a.get(k) != b.get(k)][:5]
-                print(f"seed {args.seed} step {i}: trees differ at {bad}: mount {[a.get(k) for k in bad]} local {[b.get(k) for k in bad]}")
-                return 1
-    for pair in ex.fds:
-        for fd in pair:
-            os.close(fd)
+    ex.close_all()
     print(f"seed {args.seed}: {args.ops} operations compared ({ex.counts.get('ok', 0)} succeeded, "
           f"{ex.counts.get('err', 0)} failed alike), trees equal")
     return 0
