@@ -329,13 +329,28 @@ struct ControlClient {
         guard let sock = getAttribute(mount, "user.ubiq.control-socket"), !sock.isEmpty else {
             fail("the daemon of \(mount) does not answer (is it still running?)")
         }
+        let s = dial(sock)
+        if s < 0 { fail("cannot reach the daemon of \(mount) at \(sock): \(String(cString: strerror(-s)))") }
+        return ControlClient(mount: mount, socketPath: sock, fd: s)
+    }
+
+    /// The daemon of the ubiq mount point `mount`, or nil when it does not answer.
+    static func reach(mount: String) -> ControlClient? {
+        guard let sock = getAttribute(mount, "user.ubiq.control-socket"), !sock.isEmpty else { return nil }
+        let s = dial(sock)
+        return s < 0 ? nil : ControlClient(mount: mount, socketPath: sock, fd: s)
+    }
+
+    /// A connected socket to `path`, or -errno.
+    private static func dial(_ path: String) -> Int32 {
         let s = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard s >= 0, var addr = try? ControlServer.address(sock) else { fail("cannot reach the daemon of \(mount)") }
+        if s < 0 { return -errno }
+        guard var addr = try? ControlServer.address(path) else { Glibc.close(s); return -ENAMETOOLONG }
         let r = withUnsafePointer(to: &addr) { p in
             p.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(s, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
         }
-        if r != 0 { fail("cannot reach the daemon of \(mount) at \(sock): \(String(cString: strerror(errno)))") }
-        return ControlClient(mount: mount, socketPath: sock, fd: s)
+        if r != 0 { let e = errno; Glibc.close(s); return -e }
+        return s
     }
 
     /// The path of `abs` below the mount ("" for the mount itself).
@@ -359,6 +374,12 @@ struct ControlClient {
             fail(reply?["error"] as? String ?? "the daemon refused the request")
         }
         return line
+    }
+
+    /// Sends a request; its answer, or nil when the daemon closed the connection or refused.
+    func ask(_ object: [String: Any]) -> [String: Any]? {
+        guard ControlServer.send(fd, object), let reply = nextLine(), reply["ok"] as? Bool == true else { return nil }
+        return reply
     }
 
     /// The next line of a stream (nil when the daemon closed it).

@@ -157,7 +157,8 @@ struct Daemon {
         let control = ControlServer(path: Self.controlSocketPath(plan), fs: fs, feed: feed, uploader: uploader, kv: kv,
                                     info: ["mount": plan.mountpoint, "store": plan.storeURL, "device": deviceID,
                                            "deviceName": uploader.deviceName,
-                                           "state": plan.stateDir, "cacheLimit": String(plan.cacheSize)],
+                                           "state": plan.stateDir, "cacheLimit": String(plan.cacheSize),
+                                           "pid": String(getpid())],
                                     logger: logger)
         do {
             try control.start()

@@ -23,7 +23,10 @@ struct Unmount: ParsableCommand {
         let mp = Paths.absolute(mountpoint)
         guard let entry = Mounts.entry(at: mp) else { fail("\(mp) is not mounted") }
         guard entry.type == "fuse.ubiq" else { fail("\(mp) is not a ubiq mount (\(entry.type))") }
-        guard let rec = Mounts.record(for: mp), Mounts.isAlive(rec.pid) else {
+        // The daemon's registry file is under the XDG_STATE_HOME it was started with; when this
+        // command does not find it there (another environment, sudo), the daemon is asked.
+        let registered = Mounts.record(for: mp).flatMap { Mounts.isAlive($0.pid) ? $0 : nil }
+        guard let rec = registered ?? Self.askDaemon(mp), Mounts.isAlive(rec.pid) else {
             // The daemon is gone (killed): only the kernel's mount is left.
             if Mounts.fusermount(["-u", "-z", mp]) || umount2(mp, Int32(MNT_DETACH)) == 0 {
                 print("Unmounted \(mp) (its daemon had stopped; pending changes upload at the next mount).")
@@ -51,5 +54,13 @@ struct Unmount: ParsableCommand {
             message += " \(failed) items could not be uploaded and are kept on this device only (see \(rec.state)/ubiq.log)."
         }
         print(message)
+    }
+
+    /// The daemon of `mp` as it describes itself over its control socket.
+    static func askDaemon(_ mp: String) -> MountRecord? {
+        guard let c = ControlClient.reach(mount: mp) else { return nil }
+        defer { c.close() }
+        guard let o = c.ask(["op": "status"]), let pid = (o["pid"] as? String).flatMap({ Int32($0) }), let state = o["state"] as? String else { return nil }
+        return MountRecord(pid: pid, mountpoint: mp, state: state, store: o["store"] as? String ?? "")
     }
 }

@@ -220,6 +220,20 @@ import Testing
         #expect(m.sh("cat last").out == "bye\n")
     }
 
+    /// `ubiq unmount` from another environment (another XDG_STATE_HOME, where the mount's
+    /// registry file is not): the daemon is found through the mount itself, drains its queue
+    /// and stops, instead of being taken for dead and the mount detached under it.
+    @Test func unmountFromAnotherEnvironmentFindsTheDaemon() throws {
+        let m = try MountFixture(extra: "--upload-delay 30")
+        defer { m.cleanup() }
+        expectOK(m.sh("echo queued > f"))
+        let r = shell("\(ubiqBinary) unmount \(m.mnt)", env: ["XDG_STATE_HOME": m.base + "/elsewhere"])
+        expectOK(r, "unmount")
+        #expect(r.out.contains("All changes are in the store"), "\(r.out)")
+        #expect(!m.isMounted)
+        #expect(shell("pgrep -f -- '--state \(m.state) '").status != 0, "the daemon stopped")
+    }
+
     @Test func badInputGetsOneClearLineAndChangesNothing() throws {
         let m = try MountFixture()
         defer { m.cleanup() }
