@@ -189,6 +189,12 @@ public final class Materializer: @unchecked Sendable {
             job.presentCount = resume.filter { $0 }.count
         }
         jobs[ino] = job
+        if job.done && job.expected != nil {
+            // Every chunk came in an earlier run, but the whole was never checked: the last is
+            // fetched again, and its arrival checks the whole, as for any download.
+            job.present[job.present.count - 1] = false
+            job.presentCount -= 1
+        }
         if job.done { finishLocked(job) } else if completeInBackground && background { spawnWorkersLocked(job) }
     }
 
@@ -205,7 +211,7 @@ public final class Materializer: @unchecked Sendable {
         let first = Int(range.lowerBound / chunkSize), last = Int((upper - 1) / chunkSize)
         // Once a download of this file was thrown away (its bytes did not match their digest),
         // nothing of it is read until a whole download passes the check: a read waits for all.
-        let needed = job.mismatches > 0 ? job.present.indices.filter { !job.present[$0] }
+        var needed = job.mismatches > 0 ? job.present.indices.filter { !job.present[$0] }
                                         : (first ... last).filter { !job.present[$0] }
         // Sequential reads (this one starts within a chunk of where the last ended) grow the
         // window, also when their bytes are here already (fetched ahead for them).
@@ -230,7 +236,15 @@ public final class Materializer: @unchecked Sendable {
         defer { for c in needed where job.present[c] || job.failed[c] != nil { job.urgent.remove(c) } }
         let deadline = Date(timeIntervalSinceNow: readTimeout)
         let retryUntil = Date(timeIntervalSinceNow: min(readTimeout, retryWindow))
-        while needed.contains(where: { !job.present[$0] }) {
+        let strictAlready = job.mismatches > 0
+        while needed.contains(where: { !job.present[$0] }) || (!strictAlready && job.mismatches > 0 && job.present.contains(false)) {
+            if !strictAlready && job.mismatches > 0 {
+                // A download of this file was thrown away meanwhile: this read now waits for a
+                // whole one that passes, like every read after it.
+                let rest = job.present.indices.filter { !job.present[$0] && !needed.contains($0) }
+                needed += rest
+                job.urgent.formUnion(rest)
+            }
             // Only a failure of a fetch made for this call counts: one that began before it
             // (while the store was down, say) must not fail a read made once it is back.
             if let c = needed.first(where: { job.failed[$0] != nil }), let e = job.failed[c] {
@@ -485,8 +499,9 @@ public final class Materializer: @unchecked Sendable {
             job.error = e
             for c in job.urgent.union([chunk]) { job.failed[c] = e }
         } else {
-            let first = job.urgent.union([chunk]).sorted()  // what readers wait for comes first
-            job.wanted = first + job.wanted.filter { !first.contains($0) }
+            // All of it again, what readers wait for first (also when nothing downloads in the background).
+            let first = job.urgent.union([chunk]).sorted()
+            job.wanted = first + job.present.indices.filter { !first.contains($0) }
             spawnWorkersLocked(job)
         }
         DispatchQueue.global().async { rejected(ino) }

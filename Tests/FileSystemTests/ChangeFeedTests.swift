@@ -263,6 +263,28 @@ import UbiqStore
         #expect(try b.read("big2") == String(big2.prefix(1 << 20)))
     }
 
+    /// A download an earlier run fetched whole but never finished (a crash just before): its
+    /// chunks are not taken on trust. Damaged on disk meanwhile, it is checked, thrown away and
+    /// fetched again.
+    @Test func aResumedDownloadIsCheckedWhole() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let text = String(repeating: "r", count: 3 << 20)  // three chunks
+        try a.write("f", text)
+        a.sync()
+        let b = try Device(store: store, completeInBackground: false)
+        let ino = try b.ino("f")
+        let version = try #require(try b.state.read { try $0.entries(of: ino).first?.remoteVersion })
+        try b.state.write { try $0.saveDownload(ino, version: version, chunkSize: 1 << 20, present: [true, true, true]) }
+        var damaged = Data(text.utf8)
+        damaged[5000] = UInt8(ascii: "x")
+        try damaged.write(to: b.dir.appendingPathComponent("cache/\(ino)"))
+        try b.open()  // the next start
+        try b.materializer.fetch(ino)
+        #expect(try Data(contentsOf: b.dir.appendingPathComponent("cache/\(ino)")) == Data(text.utf8))
+        #expect(b.materializer.digestMismatches == 1)
+    }
+
     @Test func aMetadataChangeKeepsTheLocalCopy() throws {
         let store = try newStore()
         let a = try Device(store: store)
