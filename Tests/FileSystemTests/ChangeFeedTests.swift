@@ -228,7 +228,7 @@ import UbiqStore
         // download completes, what is kept is the right file.
         let ino = try b.ino("big")
         var complete = false
-        for _ in 0 ..< 20 where !complete { complete = (try? b.materializer.fetch(ino)) != nil }
+        for _ in 0 ..< 60 where !complete { complete = (try? b.materializer.fetch(ino)) != nil }
         #expect(complete)
         #expect(try b.fs.getattr(ino).blocks * 512 >= Int64(big.count))
         let kept = try Data(contentsOf: b.dir.appendingPathComponent("cache/\(ino)"))
