@@ -102,7 +102,7 @@ extension FileSystem {
                 return e
             }
             if let adopt {
-                try persist { tx in try tx.recordRemote(entryID: adopt.id, key: key, version: info.version, tag: info.contentTag, digest: info.metadata.sha256) }
+                try persist { tx in try tx.recordRemote(entryID: adopt.id, key: key, info) }
                 // Its mode, owner, times and xattrs come too, unless changed here (a folder this
                 // device made and has not uploaded yet keeps its own, to be uploaded on top). A
                 // folder made here as the parent of a child the store sent first has none of its own.
@@ -220,7 +220,7 @@ extension FileSystem {
                 let rec = n.rec, xattrs = n.xattrs
                 try persist { tx in
                     try tx.upsert(rec)
-                    try tx.recordRemote(entryID: e.id, key: info.key, version: info.version, tag: info.contentTag, digest: info.metadata.sha256)
+                    try tx.recordRemote(entryID: e.id, key: info.key, info)
                     try tx.replaceXattrs(ino, xattrs)
                     if contentChanged { try tx.removeDownload(ino) }
                 }

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqStore
 
 private final class ResultBox<T>: @unchecked Sendable {
     var result: Result<T, Error>?
@@ -30,4 +31,15 @@ public func runBlocking<T>(_ op: @escaping @Sendable () async throws -> T) throw
     }
     done.wait()
     return try box.result!.get()
+}
+
+/// `body`, tried up to `attempts` times while the store fails transiently, waiting `pause`
+/// microseconds before the second try and twice as long before each one after.
+func retryingTransient<T>(attempts: Int = 3, pause: UInt32 = 50_000, _ body: () throws -> T) throws -> T {
+    for attempt in 0 ..< attempts - 1 {
+        do { return try body() } catch let e as StoreError where e.isTransient {
+            usleep(pause << UInt32(attempt))
+        }
+    }
+    return try body()
 }

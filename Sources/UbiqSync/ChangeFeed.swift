@@ -141,16 +141,6 @@ public final class ChangeFeed: @unchecked Sendable {
         }
     }
 
-    /// `body`, tried again (up to three times, a moment apart) while the store fails transiently.
-    static func retrying<T>(_ body: () throws -> T) throws -> T {
-        for attempt in 0 ..< 2 {
-            do { return try body() } catch let e as StoreError where e.isTransient {
-                usleep(UInt32(50_000 << attempt))
-            }
-        }
-        return try body()
-    }
-
     private func pollLocked() throws -> Int {
         let store = self.store
         var cursor = try state.read { try $0.meta(Self.cursorKey) }
@@ -161,13 +151,13 @@ public final class ChangeFeed: @unchecked Sendable {
         var reconcile = false
         if cursor == nil {
             // No cursor (the store was down at mount): start from now, and compare everything.
-            cursor = try Self.retrying { try runBlocking { try await store.currentCursor() } }
+            cursor = try retryingTransient { try runBlocking { try await store.currentCursor() } }
             reconcile = true
         }
         while !reconcile {
             let since = cursor
             let size = batchSize
-            let batch = try Self.retrying { try runBlocking { try await store.changes(since: since, limit: size) } }
+            let batch = try retryingTransient { try runBlocking { try await store.changes(since: since, limit: size) } }
             if batch.reset {
                 cursor = try runBlocking { try await store.currentCursor() }
                 reconcile = true
@@ -184,7 +174,7 @@ public final class ChangeFeed: @unchecked Sendable {
             // listing (a key recorded after it may be an upload the listing missed).
             before = try state.read { try $0.remoteVersions() }
             let mine = Set(before.keys)
-            let listed = try Self.retrying { try runBlocking { try await store.list(prefix: "") } }
+            let listed = try retryingTransient { try runBlocking { try await store.list(prefix: "") } }
             for o in listed {
                 known[o.key] = o
                 if seen.insert(o.key).inserted { order.append(o.key) }
@@ -208,7 +198,7 @@ public final class ChangeFeed: @unchecked Sendable {
                 info = k
             } else {
                 if let v = try state.read({ try $0.entries(remoteKey: key).first?.remoteVersion }) { before[key] = v }
-                do { info = try Self.retrying { try runBlocking { try await store.head(key) } } } catch StoreError.notFound {
+                do { info = try retryingTransient { try runBlocking { try await store.head(key) } } } catch StoreError.notFound {
                     info = nil
                 } catch StoreError.invalidKey(_, let why) {
                     logger.warning("skipping store key \(key.debugDescription): \(why)")

@@ -42,15 +42,7 @@ public struct Importer {
         let store = self.store
         // Asked again a moment later when the store fails transiently: besides the placeholders,
         // this listing is where leftovers of this device's unanswered uploads are found (below).
-        var objects: [ObjectInfo] = []
-        for attempt in 0 ..< 4 {
-            do {
-                objects = try runBlocking { try await store.list(prefix: "") }
-                break
-            } catch let e as StoreError where e.isTransient && attempt < 3 {
-                usleep(UInt32(200_000 << attempt))
-            }
-        }
+        let objects = try retryingTransient(attempts: 4, pause: 200_000) { try runBlocking { try await store.list(prefix: "") } }
         var report = Report()
         try state.write { tx in
             let known = try tx.remoteKeys()
@@ -108,7 +100,7 @@ public struct Importer {
                         var r = r
                         r.perm = m.mode & 0o7777; r.uid = m.uid; r.gid = m.gid; r.mtimeNs = m.mtimeNs
                         try tx.upsert(r)
-                        try tx.recordRemote(entryID: e.id, key: obj.key, version: obj.version, tag: obj.contentTag, digest: obj.metadata.sha256)
+                        try tx.recordRemote(entryID: e.id, key: obj.key, obj)
                         try importXattrs(tx, e.ino, m)
                         report.added += 1
                     } else {

@@ -506,7 +506,7 @@ public final class Uploader: @unchecked Sendable {
                     let info = try runBlocking {
                         try await store.copy(from: key, version: oldVersion, to: key, metadata: meta, condition: .ifMatch(oldVersion))
                     }
-                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag, digest: info.metadata.sha256) }
+                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, info) }
                 } catch StoreError.preconditionFailed {
                     switch try mergeMetadata(key: key, entry: entry, meta: meta, isPlaceholder: isRegular && !s.rec.present) {
                     case .merged: break
@@ -549,7 +549,7 @@ public final class Uploader: @unchecked Sendable {
                 try await store.copy(from: key, version: current.version, to: key, metadata: final, condition: .ifMatch(current.version))
             }
         } catch StoreError.preconditionFailed { return .again } catch StoreError.notFound { return .again }
-        if sameBytes { try state.write { try $0.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag, digest: info.metadata.sha256) } }
+        if sameBytes { try state.write { try $0.recordRemote(entryID: entry.id, key: key, info) } }
         return .merged
     }
 
@@ -617,8 +617,7 @@ public final class Uploader: @unchecked Sendable {
     /// Returns the tombstone's id.
     private func recordAt(_ entry: EntryRecord, key: String, _ info: ObjectInfo) throws -> Int64? {
         try state.write { tx -> Int64? in
-            try tx.recordRemote(entryID: entry.id, key: key, version: info.version, tag: info.contentTag,
-                                digest: info.metadata.sha256)
+            try tx.recordRemote(entryID: entry.id, key: key, info)
             guard let old = entry.remoteKey, old != key else { return nil }
             return try tx.addTombstone(key: old, version: entry.remoteVersion)
         }
