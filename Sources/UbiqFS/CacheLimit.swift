@@ -50,7 +50,7 @@ extension FileSystem {
             self?.limitCheckPending.withLock { $0 = false }
             self?.enforceCacheLimit()
             // Space freed since the disk filled up: hold the state database's reserve again.
-            if let state = self?.state, !state.hasReserve { state.restoreReserve() }
+            self?.state.reserve.restore()
         }
     }
 

@@ -3,6 +3,7 @@ import CUbiq
 import UbiqCoordinator
 import UbiqState
 import UbiqStore
+import UbiqSync
 
 /// Content: open, read, write, flush, fsync, release, setattr, fallocate.
 extension FileSystem {
@@ -64,7 +65,7 @@ extension FileSystem {
         do { try materializer.fetch(ino) } catch {
             logger.error("download of inode \(ino) failed: \(error)")
             versionGone(error)
-            throw FSError.io("download failed: \(error)")
+            throw Self.downloadError(error)
         }
         try withLock {
             let n = try node(ino)
@@ -72,6 +73,12 @@ extension FileSystem {
             let rec = n.rec
             try persist { tx in try tx.upsert(rec) }
         }
+    }
+
+    /// What a failed download is to the caller: ENOSPC for a full local disk, else EIO.
+    static func downloadError(_ error: Error) -> FSError {
+        if case SyncError.noSpace = error { return .noSpace }
+        return .io("download failed: \(error)")
     }
 
     public func open(_ ino: UInt64, flags: Int32, caller: Caller = .root) throws -> UInt64 {
@@ -126,7 +133,7 @@ extension FileSystem {
             do { try materializer.ensure(ino, range: offset ..< offset + Int64(count)) } catch {
                 logger.error("read of inode \(ino) at \(offset) failed: \(error)")
                 versionGone(error)
-                throw FSError.io("download failed: \(error)")
+                throw Self.downloadError(error)
             }
         }
         var done = 0
@@ -199,8 +206,15 @@ extension FileSystem {
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
         try markBeingWritten(ino)
-        var done = 0
         var freedForThis = false
+        if !state.reserve.contentHasRoom(for: Int64(count)) {
+            // The disk filled up and the state database took its reserve: content may not use
+            // that space (an rm, a close must still commit). Make room from evictable files once.
+            freedForThis = true
+            if enforceCacheLimit(target: max(0, localContentBytes - Int64(count) - (64 << 20))) > 0 { state.reserve.restore() }
+            if !state.reserve.contentHasRoom(for: Int64(count)) { throw FSError.noSpace }
+        }
+        var done = 0
         while done < count {
             let n = pwrite(fd, data + done, count - done, off_t(offset) + off_t(done))
             if n < 0 {

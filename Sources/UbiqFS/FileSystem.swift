@@ -238,9 +238,14 @@ public final class FileSystem: @unchecked Sendable {
                           size: size, blocks: blocks, atime: r.atimeNs, mtime: r.mtimeNs, ctime: r.ctimeNs)
     }
 
-    /// Runs `body` in one state transaction, mapping database failures to EIO.
+    /// Runs `body` in one state transaction, mapping a full disk to ENOSPC and other database
+    /// failures to EIO.
     func persist(_ body: (StateTransaction) throws -> Void) throws {
-        do { try state.write(body) } catch let e as FSError { throw e } catch {
+        do { try state.write(body) } catch let e as FSError { throw e } catch let e as StateError {
+            logger.error("state write failed: \(e)")
+            if case .full = e { throw FSError.noSpace }
+            throw FSError.io("\(e)")
+        } catch {
             logger.error("state write failed: \(error)")
             throw FSError.io("state database: \(error)")
         }

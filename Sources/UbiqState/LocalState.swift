@@ -69,8 +69,13 @@ public struct UploadState: Sendable, Equatable {
 
 public enum StateError: Error, CustomStringConvertible {
     case database(String)
+    /// The disk under the database is full, and its reserve is spent.
+    case full(String)
     public var description: String {
-        switch self { case .database(let s): return "state database: \(s)" }
+        switch self {
+        case .database(let s): return "state database: \(s)"
+        case .full(let s): return "state database: the disk is full (\(s))"
+        }
     }
 }
 
@@ -80,6 +85,8 @@ public enum StateError: Error, CustomStringConvertible {
 /// a power loss too (it fsyncs the WAL), and is called by close/fsync.
 public final class LocalState: Sendable {
     public let path: String
+    /// Space kept on the disk for this database's commits (DiskReserve).
+    public let reserve: DiskReserve
     private let dbQueue: DatabaseQueue
     private let walFD: Int32
 
@@ -87,6 +94,7 @@ public final class LocalState: Sendable {
     /// process is the only one to open it until it closes it (the daemon).
     public init(path: String, exclusive: Bool = false) throws {
         self.path = path
+        reserve = DiskReserve(path: path + ".reserve", bytes: Self.reserveBytes)
         var config = Configuration()
         config.busyMode = .timeout(5)
         config.prepareDatabase { db in
@@ -113,6 +121,7 @@ public final class LocalState: Sendable {
     /// An in-memory database, for tests.
     public init() throws {
         path = ":memory:"
+        reserve = DiskReserve(path: nil)
         dbQueue = try DatabaseQueue()
         try Self.migrator.migrate(dbQueue)
         walFD = -1
@@ -194,13 +203,17 @@ public final class LocalState: Sendable {
 
     // MARK: - Transactions
 
-    /// Runs `body` in one write transaction.
+    /// Runs `body` in one write transaction. A disk too full for it, even after the reserve
+    /// was given up, is `StateError.full`.
     public func write<T>(_ body: (StateTransaction) throws -> T) throws -> T {
         do {
             return try dbQueue.write { db in try body(StateTransaction(db: db)) }
-        } catch let e as DatabaseError where e.resultCode == .SQLITE_FULL && releaseReserve() {
-            // The disk is full: the reserve made room for this commit (and the next few).
-            do { return try dbQueue.write { db in try body(StateTransaction(db: db)) } } catch {
+        } catch let e as DatabaseError where e.resultCode == .SQLITE_FULL {
+            // The disk is full: the reserve makes room for this commit (and the next few).
+            guard reserve.release() else { throw StateError.full("\(e)") }
+            do { return try dbQueue.write { db in try body(StateTransaction(db: db)) } } catch let e as DatabaseError where e.resultCode == .SQLITE_FULL {
+                throw StateError.full("\(e)")
+            } catch {
                 throw StateError.database("\(error)")
             }
         } catch let e as StateError { throw e } catch {
@@ -208,30 +221,8 @@ public final class LocalState: Sendable {
         }
     }
 
-    /// Space held beside the database so that it can still commit when the disk fills
-    /// up (an unlink that would free space must not fail for want of space).
+    /// Space held beside the database so that it can still commit when the disk fills up.
     public static let reserveBytes: Int64 = 8 << 20
-    private var reservePath: String { path + ".reserve" }
-
-    /// Frees the reserve; true if there was one.
-    private func releaseReserve() -> Bool {
-        guard path != ":memory:" else { return false }
-        return unlink(reservePath) == 0
-    }
-
-    /// Makes the reserve if it is missing and the disk has room (at start, after space was freed).
-    public func restoreReserve() {
-        guard path != ":memory:", access(reservePath, F_OK) != 0 else { return }
-        let tmp = reservePath + ".tmp"
-        let fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return }
-        let ok = posix_fallocate(fd, 0, off_t(Self.reserveBytes)) == 0
-        close(fd)
-        if ok { rename(tmp, reservePath) } else { unlink(tmp) }
-    }
-
-    /// Whether the reserve is in place.
-    public var hasReserve: Bool { path != ":memory:" && access(reservePath, F_OK) == 0 }
 
     public func read<T>(_ body: (StateTransaction) throws -> T) throws -> T {
         do {

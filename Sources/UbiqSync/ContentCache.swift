@@ -1,4 +1,5 @@
 import Foundation
+import UbiqState
 import UbiqStore
 
 /// The local content of files: one cache file per inode, named by inode
@@ -7,14 +8,24 @@ import UbiqStore
 public final class ContentCache: Sendable {
     public let directory: URL
     public let staging: URL
+    /// The state database's reserve on the same disk: staging copies may not use its space.
+    public let reserve: DiskReserve?
 
-    public init(directory: URL) throws {
+    public init(directory: URL, reserve: DiskReserve? = nil) throws {
         self.directory = directory
         self.staging = directory.appendingPathComponent(".staging")
+        self.reserve = reserve
         try FileManager.default.createDirectory(at: staging, withIntermediateDirectories: true,
                                                 attributes: [.posixPermissions: 0o700])
         chmod(directory.path, 0o700)
-        // Staging copies are only for uploads in flight; a new run starts clean.
+        Self.clearStaging(in: directory)
+    }
+
+    /// Staging copies are only for uploads in flight: a new run starts without them. The daemon
+    /// calls this before it opens the state database, so that a full disk left by a copy cut
+    /// short gets its space back first.
+    public static func clearStaging(in directory: URL) {
+        let staging = directory.appendingPathComponent(".staging")
         for f in (try? FileManager.default.contentsOfDirectory(atPath: staging.path)) ?? [] {
             unlink(staging.appendingPathComponent(f).path)
         }
@@ -55,19 +66,31 @@ public final class ContentCache: Sendable {
         if rename(tmp, path(ino)) != 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
     }
 
-    /// A new file in the cache directory for a download in progress.
-    public func temporaryPath(for ino: UInt64) -> String { directory.path + "/.part-" + String(ino) }
-
-    /// Copies the content of `ino` to a staging file for upload; returns its path.
+    /// Copies the content of `ino` to a staging file for upload; returns its path. No room for
+    /// the copy (the disk, or the state database's reserve) is `LocalWriteError(ENOSPC)`; a copy
+    /// that fails leaves nothing behind.
     public func stage(_ ino: UInt64, generation: Int64) throws -> URL {
         let dst = staging.appendingPathComponent("\(ino)-\(generation)")
         let inp = Glibc.open(path(ino), O_RDONLY | O_CLOEXEC)
         if inp < 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
         defer { close(inp) }
+        var st = stat()
+        if fstat(inp, &st) == 0, let reserve, !reserve.contentHasRoom(for: Int64(st.st_size)) {
+            throw LocalWriteError(errno: ENOSPC)
+        }
         let out = Glibc.open(dst.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        if out < 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        if out < 0 {
+            let e = errno
+            if e == ENOSPC || e == EDQUOT { throw LocalWriteError(errno: e) }
+            throw POSIXError(POSIXErrorCode(rawValue: e) ?? .EIO)
+        }
         defer { close(out) }
-        _ = try FileCopy.copy(from: inp, to: out)
+        do {
+            _ = try FileCopy.copy(from: inp, to: out)
+        } catch {
+            unlink(dst.path)
+            throw error
+        }
         return dst
     }
 }

@@ -13,9 +13,12 @@ public enum SyncError: Error, CustomStringConvertible {
     case timedOut(key: String, seconds: Double)
     /// The bytes the store sent do not have the digest written beside them, in every attempt.
     case digestMismatch(key: String, attempts: Int)
+    /// The local disk has no room for the bytes (or only the state database's reserve).
+    case noSpace
 
     public var description: String {
         switch self {
+        case .noSpace: return "no room on the local disk for the download"
         case let .digestMismatch(key, n):
             return "\(key): the store's bytes do not match the digest written with them (\(n) downloads); not kept"
         case let .timedOut(key, s): return "\(key): the store did not send the bytes within \(Int(s)) s"
@@ -556,6 +559,8 @@ public final class Materializer: @unchecked Sendable {
         let range = lower ..< min(job.size, lower + chunkSize)
         let store = self.store
         var lastError: Error = SyncError.local("no attempt")
+        // The space the state database's reserve gave up is not for content.
+        if let reserve = cache.reserve, !reserve.contentHasRoom(for: Int64(range.count)) { return .failure(SyncError.noSpace) }
         for attempt in 0 ..< attempts {
             if attempt > 0 { usleep(UInt32(100_000 << min(attempt, 5))) }
             do {
@@ -566,7 +571,8 @@ public final class Materializer: @unchecked Sendable {
                 }
                 return .success(())
             } catch let e as LocalWriteError {
-                return .failure(SyncError.local("\(e)"))  // the disk, not the store: retrying will not help
+                // The disk, not the store: retrying will not help.
+                return .failure(e.errno == ENOSPC || e.errno == EDQUOT ? SyncError.noSpace : SyncError.local("\(e)"))
             } catch let e as StoreError where !e.isTransient {
                 return .failure(e)  // an answer (gone, changed): retrying will not help
             } catch {

@@ -58,6 +58,9 @@ public final class Uploader: @unchecked Sendable {
     private var busyCheck: @Sendable (UInt64) -> Bool = { _ in false }
     private var quietCheck: @Sendable () -> TimeInterval = { .infinity }
     private var waitingSince: Date?
+    /// No round before this: the state database could not record an outcome (a full disk),
+    /// so uploading on would only send the same items again and again.
+    private var pausedUntil = Date.distantPast
     private var outcomeHook: @Sendable (UInt64, Bool) -> Void = { _, _ in }
 
     /// Uploads wait while local changes are still arriving (a `tar x`, a `cp -a`) so they
@@ -204,6 +207,8 @@ public final class Uploader: @unchecked Sendable {
     @discardableResult
     public func processRound(ignoringDelay: Bool) -> Int {
         var handled = 0
+        cond.lock(); let paused = Date() < pausedUntil; cond.unlock()
+        if paused { return 0 }
         // Deletes first: a key freed by a delete may be taken by a new upload.
         let graves = (try? state.read { try $0.tombstones(limit: 256) }) ?? []
         for t in graves {
@@ -216,7 +221,7 @@ public final class Uploader: @unchecked Sendable {
                         trace("delete \(t.key) ifMatch(\(leftover)) (tombstone for an unanswered upload)")
                         try runBlocking { try await store.delete(t.key, condition: .ifMatch(leftover)) }
                     }
-                    try? state.write { try $0.removeTombstone(t.id) }
+                    guard recordDone(tombstone: t.id) else { return handled }
                     handled += 1
                     continue
                 }
@@ -246,13 +251,14 @@ public final class Uploader: @unchecked Sendable {
                 logger.warning("delete of \(t.key) failed, will retry: \(error)")
                 return handled
             }
-            try? state.write { try $0.removeTombstone(t.id) }
+            guard recordDone(tombstone: t.id) else { return handled }
             handled += 1
         }
         let asOf = ignoringDelay ? Date.distantFuture : Date()
         let due = (try? state.read { try $0.dueOutbox(limit: 64, asOf: asOf) }) ?? []
         for item in due {
             let outcome: Outcome
+            var diskFull = false
             cond.lock(); let busy = busyCheck; cond.unlock()
             if busy(item.ino) {
                 outcome = .deferred
@@ -264,6 +270,10 @@ public final class Uploader: @unchecked Sendable {
                     outcome = .retry("store quota exceeded writing \(key)")
                 } catch let e as StoreError {
                     outcome = .permanent("\(e)")
+                } catch let e as StateError {
+                    // This device's disk, not the store: tried again soon, as space may free up.
+                    if case .full = e { diskFull = true }
+                    outcome = .retry("\(e)")
                 } catch {
                     outcome = .retry("\(error)")
                 }
@@ -277,7 +287,7 @@ public final class Uploader: @unchecked Sendable {
                         try tx.retryOutbox(item.ino, after: 0.5)
                     case .retry(let why):
                         try tx.setUploadError(item.ino, why)
-                        try tx.retryOutbox(item.ino, after: min(60, 0.5 * pow(2, Double(min(item.attempts, 7)))))
+                        try tx.retryOutbox(item.ino, after: diskFull ? 2 : min(60, 0.5 * pow(2, Double(min(item.attempts, 7)))))
                     case .conflict(let why):
                         try tx.setUploadError(item.ino, why, conflict: true)
                         try tx.completeOutbox(item.ino, seq: item.seq)
@@ -287,7 +297,10 @@ public final class Uploader: @unchecked Sendable {
                     }
                 }
             } catch {
-                logger.error("outbox update failed: \(error)")
+                // Not recorded: the item stays due. Pause rather than send it again at once.
+                logger.error("outbox update failed, uploads pause for 2 s: \(error)")
+                cond.lock(); pausedUntil = Date(timeIntervalSinceNow: 2); cond.unlock()
+                return handled
             }
             cond.lock(); let hook = outcomeHook; cond.unlock()
             switch outcome {
@@ -304,6 +317,19 @@ public final class Uploader: @unchecked Sendable {
             handled += 1
         }
         return handled
+    }
+
+    /// Removes a tombstone whose delete was done; false (and a pause) when that could not be
+    /// recorded.
+    private func recordDone(tombstone id: Int64) -> Bool {
+        do {
+            try state.write { try $0.removeTombstone(id) }
+            return true
+        } catch {
+            logger.error("tombstone update failed, uploads pause for 2 s: \(error)")
+            cond.lock(); pausedUntil = Date(timeIntervalSinceNow: 2); cond.unlock()
+            return false
+        }
     }
 
     private struct Snapshot {

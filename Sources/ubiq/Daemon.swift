@@ -34,7 +34,10 @@ struct Daemon {
         var containerConfig: ContainerConfig?
         let state: LocalState
         let cache: ContentCache
+        let cacheDir = URL(fileURLWithPath: plan.stateDir + "/cache")
         do {
+            // A staging copy a crash left behind may be what filled the disk: gone first.
+            ContentCache.clearStaging(in: cacheDir)
             state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true)
             store = try MountPlan.openStore(plan.store, indexPath: plan.stateDir + "/s3-index.db", logger: logger)
             if let q = plan.quota, let dir = store as? DirectoryStore { try dir.setQuota(q > 0 ? q : nil) }
@@ -81,8 +84,8 @@ struct Daemon {
                 if let flag { logger.info("the store is unreachable while \(flag) exists (UBIQ_STORE_OFFLINE_FLAG)") }
                 if let chaos { logger.info("the store injects random faults: \(chaos) (UBIQ_STORE_CHAOS)") }
             }
-            state.restoreReserve()
-            cache = try ContentCache(directory: URL(fileURLWithPath: plan.stateDir + "/cache"))
+            state.reserve.restore()
+            cache = try ContentCache(directory: cacheDir, reserve: state.reserve)
         } catch {
             die("\(error)")
         }

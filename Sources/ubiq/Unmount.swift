@@ -43,10 +43,15 @@ struct Unmount: ParsableCommand {
         while Mounts.isAlive(rec.pid) && Date() < deadline { usleep(50_000) }
         if Mounts.isAlive(rec.pid) { fail("the daemon (pid \(rec.pid)) did not stop within \(Int(wait)) s") }
         if Mounts.entry(at: mp) != nil { _ = Mounts.fusermount(["-u", mp]) }
-        let counts = try? LocalState(path: rec.state + "/state.db").read { tx in
-            (try tx.outboxCount(), try tx.uploadErrorCount())
+        let counts: (Int, Int)
+        do {
+            counts = try LocalState(path: rec.state + "/state.db").read { tx in (try tx.outboxCount(), try tx.uploadErrorCount()) }
+        } catch {
+            // Never "all in the store" without having looked.
+            print("Unmounted \(mp). Could not tell whether all changes are in the store: \(error).")
+            return
         }
-        let (pending, failed) = counts ?? (0, 0)
+        let (pending, failed) = counts
         var message = "Unmounted \(mp)."
         if pending == 0 && failed == 0 { message += " All changes are in the store." }
         if pending > 0 { message += " \(pending) changes not yet uploaded; they upload at the next mount." }

@@ -41,7 +41,7 @@ final class Device: @unchecked Sendable {
     /// (Re)starts the device from its state directory, as a new daemon would.
     func open() throws {
         state = try LocalState(path: dir.appendingPathComponent("state.db").path)
-        let cache = try ContentCache(directory: dir.appendingPathComponent("cache"))
+        let cache = try ContentCache(directory: dir.appendingPathComponent("cache"), reserve: state.reserve)
         try ChangeFeed.prepare(store: remote, state: state)
         materializer = Materializer(store: remote, state: state, cache: cache, logger: logger,
                                     chunkSize: 1 << 20, completeInBackground: completeInBackground)

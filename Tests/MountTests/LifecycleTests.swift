@@ -434,8 +434,13 @@ import Testing
         let full = b.sh("{ head -c 60000000 /dev/zero > huge; } 2>&1; echo rc=$?")
         #expect(full.out.contains("No space left on device") && !full.out.contains("rc=0"), "\(full.out)")
         expectOK(b.sh("rm -f huge && sha256sum -c \(b.base)/new.sum > /dev/null"), "new after ENOSPC")
-        // And it all reaches the store.
-        expectOK(b.unmount())
+        // And it all reaches the store, leaving no staging copy behind (one cut short by the
+        // full disk once kept its space, and the next commit failed with EIO).
+        let u = b.unmount()
+        expectOK(u)
+        #expect(!u.out.contains("not yet uploaded"), "\(u.out)")
+        #expect(b.sh("ls -A \(b.state)/cache/.staging").out == "", "staging copies left after unmount")
+        #expect(!b.sh("cat \(b.state)/ubiq.log").out.contains("state write failed"), "a commit failed for want of space")
         let c = try MountFixture(store: a.store, name: "device-c")
         defer { c.cleanup() }
         expectOK(c.sh("sha256sum -c \(b.base)/new.sum > /dev/null && sha256sum -c \(a.base)/old.sum > /dev/null"), "third device")
