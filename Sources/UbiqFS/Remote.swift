@@ -30,20 +30,20 @@ extension FileSystem {
     }
 
     /// Applies `changes`; returns the keys to try again later.
-    public func applyRemote(_ changes: [RemoteChange]) -> Set<String> {
+    public func applyRemote(_ changes: [RemoteChange]) -> [String] {
         func depth(_ k: String) -> Int { k.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } - (k.hasSuffix("/") ? 1 : 0) }
         // Parents before children for additions; children before parents for removals.
         let puts = changes.filter { $0.info != nil }.sorted { (depth($0.key), $0.key) < (depth($1.key), $1.key) }
         let deletes = changes.filter { $0.info == nil }.sorted { (depth($0.key), $0.key) > (depth($1.key), $1.key) }
-        var retry = Set<String>()
+        var retry: [String] = []
         for c in puts + deletes {
             do {
                 let done = try c.info.map { try applyRemotePut(c.key, $0, before: c.recordedBefore) }
                     ?? applyRemoteDelete(c.key, before: c.recordedBefore)
-                if !done { retry.insert(c.key) }
+                if !done { retry.append(c.key) }
             } catch {
                 logger.warning("could not apply the store's change of \(c.key): \(error)")
-                retry.insert(c.key)
+                retry.append(c.key)
             }
         }
         return retry

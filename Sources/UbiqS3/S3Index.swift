@@ -54,14 +54,14 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
     // MARK: metadata
 
     /// What is known of these objects at these stamps.
-    func known(_ objects: [ListedObject]) throws -> [String: ObjectInfo] {
+    func known(_ objects: [ListedObject]) throws -> [KeyBytes: ObjectInfo] {
         try run { db in
-            var out: [String: ObjectInfo] = [:]
+            var out: [KeyBytes: ObjectInfo] = [:]
             let stmt = try db.cachedStatement(sql: "SELECT stamp, version, size, meta, tag FROM known WHERE key = ?")
             for o in objects {
                 guard let row = try Row.fetchOne(stmt, arguments: [o.key]), row["stamp"] as String == o.stamp,
                       let meta = try? JSONDecoder().decode(ObjectMetadata.self, from: row["meta"] as Data) else { continue }
-                out[o.key] = ObjectInfo(key: o.key, version: row["version"], size: row["size"], metadata: meta, contentTag: row["tag"])
+                out[KeyBytes(o.key)] = ObjectInfo(key: o.key, version: row["version"], size: row["size"], metadata: meta, contentTag: row["tag"])
             }
             return out
         }
@@ -92,30 +92,32 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         try run { db in
             let gen = Int(try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'generation'") ?? "0") ?? 0
             if let since, since != cursor(gen) { return nil }
-            var old: [String: String] = [:]
+            // Keys as bytes: NFC and NFD spellings of one name are two keys.
+            var old: [KeyBytes: String] = [:]
             if since != nil {
-                for row in try Row.fetchAll(db, sql: "SELECT key, stamp FROM feed") { old[row["key"]] = row["stamp"] }
+                for row in try Row.fetchAll(db, sql: "SELECT key, stamp FROM feed") { old[KeyBytes(row["key"])] = row["stamp"] }
             }
             var changes: [StoreChange] = []
             let put = try db.cachedStatement(sql: "INSERT OR REPLACE INTO feed VALUES (?, ?)")
-            var seen = Set<String>()
+            var seen = Set<KeyBytes>()
             for o in listing.objects {
-                seen.insert(o.key)
+                let k = KeyBytes(o.key)
+                seen.insert(k)
                 let folder = stableFolders && o.key.hasSuffix("/")
                 let settled = folder || (o.modified.map { listing.taken.timeIntervalSince($0) >= unsettled } ?? true)
                 let full = folder ? "\(o.etag)||\(o.size)" : o.stamp
                 let stamp = settled ? full : ""
-                if old[o.key] != full { changes.append(StoreChange(kind: .put, key: o.key, version: nil)) }
-                if old[o.key] != stamp { try put.execute(arguments: [o.key, stamp]) }
+                if old[k] != full { changes.append(StoreChange(kind: .put, key: o.key, version: nil)) }
+                if old[k] != stamp { try put.execute(arguments: [o.key, stamp]) }
             }
             let del = try db.cachedStatement(sql: "DELETE FROM feed WHERE key = ?")
-            for key in old.keys where !seen.contains(key) {
-                changes.append(StoreChange(kind: .delete, key: key, version: nil))
-                try del.execute(arguments: [key])
+            for k in old.keys where !seen.contains(k) {
+                changes.append(StoreChange(kind: .delete, key: k.key, version: nil))
+                try del.execute(arguments: [k.key])
             }
             if since == nil {
                 // From nothing: whatever the table held before is not this listing.
-                for key in try String.fetchAll(db, sql: "SELECT key FROM feed") where !seen.contains(key) {
+                for key in try String.fetchAll(db, sql: "SELECT key FROM feed") where !seen.contains(KeyBytes(key)) {
                     try del.execute(arguments: [key])
                 }
             }

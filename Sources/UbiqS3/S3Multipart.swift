@@ -90,7 +90,7 @@ extension S3Objects {
                 throw StoreError.failed("S3 completed \(key) without an ETag")
             }
             let vid = versioned ? r.header("x-amz-version-id") : nil
-            let meta = try await decode(metaText)
+            let meta = try await decode(metaText, of: key)
             return ObjectInfo(key: key, version: Version.string(id: vid, etag: etag, metadata: metaText), size: size,
                               metadata: meta, contentTag: etag)
         } catch let e as StoreError where e.isTransient && journal != nil {
@@ -150,7 +150,7 @@ extension S3Objects {
             guard let etag = S3Client.xmlValue("ETag", in: c.text).map(Self.quoted) else { throw StoreError.failed("S3 completed \(key) without an ETag") }
             let vid = versioned ? c.header("x-amz-version-id") : nil
             return ObjectInfo(key: key, version: Version.string(id: vid, etag: etag, metadata: metaText), size: size,
-                              metadata: try await decode(metaText), contentTag: etag)
+                              metadata: try await decode(metaText, of: key), contentTag: etag)
         } catch {
             _ = try? await send(.DELETE, key, query: [("uploadId", id)])
             throw error

@@ -75,7 +75,7 @@ public struct S3Objects: Sendable {
         let id = versioned ? r.header("x-amz-version-id").flatMap { $0 == "null" ? nil : $0 } : nil
         let text = metaText ?? r.header(Self.metadataHeader)
         let meta: ObjectMetadata
-        if let text { meta = try await decode(text) } else {
+        if let text { meta = try await decode(text, of: key) } else {
             meta = Self.foreign(key, modified: r.header("Last-Modified").flatMap(S3Time.httpDate))
         }
         let length = size ?? r.header("Content-Length").flatMap { Int64($0) } ?? 0
@@ -107,19 +107,24 @@ public struct S3Objects: Sendable {
         return "ref:" + name
     }
 
-    func decode(_ text: String) async throws -> ObjectMetadata {
+    /// The metadata `text` carries. Text that is not ubiq's metadata is read as that of an
+    /// object another tool wrote (`ObjectMetadata.issues` says so); only a failure to reach the
+    /// store for a sidecar throws.
+    func decode(_ text: String, of key: String) async throws -> ObjectMetadata {
         var data: Data?
         if text.hasPrefix("ref:") {
             let name = String(text.dropFirst(4))
-            guard name.count == 64, name.allSatisfy(\.isHexDigit) else { throw StoreError.failed("unreadable ubiq metadata on an object") }
-            data = try await send(.GET, Self.reserved + "meta/" + name, validate: false).data
+            guard name.count == 64, name.allSatisfy(\.isHexDigit) else { return .unreadable(key: key, why: "a bad sidecar name") }
+            do { data = try await send(.GET, Self.reserved + "meta/" + name, validate: false).data } catch StoreError.notFound {
+                return .unreadable(key: key, why: "its sidecar is missing")
+            }
         } else {
             data = Data(base64Encoded: text)
         }
-        guard let data, let m = try? JSONDecoder().decode(ObjectMetadata.self, from: data) else {
-            throw StoreError.failed("unreadable ubiq metadata on an object")
+        guard let data else { return .unreadable(key: key, why: "not base64") }
+        do { return try JSONDecoder().decode(ObjectMetadata.self, from: data) } catch {
+            return .unreadable(key: key, why: "not ubiq's metadata JSON")
         }
-        return m
     }
 
     static func conditionHeaders(_ c: WriteCondition) -> [String: String] {

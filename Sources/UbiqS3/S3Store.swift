@@ -109,7 +109,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let listing = try await objects.listAll(under: prefix)
         warn(listing.skipped)
         var found = try index.known(listing.objects)
-        let need = listing.objects.filter { found[$0.key] == nil }
+        let need = listing.objects.filter { found[KeyBytes($0.key)] == nil }
         lock.withLock { headsForLastListing = need.count }
         let objects = self.objects
         var learned: [(ListedObject, ObjectInfo)] = []
@@ -127,13 +127,13 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             while let (o, info) = try await group.next() {
                 add()
                 guard let info else { continue }
-                found[o.key] = info
+                found[KeyBytes(o.key)] = info
                 // Remembered only when it is surely the listed state, and settled (see S3Index.advance).
                 if info.contentTag == o.etag, let m = o.modified, listing.taken.timeIntervalSince(m) >= 2 { learned.append((o, info)) }
             }
         }
         if !learned.isEmpty { try index.remember(learned) }
-        return listing.objects.compactMap { found[$0.key] }
+        return listing.objects.compactMap { found[KeyBytes($0.key)] }
     }
 
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {

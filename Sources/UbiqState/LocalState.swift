@@ -448,21 +448,21 @@ public struct StateTransaction {
         try Bool.fetchOne(db, cached: "SELECT EXISTS (SELECT 1 FROM tombstones WHERE remote_key = ?)", arguments: [key]) ?? false
     }
 
-    public func tombstoneKeys() throws -> Set<String> {
-        Set(try String.fetchAll(db, cached: "SELECT remote_key FROM tombstones"))
+    // Keys come out as lists, not String sets or dictionaries: a String compares by canonical
+    // equivalence, and NFC and NFD spellings of one name are two keys (callers use KeyBytes).
+
+    public func tombstoneKeys() throws -> [String] {
+        try String.fetchAll(db, cached: "SELECT remote_key FROM tombstones")
     }
 
-    public func remoteKeys() throws -> Set<String> {
-        Set(try String.fetchAll(db, cached: "SELECT remote_key FROM entries WHERE remote_key IS NOT NULL"))
+    public func remoteKeys() throws -> [String] {
+        try String.fetchAll(db, cached: "SELECT remote_key FROM entries WHERE remote_key IS NOT NULL")
     }
 
     /// Every store key an entry stands for, with the version recorded for it.
-    public func remoteVersions() throws -> [String: String] {
-        var out: [String: String] = [:]
-        for r in try Row.fetchAll(db, cached: "SELECT remote_key, remote_version FROM entries WHERE remote_key IS NOT NULL AND remote_version IS NOT NULL") {
-            out[r[0]] = r[1]
-        }
-        return out
+    public func remoteVersions() throws -> [(key: String, version: String)] {
+        try Row.fetchAll(db, cached: "SELECT remote_key, remote_version FROM entries WHERE remote_key IS NOT NULL AND remote_version IS NOT NULL")
+            .map { ($0[0], $0[1]) }
     }
 
     static func entryRecord(_ r: Row) -> EntryRecord {
@@ -478,7 +478,7 @@ public struct StateTransaction {
         try String.fetchAll(db, cached: "SELECT key FROM feed_pending ORDER BY key")
     }
 
-    public func setFeedPending(_ keys: Set<String>) throws {
+    public func setFeedPending(_ keys: some Sequence<String>) throws {
         try db.execute(cached: "DELETE FROM feed_pending")
         for k in keys { try db.execute(cached: "INSERT INTO feed_pending (key) VALUES (?)", arguments: [k]) }
     }

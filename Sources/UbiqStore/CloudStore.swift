@@ -29,6 +29,14 @@ public struct ObjectMetadata: Codable, Sendable, Equatable {
     /// bytes: a copy keeps its source version's digest whatever metadata it is given. A device
     /// checks a download against it (nil: another tool wrote the object; nothing to check).
     public var sha256: String?
+    /// What could not be read as written, each read as its default instead ("mode: -5",
+    /// "kind: whiteout"): metadata from another device, a newer client, a hostile writer.
+    /// Empty for metadata this client wrote. Never stored.
+    public var issues: [String] = []
+
+    enum CodingKeys: String, CodingKey {
+        case kind, mode, uid, gid, mtimeNs, rdev, target, xattrs, origin, device, sha256
+    }
 
     public init(kind: ObjectKind, mode: UInt32 = 0o644, uid: UInt32 = 0, gid: UInt32 = 0,
                 mtimeNs: Int64 = 0, rdev: UInt64 = 0, target: Data? = nil,
@@ -81,9 +89,13 @@ public struct ObjectInfo: Sendable, Equatable {
     /// Names the content bytes: two versions with one tag hold the same bytes (a copy, a
     /// metadata change). nil: the store cannot say. (S3: the ETag; DirectoryStore: the blob.)
     public var contentTag: String?
-    public init(key: String, version: String, size: Int64, metadata: ObjectMetadata, contentTag: String? = nil) {
+    /// What the store could not read of this object's record (a column of the wrong type):
+    /// such an object is `unusable`.
+    public var defect: String?
+    public init(key: String, version: String, size: Int64, metadata: ObjectMetadata, contentTag: String? = nil,
+                defect: String? = nil) {
         self.key = key; self.version = version; self.size = size; self.metadata = metadata
-        self.contentTag = contentTag
+        self.contentTag = contentTag; self.defect = defect
     }
 }
 
@@ -117,9 +129,12 @@ public struct ChangeBatch: Sendable {
     public var reset: Bool
     /// True when more changes wait after `cursor` (ask again).
     public var more: Bool
+    /// Changes the store holds but could not read (a key that is not UTF-8, an unknown
+    /// operation), described for the log: passed over.
+    public var unreadable: [String]
 
-    public init(changes: [StoreChange], cursor: String, reset: Bool, more: Bool = false) {
-        self.changes = changes; self.cursor = cursor; self.reset = reset; self.more = more
+    public init(changes: [StoreChange], cursor: String, reset: Bool, more: Bool = false, unreadable: [String] = []) {
+        self.changes = changes; self.cursor = cursor; self.reset = reset; self.more = more; self.unreadable = unreadable
     }
 }
 

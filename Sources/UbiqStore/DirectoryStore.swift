@@ -97,12 +97,11 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                 SELECT CAST(key AS BLOB) AS rawkey, version, size, meta, blob FROM objects
                 WHERE substr(key, 1, length(?)) = ? ORDER BY key
                 """, arguments: [prefix, prefix])
-            return try rows.compactMap { row -> ObjectInfo? in
-                guard let raw = row["rawkey"] as Data?, !raw.contains(0),
+            return rows.compactMap { row -> ObjectInfo? in
+                guard let raw = Self.bytes(row["rawkey"]), !raw.contains(0),
                       let key = String(validating: raw, as: UTF8.self),
                       (try? StoreKey.validate(key)) != nil else { return nil }
-                return ObjectInfo(key: key, version: row["version"], size: row["size"],
-                                  metadata: try Self.decodeMeta(row["meta"]), contentTag: row["blob"])
+                return Self.info(row, key: key)
             }
         }
     }
@@ -143,7 +142,11 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                                        arguments: [key, version])
                 ?? Row.fetchOne(db, sql: "SELECT blob, size FROM versions WHERE key = ? AND version = ?",
                                 arguments: [key, version])
-            return row.map { ($0["blob"], $0["size"]) }
+            guard let row else { return nil }
+            guard let blob = Self.text(row["blob"]), let size = Self.integer(row["size"]), size >= 0 else {
+                throw StoreError.failed("\(key)@\(version): its record in the store index is unreadable")
+            }
+            return (blob, size)
         }
         guard let found else { throw StoreError.notFound(key: key) }
         let lower = max(0, min(range.lowerBound, found.size))
@@ -201,12 +204,14 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         try StoreKey.validate(source)
         try StoreKey.validate(destination)
         let src: (blob: String, size: Int64, meta: ObjectMetadata)? = try dbRead { db in
-            let row = try Row.fetchOne(db, sql: "SELECT blob, size, meta FROM objects WHERE key = ? AND version = ?",
+            let row = try Row.fetchOne(db, sql: "SELECT version, blob, size, meta FROM objects WHERE key = ? AND version = ?",
                                        arguments: [source, version])
-                ?? Row.fetchOne(db, sql: "SELECT blob, size, meta FROM versions WHERE key = ? AND version = ?",
+                ?? Row.fetchOne(db, sql: "SELECT version, blob, size, meta FROM versions WHERE key = ? AND version = ?",
                                 arguments: [source, version])
             guard let row else { return nil }
-            return (row["blob"], row["size"], try Self.decodeMeta(row["meta"]))
+            let info = Self.info(row, key: source)
+            if let why = info.defect { throw StoreError.failed("\(source)@\(version): \(why)") }
+            return (info.contentTag ?? "", info.size, info.metadata)
         }
         guard let src else { throw StoreError.notFound(key: source) }
         // Blobs are immutable and shared between versions by hard link-free reference:
@@ -236,11 +241,24 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         return try dbRead { db in
             let rows = try Row.fetchAll(db, sql: "SELECT seq, op, key, version FROM journal WHERE seq > ? ORDER BY seq LIMIT ?",
                                         arguments: [after, limit])
-            let changes = rows.map { r in
-                StoreChange(kind: (r["op"] as String) == "put" ? .put : .delete, key: r["key"], version: r["version"])
+            // Every column as it is stored: another device's (or anyone's) write may have put
+            // anything there. A row this cannot read is passed over, and said.
+            var changes: [StoreChange] = []
+            var unreadable: [String] = []
+            var last = after
+            for r in rows {
+                guard let seq = Self.integer(r["seq"]) else { continue }
+                last = max(last, seq)
+                let key = Self.text(r["key"]), op = Self.text(r["op"])
+                guard let key, !key.utf8.contains(0), let op, op == "put" || op == "delete" else {
+                    let raw = Self.bytes(r["key"]).map { String(decoding: $0, as: UTF8.self).debugDescription } ?? "none"
+                    unreadable.append("journal entry \(seq) (key \(raw), operation \(op?.debugDescription ?? "unreadable"))")
+                    continue
+                }
+                changes.append(StoreChange(kind: op == "put" ? .put : .delete, key: key, version: Self.text(r["version"])))
             }
-            let last: Int64 = rows.last?["seq"] ?? after
-            return ChangeBatch(changes: changes, cursor: String(last), reset: false, more: changes.count >= limit)
+            return ChangeBatch(changes: changes, cursor: String(last), reset: false, more: rows.count >= limit,
+                               unreadable: unreadable)
         }
     }
 
@@ -282,7 +300,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             if let cur = try Self.current(db, key) { out.append(cur.info) }
             let rows = try Row.fetchAll(db, sql: "SELECT key, version, size, meta, blob FROM versions WHERE key = ? ORDER BY modified DESC",
                                         arguments: [key])
-            out += try rows.map { try Self.info($0) }
+            out += rows.map { Self.info($0, key: key) }.filter { $0.defect == nil }
             return out
         }
     }
@@ -332,8 +350,8 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             """, arguments: [key, keptVersions])
         var orphans: [String] = []
         for r in old {
-            let blob: String = r["blob"]
-            try db.execute(sql: "DELETE FROM versions WHERE key = ? AND version = ?", arguments: [key, r["version"] as String])
+            guard let blob = Self.text(r["blob"]), let version = Self.text(r["version"]) else { continue }
+            try db.execute(sql: "DELETE FROM versions WHERE key = ? AND version = ?", arguments: [key, version])
             let refs = try Int.fetchOne(db, sql: """
                 SELECT (SELECT count(*) FROM objects WHERE blob = ?) + (SELECT count(*) FROM versions WHERE blob = ?)
                 """, arguments: [blob, blob]) ?? 0
@@ -357,20 +375,52 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     private static func current(_ db: Database, _ key: String) throws -> Current? {
         guard let row = try Row.fetchOne(db, sql: "SELECT key, version, size, meta, blob FROM objects WHERE key = ?",
                                          arguments: [key]) else { return nil }
-        return Current(info: try info(row), blob: row["blob"])
+        let info = info(row, key: key)
+        return Current(info: info, blob: info.contentTag ?? "")
     }
 
-    private static func info(_ row: Row) throws -> ObjectInfo {
-        ObjectInfo(key: row["key"], version: row["version"], size: row["size"], metadata: try decodeMeta(row["meta"]),
-                   contentTag: row["blob"])
+    /// An object's record as far as it can be read: metadata that does not decode is that of
+    /// an object another tool wrote (`ObjectMetadata.issues` says so); a version, size or blob
+    /// of the wrong type makes it `defect`ive (left out by devices, with a warning).
+    private static func info(_ row: Row, key: String) -> ObjectInfo {
+        let version = text(row["version"]), size = integer(row["size"]), blob = text(row["blob"])
+        let meta: ObjectMetadata
+        if let raw = bytes(row["meta"]) {
+            do { meta = try JSONDecoder().decode(ObjectMetadata.self, from: raw) } catch {
+                meta = .unreadable(key: key, why: "not ubiq's metadata JSON")
+            }
+        } else {
+            meta = .unreadable(key: key, why: "none")
+        }
+        var info = ObjectInfo(key: key, version: version ?? "", size: size ?? 0, metadata: meta, contentTag: blob)
+        if version == nil || size == nil || blob == nil { info.defect = "its record in the store index is unreadable" }
+        return info
+    }
+
+    // Columns read as what they hold, never trapping on another type (GRDB's typed
+    // subscripts do): text as UTF-8, bytes as they are, integers as integers.
+    static func text(_ v: DatabaseValue) -> String? {
+        switch v.storage {
+        case .string(let s): return s
+        case .blob(let d): return String(validating: d, as: UTF8.self)
+        default: return nil
+        }
+    }
+
+    static func bytes(_ v: DatabaseValue) -> Data? {
+        switch v.storage {
+        case .string(let s): return Data(s.utf8)
+        case .blob(let d): return d
+        default: return nil
+        }
+    }
+
+    static func integer(_ v: DatabaseValue) -> Int64? {
+        if case .int64(let i) = v.storage { return i }
+        return nil
     }
 
     private static func encodeMeta(_ m: ObjectMetadata) throws -> Data { try JSONEncoder().encode(m) }
-    private static func decodeMeta(_ d: Data) throws -> ObjectMetadata {
-        do { return try JSONDecoder().decode(ObjectMetadata.self, from: d) } catch {
-            throw StoreError.failed("corrupt metadata in store index: \(error)")
-        }
-    }
 
     private static func newVersion() -> String {
         // Time-ordered prefix keeps versions sortable; the random part makes them unique across devices.

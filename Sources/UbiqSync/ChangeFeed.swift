@@ -41,11 +41,13 @@ public final class ChangeFeed: @unchecked Sendable {
     private var running = false
     private var stopped = true
     private var kicked = false
-    private var apply: @Sendable ([RemoteChange]) -> Set<String> = { _ in [] }
+    private var apply: @Sendable ([RemoteChange]) -> [String] = { _ in [] }
     /// One poll at a time (the thread's, or a caller's `poll()`).
     private let pollLock = NSLock()
     /// When the last poll reached the store (nil: never), and its error if it failed.
     private var lastPoll: (at: Date, error: String?)?
+    /// What was said of keys that could not be taken, so each is said once (under `pollLock`).
+    private var warned = Set<String>()
 
     public init(store: any CloudStore, state: LocalState, deviceID: String, logger: Logger, interval: TimeInterval = 3) {
         self.store = store; self.state = state; self.deviceID = deviceID; self.logger = logger
@@ -61,7 +63,7 @@ public final class ChangeFeed: @unchecked Sendable {
     }
 
     /// `apply(changes)` applies changes and returns the keys to try again later.
-    public func setApplier(_ apply: @escaping @Sendable ([RemoteChange]) -> Set<String>) {
+    public func setApplier(_ apply: @escaping @Sendable ([RemoteChange]) -> [String]) {
         cond.lock(); self.apply = apply; cond.unlock()
     }
 
@@ -145,9 +147,10 @@ public final class ChangeFeed: @unchecked Sendable {
         let store = self.store
         var cursor = try state.read { try $0.meta(Self.cursorKey) }
         let pending = try state.read { try $0.feedPending() }
+        // Keys as bytes throughout: NFC and NFD spellings of one name are two keys.
         var order: [String] = pending
-        var seen = Set(pending)
-        var known: [String: ObjectInfo?] = [:]
+        var seen = Set(pending.map(KeyBytes.init))
+        var known: [KeyBytes: ObjectInfo?] = [:]
         var reconcile = false
         if cursor == nil {
             // No cursor (the store was down at mount): start from now, and compare everything.
@@ -163,24 +166,25 @@ public final class ChangeFeed: @unchecked Sendable {
                 reconcile = true
                 break
             }
-            for c in batch.changes where seen.insert(c.key).inserted { order.append(c.key) }
+            for c in batch.changes where seen.insert(KeyBytes(c.key)).inserted { order.append(c.key) }
+            for what in batch.unreadable { logger.warning("passing over a change the store holds but cannot be read: \(what)") }
             cursor = batch.cursor
             if !batch.more { break }
         }
         // What this device had recorded of each key before the store is asked (see RemoteChange).
-        var before: [String: String] = [:]
+        var before: [KeyBytes: String] = [:]
         if reconcile {
             // Everything the store lists, and everything this device knew from it before the
             // listing (a key recorded after it may be an upload the listing missed).
-            before = try state.read { try $0.remoteVersions() }
-            let mine = Set(before.keys)
+            for (k, v) in try state.read({ try $0.remoteVersions() }) { before[KeyBytes(k)] = v }
+            let mine = before.keys
             let listed = try retryingTransient { try runBlocking { try await store.list(prefix: "") } }
             for o in listed {
-                known[o.key] = o
-                if seen.insert(o.key).inserted { order.append(o.key) }
+                known[KeyBytes(o.key)] = o
+                if seen.insert(KeyBytes(o.key)).inserted { order.append(o.key) }
             }
             for k in mine.sorted() where seen.insert(k).inserted {
-                order.append(k)
+                order.append(k.key)
                 known[k] = .some(nil)
             }
         }
@@ -194,28 +198,43 @@ public final class ChangeFeed: @unchecked Sendable {
                 continue
             }
             let info: ObjectInfo?
-            if let k = known[key] {
+            if let k = known[KeyBytes(key)] {
                 info = k
             } else {
-                if let v = try state.read({ try $0.entries(remoteKey: key).first?.remoteVersion }) { before[key] = v }
+                if let v = try state.read({ try $0.entries(remoteKey: key).first?.remoteVersion }) { before[KeyBytes(key)] = v }
                 do { info = try retryingTransient { try runBlocking { try await store.head(key) } } } catch StoreError.notFound {
                     info = nil
                 } catch StoreError.invalidKey(_, let why) {
-                    logger.warning("skipping store key \(key.debugDescription): \(why)")
+                    warnOnce(key, "skipping store key \(key.debugDescription): \(why)")
                     continue
                 } catch let e as StoreError where e.isTransient {
                     // This key waits for the next poll; the others go on (a flaky store must
                     // not stall the whole feed on one of a thousand keys).
                     unread.append(key)
                     continue
+                } catch {
+                    // An answer this device cannot use: asked again at the next poll, said once,
+                    // and no other key waits for it.
+                    warnOnce(key, "cannot read \(key.debugDescription) from the store (asked again at each poll): \(error)")
+                    unread.append(key)
+                    continue
+                }
+            }
+            if let info {
+                if let why = info.unusable {
+                    warnOnce(key + "\u{0}" + info.version, "skipping \(key.debugDescription) from the store: \(why)")
+                    continue
+                }
+                if !info.metadata.issues.isEmpty {
+                    warnOnce(key + "\u{0}" + info.version, "\(key.debugDescription) from the store: metadata read with defaults (\(info.metadata.issues.joined(separator: ", ")))")
                 }
             }
             // This device's own writes: the uploader records them.
             if let o = info?.metadata.origin, o.hasPrefix(deviceID + ":") { continue }
-            changes.append(RemoteChange(key: key, info: info, recordedBefore: before[key]))
+            changes.append(RemoteChange(key: key, info: info, recordedBefore: before[KeyBytes(key)]))
         }
         cond.lock(); let apply = self.apply; let kvApply = self.kvApply; cond.unlock()
-        let retry = (changes.isEmpty ? [] : apply(changes)).union(unread)
+        let retry = Set(((changes.isEmpty ? [] : apply(changes)) + unread).map(KeyBytes.init)).map(\.key)
         kvApply?(kvKeys, reconcile)  // also when none changed: it sends what waits
         let newCursor = cursor
         try state.write { tx in
@@ -223,5 +242,11 @@ public final class ChangeFeed: @unchecked Sendable {
             if !(pending.isEmpty && retry.isEmpty) { try tx.setFeedPending(retry) }
         }
         return changes.count
+    }
+
+    /// Logs `message` the first time `what` comes up (call under `pollLock`).
+    private func warnOnce(_ what: String, _ message: String) {
+        if warned.count > 10_000 { warned.removeAll() }
+        if warned.insert(what).inserted { logger.warning("\(message)") }
     }
 }

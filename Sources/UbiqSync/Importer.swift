@@ -45,20 +45,28 @@ public struct Importer {
         let objects = try retryingTransient(attempts: 4, pause: 200_000) { try runBlocking { try await store.list(prefix: "") } }
         var report = Report()
         try state.write { tx in
-            let known = try tx.remoteKeys()
-            let doomed = try tx.tombstoneKeys()
+            let known = Set(try tx.remoteKeys().map(KeyBytes.init))
+            let doomed = Set(try tx.tombstoneKeys().map(KeyBytes.init))
             var nextIno = max(UInt64(try tx.maxInode()) + 1, 2)
             let now = nowNanos()
             // Directories first (shorter keys first), so parents exist before children.
             let sorted = objects.sorted { a, b in
                 let da = a.key.split(separator: "/").count, db = b.key.split(separator: "/").count
-                return da != db ? da < db : a.key < b.key
+                return da != db ? da < db : a.key.utf8.lexicographicallyPrecedes(b.key.utf8)
             }
-            for obj in sorted where !known.contains(obj.key) && !doomed.contains(obj.key) && !ReservedKeys.isReserved(obj.key) {
+            for obj in sorted where !known.contains(KeyBytes(obj.key)) && !doomed.contains(KeyBytes(obj.key)) && !ReservedKeys.isReserved(obj.key) {
                 do { try StoreKey.validate(obj.key) } catch {
                     logger.warning("skipping store key \(obj.key.debugDescription): \(error)")
                     report.skipped += 1
                     continue
+                }
+                if let why = obj.unusable {
+                    logger.warning("skipping \(obj.key.debugDescription) from the store: \(why)")
+                    report.skipped += 1
+                    continue
+                }
+                if !obj.metadata.issues.isEmpty {
+                    logger.warning("\(obj.key.debugDescription) from the store: metadata read with defaults (\(obj.metadata.issues.joined(separator: ", ")))")
                 }
                 let (parts, isDir) = StoreKey.segments(obj.key)
                 if let d = deviceID, let o = obj.metadata.origin, o.hasPrefix(d + ":"), try existing(tx, parts) == nil {

@@ -168,7 +168,11 @@ public final class Materializer: @unchecked Sendable {
         guard let entry, let key = entry.remoteKey, let version = entry.remoteVersion, let rec else {
             throw SyncError.noRemoteCopy(ino: ino)
         }
-        let chunks = Int((rec.size + chunkSize - 1) / chunkSize)
+        guard (0 ... ObjectInfo.maxSize).contains(rec.size) else {
+            throw SyncError.local("inode \(ino): a size of \(rec.size) bytes cannot be downloaded")
+        }
+        // Never size + chunkSize - 1: a size near Int64.max (from anyone's store) would overflow.
+        let chunks = Int(rec.size / chunkSize + (rec.size % chunkSize == 0 ? 0 : 1))
         // Chunks an earlier run fetched (and synced) for this same version.
         let saved = try? state.read { try $0.download(ino) }
         let resume = saved.flatMap { s in

@@ -447,7 +447,7 @@ public final class Uploader: @unchecked Sendable {
                 if isRegular && !s.rec.present && entry.remoteKey != nil {
                     // A placeholder whose content is in the store already: a move/metadata case, below.
                 } else {
-                    let condition: WriteCondition = (entry.remoteKey == key && entry.remoteVersion != nil)
+                    let condition: WriteCondition = (entry.remoteKey?.sameBytes(key) == true && entry.remoteVersion != nil)
                         ? .ifMatch(entry.remoteVersion!) : .ifAbsent
                     // The digest of the staged bytes goes with them (checked by every download).
                     var described = metadata(s, generation: s.rec.contentGen)
@@ -467,7 +467,7 @@ public final class Uploader: @unchecked Sendable {
                         }
                     }
                     // Should the answer never come and the item be removed, the key is checked then.
-                    if entry.remoteKey != key { try state.write { try $0.markSent(ino, key: key) } }
+                    if entry.remoteKey?.sameBytes(key) != true { try state.write { try $0.markSent(ino, key: key) } }
                     let info: ObjectInfo
                     do {
                         info = try send(condition)
@@ -494,7 +494,7 @@ public final class Uploader: @unchecked Sendable {
                 }
             }
             guard let oldKey = entry.remoteKey, let oldVersion = entry.remoteVersion else { continue }
-            if oldKey != key {
+            if !oldKey.sameBytes(key) {
                 // Moved: server-side copy, then drop the old key. No content leaves the store.
                 let meta = metadata(s, generation: s.rec.contentGen)
                 func copy(_ condition: WriteCondition) throws -> ObjectInfo {
@@ -608,16 +608,16 @@ public final class Uploader: @unchecked Sendable {
     /// deleted (left alone if another device wrote there since) and it goes up again as a new
     /// item once its new key is free.
     private func breakRenameCycle(_ entry: EntryRecord, to key: String, _ s: Snapshot) throws {
-        guard let oldKey = entry.remoteKey, oldKey != key, s.rec.type != UInt32(S_IFREG) || s.rec.present else { return }
+        guard let oldKey = entry.remoteKey, !oldKey.sameBytes(key), s.rec.type != UInt32(S_IFREG) || s.rec.present else { return }
         let cycle = try state.read { tx -> Bool in
             var target = key
-            var seen: Set<String> = []
+            var seen: Set<KeyBytes> = []
             for _ in 0 ..< 64 {
                 guard let holder = try tx.entries(remoteKey: target).first(where: { $0.id != entry.id }),
                       let path = try Self.path(of: holder, tx), let rec = try tx.inode(holder.ino) else { return false }
                 let wanted = rec.type == UInt32(S_IFDIR) ? path + "/" : path
-                if wanted == oldKey { return true }
-                if wanted == target || !seen.insert(wanted).inserted { return false }
+                if wanted.sameBytes(oldKey) { return true }
+                if wanted.sameBytes(target) || !seen.insert(KeyBytes(wanted)).inserted { return false }
                 target = wanted
             }
             return false
@@ -644,7 +644,7 @@ public final class Uploader: @unchecked Sendable {
     private func recordAt(_ entry: EntryRecord, key: String, _ info: ObjectInfo) throws -> Int64? {
         try state.write { tx -> Int64? in
             try tx.recordRemote(entryID: entry.id, key: key, info)
-            guard let old = entry.remoteKey, old != key else { return nil }
+            guard let old = entry.remoteKey, !old.sameBytes(key) else { return nil }
             return try tx.addTombstone(key: old, version: entry.remoteVersion)
         }
     }

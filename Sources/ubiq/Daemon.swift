@@ -19,6 +19,9 @@ struct Daemon {
         FuseServer.blockTerminationSignals()
         let sink = FileLogHandler.Sink(path: plan.stateDir + "/ubiq.log", echo: echo)
         let logger = Logger(label: "ubiq") { label in FileLogHandler(sink: sink, label: label) }
+        // Detached, standard error is the log too: a crash (a fatal error, a signal) says why
+        // there, not to nobody.
+        if notify && sink.fd >= 0 { dup2(sink.fd, 2) }
         func die(_ message: String) -> Never {
             logger.error("\(message)")
             if notify { say("error: \(message)") }
@@ -180,10 +183,16 @@ struct Daemon {
         logger.info("mounted \(plan.storeURL) at \(plan.mountpoint) (device \(deviceID), \(fs.inodeCount) items, cache limit \(plan.cacheSize) bytes)")
         if notify {
             say("ready")
-            // From here on, nothing goes to the parent's pipe.
+            // From here on, nothing goes to the parent's pipe (standard error goes to the log).
             let null = open("/dev/null", O_RDWR)
             dup2(null, 1)
-            dup2(null, 2)
+        }
+        // A real crash on demand, for the test that its reason reaches the log (docs/testing.md).
+        if let flag = ProcessInfo.processInfo.environment["UBIQ_TEST_CRASH_FLAG"], !flag.isEmpty {
+            Thread.detachNewThread {
+                while unlink(flag) != 0 { usleep(100_000) }
+                fatalError("crash asked for by UBIQ_TEST_CRASH_FLAG")
+            }
         }
         let status = server.run()
         logger.info("unmounting (loop ended with \(status))")

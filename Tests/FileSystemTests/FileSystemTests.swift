@@ -22,7 +22,9 @@ final class Device: @unchecked Sendable {
     var uploader: Uploader!
     var feed: ChangeFeed!
     var materializer: Materializer!
-    let logger = Logger(label: "test")
+    /// What the device logged (also printed), for tests of what it says.
+    let log = LogLines()
+    lazy var logger: Logger = { [log] in Logger(label: "test") { _ in LogLines.Handler(lines: log) } }()
     /// The device's name for people (conflict copies carry it).
     var name: String { "dev" + String(dir.lastPathComponent.suffix(4)) }
 
@@ -113,6 +115,29 @@ final class Device: @unchecked Sendable {
     func split(_ path: String) -> (String, String) {
         let parts = path.split(separator: "/")
         return (parts.dropLast().joined(separator: "/"), String(parts.last!))
+    }
+}
+
+/// Log lines kept in memory (and printed, as the default handler would).
+final class LogLines: @unchecked Sendable {
+    private let lock = NSLock()
+    private var lines: [String] = []
+    var all: [String] { lock.lock(); defer { lock.unlock() }; return lines }
+    func count(_ containing: String) -> Int { all.filter { $0.contains(containing) }.count }
+    func add(_ line: String) { lock.lock(); lines.append(line); lock.unlock(); print(line) }
+
+    struct Handler: LogHandler {
+        let lines: LogLines
+        var logLevel: Logger.Level = .info
+        var metadata: Logger.Metadata = [:]
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+        func log(level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String,
+                 file: String, function: String, line: UInt) {
+            lines.add("\(level) test: \(message)")
+        }
     }
 }
 

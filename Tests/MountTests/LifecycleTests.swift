@@ -172,6 +172,24 @@ import Testing
         #expect(shell("grep -q ' \(base)/m1 ' /proc/mounts").status != 0)
     }
 
+    /// A daemon that crashes says why in its log (detached, its standard error is the log),
+    /// and the next mount has everything.
+    @Test func aCrashSaysWhyInTheLog() throws {
+        let flag = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-crash-\(UUID().uuidString.prefix(8))").path
+        let m = try MountFixture(daemonEnv: ["UBIQ_TEST_CRASH_FLAG": flag])
+        defer { m.cleanup(); unlink(flag) }
+        expectOK(m.sh("echo kept > f && sync f"))
+        let pid = m.daemonPID
+        FileManager.default.createFile(atPath: flag, contents: nil)
+        let deadline = Date(timeIntervalSinceNow: 60)
+        while let pid, kill(pid, 0) == 0, Date() < deadline { usleep(50_000) }
+        #expect(pid.map { kill($0, 0) != 0 } ?? false, "the daemon did not crash")
+        let log = (try? String(contentsOfFile: m.state + "/ubiq.log", encoding: .utf8)) ?? ""
+        #expect(log.contains("Fatal error: crash asked for by UBIQ_TEST_CRASH_FLAG"), "no reason in ubiq.log: \(log.suffix(2000))")
+        try m.mount()
+        expectOK(m.sh("[ \"$(cat f)\" = kept ]"))
+    }
+
     @Test func sigkillAfterFsyncLosesNothing() throws {
         let m = try MountFixture()
         defer { m.cleanup() }

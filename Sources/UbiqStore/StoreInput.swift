@@ -1,0 +1,82 @@
+import Foundation
+
+// What a store sends is input like any other: another device, a newer client or a hostile
+// writer may have put anything there. Here is what a device takes of it, and what it leaves.
+
+extension ObjectMetadata {
+    /// Reads each field on its own: a field that does not decode (a negative mode, an unknown
+    /// kind, a link target that is not base64) is its default, named in `issues`; only a text
+    /// that is not a JSON object at all fails.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        var issues: [String] = []
+        func field<T: Decodable>(_ key: CodingKeys, _ type: T.Type) -> T? {
+            do { return try c.decodeIfPresent(T.self, forKey: key) } catch {
+                issues.append("\(key.stringValue) unreadable")
+                return nil
+            }
+        }
+        let kindName = field(.kind, String.self)
+        if let kindName, let k = ObjectKind(rawValue: kindName) { kind = k } else {
+            kind = .file
+            issues.append(kindName.map { "kind \($0.debugDescription) unknown" } ?? "kind missing")
+        }
+        mode = field(.mode, UInt32.self).map { $0 & 0o7777 } ?? 0o644
+        uid = field(.uid, UInt32.self) ?? getuid()
+        gid = field(.gid, UInt32.self) ?? getgid()
+        mtimeNs = field(.mtimeNs, Int64.self) ?? 0
+        rdev = field(.rdev, UInt64.self) ?? 0
+        target = field(.target, Data.self)
+        xattrs = field(.xattrs, [String: Data].self) ?? [:]
+        origin = field(.origin, String.self)
+        device = field(.device, String.self)
+        sha256 = field(.sha256, String.self)
+        self.issues = issues
+    }
+
+    /// Metadata a device can take for an object whose own could not be read at all: that of an
+    /// object another tool wrote (a file 0644, a folder 0755, owned by this user).
+    public static func unreadable(key: String, why: String) -> ObjectMetadata {
+        var m = ObjectMetadata(kind: key.hasSuffix("/") ? .directory : .file, mode: key.hasSuffix("/") ? 0o755 : 0o644,
+                               uid: getuid(), gid: getgid())
+        m.issues = ["unreadable (\(why))"]
+        return m
+    }
+}
+
+extension ObjectInfo {
+    /// The largest file a device takes: what ext4 holds (16 TiB), more than S3 keeps (5 TiB).
+    public static let maxSize: Int64 = 1 << 44
+    /// The longest link target a local disk takes (PATH_MAX less its NUL).
+    public static let maxLinkTarget = 4095
+
+    /// Why a device cannot take this object as an item (nil: it can). Such an object is left
+    /// out, with a warning; everything else goes on.
+    public var unusable: String? {
+        if let defect { return defect }
+        if size < 0 { return "its size is negative (\(size))" }
+        if size > Self.maxSize { return "its size (\(size) bytes) is beyond what any disk holds" }
+        if metadata.kind == .symlink && !key.hasSuffix("/") {
+            guard let t = metadata.target, !t.isEmpty else { return "a link without a target" }
+            if t.contains(0) { return "its link target holds a NUL byte" }
+            if t.count > Self.maxLinkTarget { return "its link target is \(t.count) bytes (at most \(Self.maxLinkTarget))" }
+        }
+        return nil
+    }
+}
+
+/// A store key compared as bytes. Swift's `String` compares and hashes by canonical
+/// equivalence, so NFC "é" and NFD "é" are one String; they are two keys in a store and two
+/// names on a Linux disk. Sets and dictionaries of keys use this.
+public struct KeyBytes: Hashable, Sendable, Comparable {
+    public let key: String
+    public init(_ key: String) { self.key = key }
+    public static func == (a: KeyBytes, b: KeyBytes) -> Bool { a.key.utf8.elementsEqual(b.key.utf8) }
+    public func hash(into h: inout Hasher) { for b in key.utf8 { h.combine(b) } }
+    public static func < (a: KeyBytes, b: KeyBytes) -> Bool { a.key.utf8.lexicographicallyPrecedes(b.key.utf8) }
+}
+
+extension String {
+    /// Whether two keys (or names) are the same bytes (`==` is canonical equivalence).
+    public func sameBytes(_ other: String) -> Bool { utf8.elementsEqual(other.utf8) }
+}
