@@ -415,7 +415,7 @@ extension FileSystem {
 
     public func setxattr(_ ino: UInt64, _ name: [UInt8], _ value: [UInt8], mode: XattrSetMode) throws {
         try Self.checkXattrName(name)
-        if value.count > 65536 { throw FSError.range }
+        if value.count > XattrLimits.valueBytes { throw FSError.range }
         if name.starts(with: Self.reservedPrefix) { return try setControlAttribute(ino, name, value) }
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
@@ -425,6 +425,9 @@ extension FileSystem {
             let exists = n.xattrs[name] != nil
             if mode == .create && exists { throw FSError.exists }
             if mode == .replace && !exists { throw FSError.noAttribute }
+            // No more than a disk holds for one item (XattrLimits): ENOSPC, as ext4 says.
+            let others = n.xattrs.reduce(0) { $0 + ($1.key == name ? 0 : $1.key.count + $1.value.count) }
+            if others + name.count + value.count > XattrLimits.totalBytes { throw FSError.noSpace }
             n.rec.ctimeNs = nowNanos()
             n.rec.metaGen += 1
             let rec = n.rec

@@ -27,7 +27,9 @@ extension ObjectMetadata {
         mtimeNs = field(.mtimeNs, Int64.self) ?? 0
         rdev = field(.rdev, UInt64.self) ?? 0
         target = field(.target, Data.self)
-        xattrs = field(.xattrs, [String: Data].self) ?? [:]
+        let (kept, dropped) = XattrLimits.within(field(.xattrs, [String: Data].self) ?? [:])
+        xattrs = kept
+        if dropped > 0 { issues.append("\(dropped) extended attributes over the limits left out") }
         origin = field(.origin, String.self)
         device = field(.device, String.self)
         sha256 = field(.sha256, String.self)
@@ -62,6 +64,32 @@ extension ObjectInfo {
             if t.count > Self.maxLinkTarget { return "its link target is \(t.count) bytes (at most \(Self.maxLinkTarget))" }
         }
         return nil
+    }
+}
+
+/// What one item may carry in extended attributes, here and from the store: a name up to 255
+/// bytes and a value up to 64 KiB (Linux's and XFS's limits), and 256 KiB of names and values
+/// in all (ext4 holds about 4 KiB without `ea_inode`; this is more, and bounded). Past them a
+/// write gets ENOSPC, as a full ext4 says; the store's are left out.
+public enum XattrLimits {
+    public static let nameBytes = 255
+    public static let valueBytes = 65536
+    public static let totalBytes = 256 << 10
+
+    /// `xattrs` within the limits (taken in name order, as bytes) and how many were left out.
+    public static func within(_ xattrs: [String: Data]) -> (kept: [String: Data], dropped: Int) {
+        var kept: [String: Data] = [:]
+        var total = 0, dropped = 0
+        for k in xattrs.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+            let v = xattrs[k]!, size = k.utf8.count + v.count
+            if k.utf8.count > nameBytes || k.isEmpty || v.count > valueBytes || total + size > totalBytes || kept[k] != nil {
+                dropped += 1
+                continue
+            }
+            kept[k] = v
+            total += size
+        }
+        return (kept, dropped)
     }
 }
 

@@ -132,6 +132,39 @@ import Testing
         #expect(try b.names("") == ["fine"])
     }
 
+    /// Extended attributes are bounded as on a local disk (a file once took 2,000 values of
+    /// 4,000 bytes): a write past 256 KiB in all gets ENOSPC; the store's past it are left out.
+    @Test func extendedAttributesHaveTheLimitsOfADisk() async throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("f", "x")
+        let f = try a.ino("f")
+        let value = [UInt8](repeating: 7, count: 4000)
+        var set = 0
+        do {
+            for i in 0 ..< 2000 {
+                try a.fs.setxattr(f, Array("user.a\(i)".utf8), value, mode: .any)
+                set += 1
+            }
+        } catch FSError.noSpace {}
+        #expect(set > 60 && set < 70, "\(set) values of 4000 bytes")
+        // Replacing one counts it once; removing one makes room.
+        try a.fs.setxattr(f, Array("user.a0".utf8), value, mode: .replace)
+        try a.fs.removexattr(f, Array("user.a1".utf8))
+        try a.fs.setxattr(f, Array("user.b".utf8), value, mode: .create)
+        a.sync()
+        // From the store: the same bound.
+        var many: [String: String] = [:]
+        for i in 0 ..< 500 { many["user.z\(i)"] = Data(value).base64EncodedString() }
+        many["user.toolong-" + String(repeating: "n", count: 300)] = ""
+        try Index(store).plant(key: "decorated", meta: Self.meta(["xattrs": many]))
+        let b = try Device(store: store)
+        let kept = try b.fs.listxattr(try b.ino("decorated")).filter { $0.starts(with: Array("user.z".utf8)) }
+        #expect(kept.count > 60 && kept.count < 70, "\(kept.count) kept")
+        #expect(b.log.count("extended attributes over the limits left out") == 1, "\(b.log.all)")
+        #expect(try b.fs.listxattr(try b.ino("f")).filter { !$0.starts(with: Array("user.ubiq.".utf8)) }.count == set)
+    }
+
     /// Names equal under Unicode normalization are two names (the feed once deduplicated them
     /// as Strings, and the second was lost on other devices).
     @Test func namesEqualUnderNormalizationAreTwoNames() async throws {
