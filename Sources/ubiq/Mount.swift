@@ -175,7 +175,7 @@ struct MountPlan {
         let mp = Paths.absolute(m.mountpoint)
         var isDir: ObjCBool = false
         if let e = Mounts.entry(at: mp) {
-            let alive = Mounts.record(for: mp).map { Mounts.isAlive($0.pid) } ?? false
+            let alive = Mounts.record(for: mp).map(Mounts.isRunning) ?? false
             if e.type == "fuse.ubiq" && !alive {
                 // A daemon that died (killed) left its mount behind: clear it.
                 _ = Mounts.fusermount(["-u", "-z", mp])
@@ -337,6 +337,15 @@ struct MountPlan {
 
 /// One daemon per state directory: an flock on `<state>/lock` holding the pid.
 enum StateLock {
+    /// Whether a daemon holds the lock of `dir` (nil: the lock cannot be opened to tell).
+    static func isHeld(_ dir: String) -> Bool? {
+        let fd = open(dir + "/lock", O_RDONLY | O_CLOEXEC)
+        if fd < 0 { return errno == ENOENT ? false : nil }
+        defer { close(fd) }
+        if flock(fd, LOCK_EX | LOCK_NB) == 0 { flock(fd, LOCK_UN); return false }
+        return true
+    }
+
     static func holder(_ dir: String) -> Int32? {
         let fd = open(dir + "/lock", O_RDONLY | O_CLOEXEC)
         if fd < 0 { return nil }

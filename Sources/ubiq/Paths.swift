@@ -1,4 +1,5 @@
 import Foundation
+import UbiqStore
 
 /// Where things live by default (XDG base directories).
 enum Paths {
@@ -53,13 +54,30 @@ struct MountRecord: Codable {
 }
 
 enum Mounts {
+    /// The whole mount table. (Foundation reads a file as long as stat says it is, and a /proc
+    /// file says 0: it read the first 4 KiB, and a machine with many mounts lost ours.)
+    static func mountinfo() -> String? {
+        let fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC)
+        if fd < 0 { return nil }
+        defer { close(fd) }
+        var out: [UInt8] = []
+        var buf = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = buf.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n < 0 { if errno == EINTR { continue }; return nil }
+            if n == 0 { break }
+            out += buf[..<n]
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
     /// The mount table entry for `path`, if any: (fstype, source).
     static func entry(at path: String) -> (type: String, source: String)? {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
+        guard let text = mountinfo() else { return nil }
         for line in text.split(separator: "\n") {
             let f = line.split(separator: " ")
             guard f.count > 9, let dash = f.firstIndex(of: "-"), dash + 2 < f.count else { continue }
-            if unescape(String(f[4])) == path { return (String(f[dash + 1]), String(f[dash + 2])) }
+            if unescape(String(f[4])).sameBytes(path) { return (String(f[dash + 1]), String(f[dash + 2])) }
         }
         return nil
     }
@@ -79,14 +97,14 @@ enum Mounts {
 
     /// The ubiq mount point that `path` is in, if any (the innermost mount containing it must be ubiq's).
     static func ubiqMount(containing path: String) -> String? {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
+        guard let text = mountinfo() else { return nil }
         var best: (mountpoint: String, type: String)?
         for line in text.split(separator: "\n") {
             let f = line.split(separator: " ")
             guard f.count > 9, let dash = f.firstIndex(of: "-"), dash + 1 < f.count else { continue }
             let mp = unescape(String(f[4]))
-            let inside = path == mp || path.hasPrefix(mp == "/" ? "/" : mp + "/")
-            if inside && mp.count >= (best?.mountpoint.count ?? -1) { best = (mp, String(f[dash + 1])) }
+            let inside = path.sameBytes(mp) || path.utf8.starts(with: (mp == "/" ? "/" : mp + "/").utf8)
+            if inside && mp.utf8.count >= (best?.mountpoint.utf8.count ?? -1) { best = (mp, String(f[dash + 1])) }
         }
         return best?.type == "fuse.ubiq" ? best?.mountpoint : nil
     }
@@ -97,6 +115,13 @@ enum Mounts {
     }
 
     static func isAlive(_ pid: Int32) -> Bool { kill(pid, 0) == 0 || errno == EPERM }
+
+    /// Whether the daemon of `rec` still runs: it holds its state directory's lock. A daemon
+    /// that died holds nothing, even while it is a zombie not yet reaped (which `kill(pid, 0)`
+    /// takes for alive). Where the lock cannot be looked at, the process is asked.
+    static func isRunning(_ rec: MountRecord) -> Bool {
+        StateLock.isHeld(rec.state) ?? isAlive(rec.pid)
+    }
 
     static func fusermount(_ args: [String]) -> Bool {
         let p = Process()

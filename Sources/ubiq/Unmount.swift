@@ -25,8 +25,8 @@ struct Unmount: ParsableCommand {
         guard entry.type == "fuse.ubiq" else { fail("\(mp) is not a ubiq mount (\(entry.type))") }
         // The daemon's registry file is under the XDG_STATE_HOME it was started with; when this
         // command does not find it there (another environment, sudo), the daemon is asked.
-        let registered = Mounts.record(for: mp).flatMap { Mounts.isAlive($0.pid) ? $0 : nil }
-        guard let rec = registered ?? Self.askDaemon(mp), Mounts.isAlive(rec.pid) else {
+        let registered = Mounts.record(for: mp).flatMap { Mounts.isRunning($0) ? $0 : nil }
+        guard let rec = registered ?? Self.askDaemon(mp), Mounts.isRunning(rec) else {
             // The daemon is gone (killed): only the kernel's mount is left.
             if Mounts.fusermount(["-u", "-z", mp]) || umount2(mp, Int32(MNT_DETACH)) == 0 {
                 print("Unmounted \(mp) (its daemon had stopped; pending changes upload at the next mount).")
@@ -40,8 +40,8 @@ struct Unmount: ParsableCommand {
         kill(rec.pid, SIGTERM)
         let wait = (timeout ?? 30) + 30
         let deadline = Date(timeIntervalSinceNow: wait)
-        while Mounts.isAlive(rec.pid) && Date() < deadline { usleep(50_000) }
-        if Mounts.isAlive(rec.pid) { fail("the daemon (pid \(rec.pid)) did not stop within \(Int(wait)) s") }
+        while Mounts.isRunning(rec) && Date() < deadline { usleep(50_000) }
+        if Mounts.isRunning(rec) { fail("the daemon (pid \(rec.pid)) did not stop within \(Int(wait)) s") }
         if Mounts.entry(at: mp) != nil { _ = Mounts.fusermount(["-u", mp]) }
         let counts: (Int, Int)
         do {

@@ -102,7 +102,7 @@ final class MountFixture: @unchecked Sendable {
     func unmount() -> ShellResult { ubiq("unmount \(mnt)") }
 
     var isMounted: Bool {
-        let info = (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8)) ?? ""
+        let info = readWhole("/proc/self/mountinfo")
         return info.split(separator: "\n").contains { $0.split(separator: " ").dropFirst(4).first.map(String.init) == mnt }
     }
 
@@ -154,4 +154,20 @@ func eventually(_ m: MountFixture, _ script: String, seconds: Double = 20) -> Sh
 
 func expectOK(_ r: ShellResult, _ what: String = "", sourceLocation: SourceLocation = #_sourceLocation) {
     #expect(r.status == 0, "\(what) failed (\(r.status)): \(r.err)\(r.out)", sourceLocation: sourceLocation)
+}
+
+/// A file read to its end with read(2) (Foundation reads a /proc file only as far as stat says).
+func readWhole(_ path: String) -> String {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    if fd < 0 { return "" }
+    defer { close(fd) }
+    var out: [UInt8] = []
+    var buf = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let n = buf.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n < 0 && errno == EINTR { continue }
+        if n <= 0 { break }
+        out += buf[..<n]
+    }
+    return String(decoding: out, as: UTF8.self)
 }

@@ -172,6 +172,51 @@ import Testing
         #expect(shell("grep -q ' \(base)/m1 ' /proc/mounts").status != 0)
     }
 
+    /// With 200 other mounts before it in the mount table (containers, snaps), the commands
+    /// still find the mount (they once read only the first 4 KiB of /proc/self/mountinfo), and
+    /// a mount after a crash clears the dead one rather than saying the point does not exist.
+    @Test func manyOtherMountsDoNotHideOurs() throws {
+        let others = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-many-\(UUID().uuidString.prefix(8))").path
+        defer { shell("for d in \(others)/*; do umount \"$d\"; done; rm -rf \(others)") }
+        let made = shell("for i in $(seq 1 200); do mkdir -p \(others)/m$i && mount -t tmpfs -o size=1m t$i \(others)/m$i || exit 1; done")
+        expectOK(made, "200 tmpfs mounts")
+        #expect(readWhole("/proc/self/mountinfo").utf8.count > 16384)
+        let m = try MountFixture(extra: "--upload-delay 0")
+        defer { m.cleanup() }
+        expectOK(m.sh("echo one > f && \(ubiqBinary) sync . && \(ubiqBinary) status f | grep -q current"), "status in the mount")
+        #expect(m.signalDaemon(SIGKILL))
+        try m.mount()
+        expectOK(m.sh("[ \"$(cat f)\" = one ]"))
+        let u = m.unmount()
+        expectOK(u)
+        #expect(u.out.contains("All changes are in the store"), "\(u.out)")
+    }
+
+    /// A daemon killed but not yet reaped (a zombie; where init never reaps, for good) does not
+    /// hold its mount point: its state lock is gone, and that is what tells.
+    @Test func aZombieDaemonDoesNotHoldItsMountPoint() throws {
+        let m = try MountFixture()
+        let tag = "3599.\(Int.random(in: 100_000 ... 999_999))"
+        defer { m.cleanup(); shell("pkill -KILL -f 'sleep \(tag)'") }
+        expectOK(m.sh("echo kept > f && sync f"))
+        expectOK(m.unmount())
+        // A parent that never reaps: sh starts the daemon in the background, then becomes sleep.
+        // (Descriptors past 2 are closed first: Foundation's Process waits for its own to close.)
+        shell("""
+            (for fd in $(ls /proc/$BASHPID/fd); do [ $fd -gt 2 ] && eval "exec $fd>&-"; done
+             exec sh -c '\(ubiqBinary) mount --foreground --store dir:\(m.store) --state \(m.state) \(m.mnt) & exec sleep \(tag)') </dev/null >/dev/null 2>&1 &
+            """, env: m.env)
+        let deadline = Date(timeIntervalSinceNow: 30)
+        while !(m.isMounted && m.sh("[ \"$(cat f)\" = kept ]").status == 0) && Date() < deadline { usleep(100_000) }
+        guard let pid = m.daemonPID, m.isMounted else { Issue.record("the foreground daemon did not mount"); return }
+        kill(pid, SIGKILL)
+        let dead = Date(timeIntervalSinceNow: 10)
+        while !readWhole("/proc/\(pid)/stat").contains(") Z ") && Date() < dead { usleep(50_000) }
+        #expect(readWhole("/proc/\(pid)/stat").contains(") Z "), "not a zombie: \(readWhole("/proc/\(pid)/stat"))")
+        try m.mount()
+        expectOK(m.sh("[ \"$(cat f)\" = kept ]"))
+    }
+
     /// A daemon that crashes says why in its log (detached, its standard error is the log),
     /// and the next mount has everything.
     @Test func aCrashSaysWhyInTheLog() throws {
