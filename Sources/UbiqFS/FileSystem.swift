@@ -120,6 +120,8 @@ public final class FileSystem: @unchecked Sendable {
         uploader?.setQuietCheck { [weak self] in self?.secondsSinceLastChange ?? .infinity }
         uploader?.setOutcomeHook { [weak self] ino, conflict in
             self?.emit(conflict ? .conflict : .status, ino)
+            // Uploaded, the file may be evicted now: the cache limit holds again.
+            self?.scheduleCacheLimitCheck()
             // A conflict copy was made in the store: bring it here now, not at the next poll.
             if conflict, let poll = self?.remoteRetry.withLock({ $0 }) { poll() }
         }

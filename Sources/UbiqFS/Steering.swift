@@ -132,7 +132,8 @@ extension FileSystem {
                 try persist { tx in try tx.upsert(rec) }
             }
         }()
-        if pinned { try download(ino) }
+        // Unpinned, it may be evicted now: the cache limit holds again.
+        if pinned { try download(ino) } else { scheduleCacheLimitCheck() }
     }
 
     /// Pinned itself, or under a pinned folder.

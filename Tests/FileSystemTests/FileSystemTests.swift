@@ -929,6 +929,25 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(try b.read("f1") == String(repeating: "1", count: 1 << 20))
     }
 
+    /// Files written while they cannot go up keep the cache over its limit (they must stay);
+    /// once uploaded they may go, and they do, without anything else being read or written.
+    @Test func theCacheLimitHoldsOnceUploadsFinish() throws {
+        let store = try newStore()
+        let limit: Int64 = 10 << 20
+        let a = try Device(store: store, cacheLimit: limit)
+        for i in 0 ..< 3 { try a.write("f\(i)", String(repeating: Character(String(i)), count: 8 << 20)) }
+        #expect(a.fs.localContentBytes == 24 << 20)
+        a.fs.enforceCacheLimit()
+        #expect(a.fs.localContentBytes == 24 << 20, "nothing uploaded yet: nothing may go")
+        a.uploader.start()
+        defer { a.uploader.stop() }
+        let deadline = Date(timeIntervalSinceNow: 30)
+        while a.fs.localContentBytes > limit && Date() < deadline { usleep(50_000) }
+        #expect(a.fs.localContentBytes <= limit, "\(a.fs.localContentBytes) bytes local after the uploads")
+        // (read() reads the first MiB.)
+        for i in 0 ..< 3 { #expect(try a.read("f\(i)") == String(repeating: Character(String(i)), count: 1 << 20)) }
+    }
+
     @Test func metadataChangesMovesAndDeletesNeverDownload() throws {
         let (d, counting, ino) = try uploadedDevice(8 << 20)
         try d.mkdir("dir")
