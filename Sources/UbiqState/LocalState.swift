@@ -103,6 +103,9 @@ public final class LocalState: Sendable {
             // SQLite's per-transaction file locks.
             if exclusive { _ = try String.fetchOne(db, sql: "PRAGMA locking_mode = EXCLUSIVE") }
         }
+        // The owner's alone, its -wal and -shm too (SQLite gives them the database file's mode).
+        if access(path, F_OK) != 0 { close(open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)) }
+        for f in [path, path + "-wal", path + "-shm"] { chmod(f, 0o600) }
         do {
             dbQueue = try DatabaseQueue(path: path, configuration: config)
             try dbQueue.writeWithoutTransaction { db in
@@ -113,7 +116,7 @@ public final class LocalState: Sendable {
             throw StateError.database("cannot open \(path): \(error)")
         }
         walFD = open(path + "-wal", O_RDONLY | O_CLOEXEC)
-        chmod(path, 0o600)
+        for f in [path, path + "-wal", path + "-shm"] { chmod(f, 0o600) }
     }
 
     deinit { if walFD >= 0 { close(walFD) } }

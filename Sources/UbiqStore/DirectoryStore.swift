@@ -30,14 +30,37 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             throw StoreError.failed("cannot create store at \(root.path): \(error.localizedDescription)")
         }
         Self.removeAbandonedUploads(in: root.appendingPathComponent("tmp"))
+        // The store is its owner's alone: the index holds every name, owner and xattr value.
+        // (SQLite gives its -wal and -shm files the mode of the database file.)
+        let index = root.appendingPathComponent("store.db").path
+        if getuid() == Self.owner(root.path) {
+            chmod(root.path, 0o700)
+            for f in [index, index + "-wal", index + "-shm"] { chmod(f, 0o600) }
+        }
+        if !fm.fileExists(atPath: index) { fm.createFile(atPath: index, contents: nil, attributes: [.posixPermissions: 0o600]) }
         var config = Configuration()
         config.busyMode = .timeout(30)
         do {
-            db = try DatabasePool(path: root.appendingPathComponent("store.db").path, configuration: config)
+            db = try DatabasePool(path: index, configuration: config)
             try Self.migrator.migrate(db)
+            identity = try db.write { db in
+                if let id = try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'store_id'") { return id }
+                let id = UUID().uuidString.lowercased()
+                try db.execute(sql: "INSERT INTO settings (name, value) VALUES ('store_id', ?)", arguments: [id])
+                return id
+            }
         } catch {
             throw StoreError.failed("cannot open store index at \(root.path): \(error)")
         }
+    }
+
+    /// This store's own name, made with it: a store made anew at the same path has another.
+    /// A device remembers the one it synced with, and will not take another for it.
+    public let identity: String
+
+    private static func owner(_ path: String) -> uid_t? {
+        var st = stat()
+        return stat(path, &st) == 0 ? st.st_uid : nil
     }
 
     /// An upload is written to `tmp/` as it goes; a device killed mid-upload leaves its part

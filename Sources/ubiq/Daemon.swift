@@ -17,6 +17,9 @@ struct Daemon {
 
     func run() -> Never {
         FuseServer.blockTerminationSignals()
+        // The state is the owner's alone, also in a folder that was there before (an fstab line's).
+        var st = stat()
+        if stat(plan.stateDir, &st) == 0 && st.st_uid == getuid() { chmod(plan.stateDir, 0o700) }
         let sink = FileLogHandler.Sink(path: plan.stateDir + "/ubiq.log", echo: echo)
         let logger = Logger(label: "ubiq") { label in FileLogHandler(sink: sink, label: label) }
         // Detached, standard error is the log too: a crash (a fatal error, a signal) says why
@@ -43,6 +46,14 @@ struct Daemon {
             ContentCache.clearStaging(in: cacheDir)
             state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true)
             store = try MountPlan.openStore(plan.store, indexPath: plan.stateDir + "/s3-index.db", logger: logger)
+            if let dir = store as? DirectoryStore {
+                // The store this device synced with, and no other made anew in its place.
+                let known = try state.read { try $0.meta("store_id") }
+                if let known, known != dir.identity {
+                    die("the store at \(dir.root.path) is not the one this device synced with (it was made anew or replaced); mount it with a new --state to start another device, and keep \(plan.stateDir) until its edits are recovered")
+                }
+                if known == nil { try state.write { try $0.setMeta("store_id", dir.identity) } }
+            }
             if let q = plan.quota, let dir = store as? DirectoryStore { try dir.setQuota(q > 0 ? q : nil) }
             if let name = plan.container {
                 let base = store

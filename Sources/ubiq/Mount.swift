@@ -78,6 +78,9 @@ struct Mount: ParsableCommand {
     @Flag(help: "Let the kernel buffer writes (FUSE writeback cache).")
     var writebackCache = false
 
+    @Flag(help: "Make a new embedded store where --store points if there is none (only the default store is made without it).")
+    var createStore = false
+
     @Flag(help: .hidden)
     var notifyReady = false
 
@@ -132,8 +135,12 @@ struct Mount: ParsableCommand {
             print("Mounted \(plan.storeURL) at \(plan.mountpoint). Unmount with: ubiq unmount \(plan.mountpoint)")
             return
         }
+        // Not mounted: what this mount made goes (nothing was acknowledged in it).
+        p.waitUntilExit()
+        for path in plan.made.reversed() { try? FileManager.default.removeItem(atPath: path) }
         if first.hasPrefix("error: ") { fail(String(first.dropFirst(7))) }
-        fail("the daemon exited before the mount was ready; see \(plan.stateDir)/ubiq.log")
+        let log = plan.made.contains(plan.stateDir) ? "" : "; see \(plan.stateDir)/ubiq.log"
+        fail("the daemon exited before the mount was ready\(log)")
     }
 }
 
@@ -164,6 +171,9 @@ struct MountPlan {
     var cacheSize: Int64
     /// nil: leave the store's quota as it is; 0: remove it.
     var quota: Int64?
+    /// What this mount made (a new store's directory, a new state directory): a mount that
+    /// fails removes it again, so that a failed mount leaves nothing behind.
+    var made: [String] = []
 
     static func check(_ m: Mount) throws -> MountPlan {
         guard m.readTimeout > 0, m.readTimeout <= 86_400 else {
@@ -230,8 +240,31 @@ struct MountPlan {
             guard let v = Self.parseSize(text), v > 0 else { throw UserError("invalid --cache-size \(text): use a size like 500M or 20G") }
             cacheSize = v
         }
+        // A store is made only where asked (--create-store) or as the default store, never at a
+        // mistyped path, and never for a device that synced with a store that is now missing.
+        let fm = FileManager.default
+        if let storePath {
+            if !fm.fileExists(atPath: storePath) {
+                if fm.fileExists(atPath: stateDir + "/state.db") {
+                    throw UserError("the store this device synced with is missing: nothing at \(storePath) (moved or deleted?); mount it where it is now with --store, or start another device with a new --state")
+                }
+                guard m.createStore || storePath == Paths.defaultStore else {
+                    throw UserError("no store at \(storePath): to make a new one there, add --create-store")
+                }
+            } else if !fm.fileExists(atPath: storePath + "/store.db"), let items = try? fm.contentsOfDirectory(atPath: storePath), !items.isEmpty {
+                throw UserError("\(storePath) is not a ubiq store (it holds files but no store.db)")
+            }
+        }
         // Every check passed: only now create what is missing.
-        if let storePath { try Self.createDirectory(storePath, what: "store", mode: 0o755) }
+        var made: [String] = []
+        if let storePath, !fm.fileExists(atPath: storePath) {
+            try Self.createDirectory(storePath, what: "store", mode: 0o700)
+            made.append(storePath)
+        } else if let storePath, (try? fm.contentsOfDirectory(atPath: storePath))?.isEmpty == true {
+            // An empty folder becomes a store: what makes it one goes if the mount fails.
+            made += ["store.db", "store.db-wal", "store.db-shm", "blobs", "tmp"].map { storePath + "/" + $0 }
+        }
+        if !fm.fileExists(atPath: stateDir) { made.append(stateDir) }
         try Self.createDirectory(stateDir, what: "state directory", mode: 0o700)
         if cacheSize == 0 {
             var st = statvfs()
@@ -251,7 +284,7 @@ struct MountPlan {
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),
-                         cacheSize: cacheSize, quota: quota)
+                         cacheSize: cacheSize, quota: quota, made: made)
     }
 
     /// A store URL (`dir:PATH`, `PATH`, `s3://BUCKET/PREFIX`) and its S3 options, checked.
@@ -273,7 +306,10 @@ struct MountPlan {
             return .s3(location, endpoint: endpoint, region: region)
         }
         if url.hasPrefix("dir:") || !url.contains("://") {
-            return .directory(path: Paths.absolute(url.hasPrefix("dir:") ? String(url.dropFirst(4)) : url))
+            let path = url.hasPrefix("dir:") ? String(url.dropFirst(4)) : url
+            // Never the current directory by accident.
+            if path.isEmpty { throw UserError("the store needs a path: dir:PATH") }
+            return .directory(path: Paths.absolute(path))
         }
         throw UserError("unsupported store URL \(url): use dir:PATH or s3://BUCKET/PREFIX")
     }

@@ -64,6 +64,7 @@ import Testing
         expectOK(shell("mkdir -p \(m.base)/free"))
         let missing = m.ubiq("mount --store dir:\(m.store) --container com.example.none --state \(m.base)/st1 \(m.base)/free")
         #expect(missing.status == 1 && missing.err.contains("no container com.example.none"), "\(missing.err)")
+        #expect(!FileManager.default.fileExists(atPath: m.base + "/st1"), "the failed mount left its state directory")
         let scope = m.ubiq("mount --store dir:\(m.store) --scope documents --state \(m.base)/st2 \(m.base)/free")
         #expect(scope.status == 1 && scope.err.contains("--scope applies to a container"), "\(scope.err)")
         expectOK(m.ubiq("container create --store dir:\(m.store) com.example.one"))

@@ -71,6 +71,8 @@ final class MountFixture: @unchecked Sendable {
         state = base + "/state"
         env = ["XDG_STATE_HOME": base + "/xdg-state", "XDG_DATA_HOME": base + "/xdg-data"].merging(daemonEnv) { a, _ in a }
         try FileManager.default.createDirectory(atPath: mnt, withIntermediateDirectories: true)
+        // A new store is made only where asked: in a folder made for it (or with --create-store).
+        if store == nil { try FileManager.default.createDirectory(atPath: self.store, withIntermediateDirectories: true) }
         if let mib = stateDiskMiB {
             try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
             let r = shell("mount -t tmpfs -o size=\(mib)m ubiq-test-state '\(state)'")

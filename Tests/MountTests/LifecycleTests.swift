@@ -93,7 +93,7 @@ import Testing
         }
         // Type "fuse" with "PROGRAM#SOURCE" names the binary; with ubiq on the system PATH,
         // type "fuse.ubiq" and a plain SOURCE do the same (README).
-        let line = "\(ubiqBinary)#dir:\(base)/store \(mnt) fuse noauto,state=\(base)/state,cache_size=1G,poll_interval=2 0 0\n"
+        let line = "\(ubiqBinary)#dir:\(base)/store \(mnt) fuse noauto,state=\(base)/state,cache_size=1G,poll_interval=2,create_store 0 0\n"
         try line.write(toFile: base + "/fstab", atomically: true, encoding: .utf8)
         expectOK(shell("mount -T \(base)/fstab \(mnt)"), "mount from fstab")
         #expect(shell("grep ' \(mnt) ' /proc/mounts").out.contains("fuse.ubiq"))
@@ -154,6 +154,7 @@ import Testing
         try FileManager.default.createDirectory(atPath: base + "/m1", withIntermediateDirectories: true)
         try FileManager.default.createDirectory(atPath: base + "/m2", withIntermediateDirectories: true)
         let env = ["XDG_CONFIG_HOME": base + "/config", "XDG_STATE_HOME": base + "/xdg"]
+        try FileManager.default.createDirectory(atPath: base + "/store", withIntermediateDirectories: true)
         try "# defaults\nstore = dir:\(base)/store\ncache-size = 1G   # small\nwriteback-cache = false\n"
             .write(toFile: base + "/config/ubiq/config", atomically: true, encoding: .utf8)
         let limit = { (m: String) in shell("getfattr -n user.ubiq.cache-limit --only-values \(m)").out }
@@ -170,6 +171,61 @@ import Testing
         let bad = shell("\(ubiqBinary) mount --state \(base)/state1 \(base)/m1", env: env)
         #expect(bad.status != 0 && bad.err.contains("line 2: unknown setting bogus"), "\(bad.err)")
         #expect(shell("grep -q ' \(base)/m1 ' /proc/mounts").status != 0)
+    }
+
+    /// A store is made only where asked: never at a mistyped path, never in the current
+    /// directory, never over a folder of other files; and a mount that fails leaves nothing.
+    @Test func aStoreIsMadeOnlyWhereAskedAndAFailedMountLeavesNothing() throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-stores-\(UUID().uuidString.prefix(8))").path
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        expectOK(shell("mkdir -p \(base)/free \(base)/notastore \(base)/empty && echo x > \(base)/notastore/file"))
+        let env = ["XDG_STATE_HOME": base + "/xdg", "XDG_DATA_HOME": base + "/xdg-data"]
+        func mount(_ args: String) -> ShellResult { shell("cd \(base)/free && \(ubiqBinary) mount \(args) \(base)/free", env: env) }
+        let exists = { (p: String) in FileManager.default.fileExists(atPath: base + "/" + p) }
+        let typo = mount("--store dir:\(base)/stroe --state \(base)/st1")
+        #expect(typo.status != 0 && typo.err.contains("no store at \(base)/stroe") && typo.err.contains("--create-store"), "\(typo.err)")
+        #expect(!exists("stroe") && !exists("st1"))
+        let blank = mount("--store dir: --state \(base)/st2")
+        #expect(blank.status != 0 && blank.err.contains("needs a path"), "\(blank.err)")
+        #expect(!exists("st2") && !exists("free/store.db"))
+        let other = mount("--store dir:\(base)/notastore --state \(base)/st3")
+        #expect(other.status != 0 && other.err.contains("not a ubiq store"), "\(other.err)")
+        #expect(!exists("st3") && !exists("notastore/store.db"))
+        // Everything checks, but FUSE refuses an option: the new store and state go again.
+        let bad = mount("--store dir:\(base)/new --create-store -o nonsenseopt --state \(base)/st4")
+        #expect(bad.status != 0, "\(bad.out)")
+        #expect(!exists("new") && !exists("st4"), "left behind: \(shell("ls -R \(base)").out)")
+        let bad2 = mount("--store dir:\(base)/empty -o nonsenseopt --state \(base)/st5")
+        #expect(bad2.status != 0)
+        #expect(!exists("st5") && shell("ls -A \(base)/empty").out.isEmpty, "left in the empty folder: \(shell("ls -A \(base)/empty").out)")
+        // Asked for: made.
+        let made = mount("--store dir:\(base)/new --create-store --state \(base)/st6")
+        expectOK(made, "--create-store")
+        expectOK(shell("\(ubiqBinary) unmount \(base)/free", env: env))
+        #expect(exists("new/store.db"))
+    }
+
+    /// A device whose store went missing (moved away) or was made anew in its place refuses
+    /// to mount, with one line that says so; the store back where it was mounts as before.
+    @Test func aDeviceWhoseStoreIsGoneOrMadeAnewRefusesToMount() throws {
+        let m = try MountFixture(extra: "--upload-delay 0")
+        defer { m.cleanup(); try? FileManager.default.removeItem(atPath: m.store + ".moved") }
+        expectOK(m.sh("echo kept > f && \(ubiqBinary) sync ."))
+        expectOK(m.unmount())
+        expectOK(shell("mv \(m.store) \(m.store).moved"))
+        for extra in ["", "--create-store"] {
+            let r = m.ubiq("mount --store dir:\(m.store) \(extra) --state \(m.state) \(m.mnt)")
+            #expect(r.status != 0 && r.err.contains("the store this device synced with is missing"), "\(r.err)")
+            #expect(!FileManager.default.fileExists(atPath: m.store))
+        }
+        // Made anew at the same path (an empty folder becomes a store): not the one it synced with.
+        expectOK(shell("mkdir \(m.store)"))
+        let anew = m.ubiq("mount --store dir:\(m.store) --state \(m.state) \(m.mnt)")
+        #expect(anew.status != 0 && anew.err.contains("not the one this device synced with"), "\(anew.err)")
+        #expect(shell("ls -A \(m.store)").out.isEmpty, "the failed mount left a store behind")
+        expectOK(shell("rmdir \(m.store) && mv \(m.store).moved \(m.store)"))
+        try m.mount()
+        expectOK(m.sh("[ \"$(cat f)\" = kept ]"))
     }
 
     /// With 200 other mounts before it in the mount table (containers, snaps), the commands
