@@ -488,9 +488,11 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         return size
     }
 
+    /// The store's disk failing (read-only, its folder gone, no permission, an I/O error) can
+    /// heal: the write is tried again, with backoff, for as long as it takes.
     private static func ioError(_ what: String, _ e: Int32) -> StoreError {
         if e == ENOSPC || e == EDQUOT { return .quotaExceeded(key: what) }
-        return .failed("\(what): \(String(cString: strerror(e)))")
+        return .unavailable("\(what): \(String(cString: strerror(e)))")
     }
 
     private func removeBlobs(_ blobs: [String]) {
@@ -522,21 +524,20 @@ public enum FileCopy {
             if n == 0 { return total }
             if errno == EINTR { continue }
             if errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP { break }
-            if errno == ENOSPC || errno == EDQUOT { throw LocalWriteError(errno: errno) }
-            throw StoreError.failed("copy: \(String(cString: strerror(errno)))")
+            // Which side failed is not known here: the writer's errno, kept (ENOSPC, EROFS, EIO).
+            throw LocalWriteError(errno: errno)
         }
         var buf = [UInt8](repeating: 0, count: 1 << 20)
         while true {
             let n = buf.withUnsafeMutableBytes { read(inp, $0.baseAddress, $0.count) }
-            if n < 0 { if errno == EINTR { continue }; throw StoreError.failed("read: \(String(cString: strerror(errno)))") }
+            if n < 0 { if errno == EINTR { continue }; throw StoreError.unavailable("read: \(String(cString: strerror(errno)))") }
             if n == 0 { return total }
             var off = 0
             while off < n {
                 let w = buf.withUnsafeBytes { write(out, $0.baseAddress! + off, n - off) }
                 if w < 0 {
                     if errno == EINTR { continue }
-                    if errno == ENOSPC || errno == EDQUOT { throw LocalWriteError(errno: errno) }
-                    throw StoreError.failed("write: \(String(cString: strerror(errno)))")
+                    throw LocalWriteError(errno: errno)
                 }
                 off += w
             }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import CUbiq
 import Foundation
+import UbiqState
 
 /// The paths given, resolved, each checked to be inside a ubiq mount.
 func pathsInMounts(_ paths: [String]) -> [String] {
@@ -189,7 +190,34 @@ struct Sync: ParsableCommand {
         guard let p = pathsInMounts([path]).first else { return }
         let e = setAttribute(p, "user.ubiq.action", "sync")
         if e != 0 { fail("cannot sync \(path): \(e == EIO ? "the store could not be reached" : String(cString: strerror(e)))") }
-        print("synced \(Mounts.ubiqMount(containing: p) ?? p)")
+        let mount = Mounts.ubiqMount(containing: p) ?? p
+        // Never "synced" while something is not in the store: name each, with why.
+        let waiting = Int(getAttribute(mount, "user.ubiq.items-uploading") ?? "0") ?? 0
+        let failed = Int(getAttribute(mount, "user.ubiq.items-errors") ?? "0") ?? 0
+        if waiting + failed == 0 {
+            print("synced \(mount)")
+            return
+        }
+        var lines: [String] = []
+        if let c = ControlClient.reach(mount: mount) {
+            defer { c.close() }
+            var spec = QuerySpec()
+            spec.status = ["uploading", "error", "local"]
+            spec.limit = 50
+            if let reply = c.ask(["op": "query", "scope": "", "spec": (try? JSONSerialization.jsonObject(with: JSONEncoder().encode(spec))) ?? [:]]),
+               let items = reply["items"] as? [[String: Any]] {
+                for item in items where (item["type"] as? String) != "folder" {
+                    let rel = item["path"] as? String ?? ""
+                    let full = mount + "/" + rel
+                    let why = getAttribute(full, "user.ubiq.uploading-error").flatMap { $0.isEmpty ? nil : $0 }
+                        ?? getAttribute(full, "user.ubiq.downloading-error").flatMap { $0.isEmpty ? nil : $0 }
+                    lines.append("  \(item["status"] as? String ?? "?") \(rel)\(why.map { ": " + $0 } ?? "")")
+                }
+            }
+        }
+        print("not synced: \(waiting) items with changes not yet in the store, \(failed) with errors, in \(mount)")
+        for l in lines { print(l) }
+        throw ExitCode(1)
     }
 }
 

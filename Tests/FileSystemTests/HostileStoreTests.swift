@@ -254,3 +254,25 @@ import Testing
         }
     }
 }
+
+/// The store's disk failing is a fault that heals: what was to go up waits, says why, and goes
+/// once the store is back (it was taken for a permanent failure, and the file stayed in
+/// `error`, not in the store, after the store was repaired).
+@Suite struct StoreDiskFaultTests {
+    @Test func aStoreFolderThatFailsHealsAndTheUploadGoes() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let tmp = store.root.appendingPathComponent("tmp").path
+        #expect(rename(tmp, tmp + ".away") == 0)
+        try a.write("f", "waits")
+        let ino = try a.ino("f")
+        for _ in 0 ..< 3 { _ = a.uploader.processRound(ignoringDelay: true) }
+        #expect(try a.state.read { try $0.outboxCount() } == 1, "still queued")
+        #expect(try a.state.read { try $0.uploadErrorCount() } == 0, "not failed for good")
+        #expect(try a.state.read { try $0.uploadErrors()[ino]?.error }?.contains("No such file") == true)
+        #expect(rename(tmp + ".away", tmp) == 0)
+        a.sync()
+        #expect(try runBlocking { try await store.head("f") }.size == 5)
+        #expect(try a.state.read { try $0.uploadErrorCount() } == 0)
+    }
+}

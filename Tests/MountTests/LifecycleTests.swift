@@ -119,7 +119,7 @@ import Testing
         try FileManager.default.createDirectory(atPath: base + "/run", withIntermediateDirectories: true)
         let bad = shell("\(ubiqBinary) service install --no-start \(base)/mnt -- --cache-size banana", env: env)
         #expect(bad.status != 0 && bad.err.contains("invalid --cache-size"), "\(bad.err)")
-        let r = shell("\(ubiqBinary) service install --no-start \(base)/mnt -- --store dir:\(base)/store --state \(base)/state", env: env)
+        let r = shell("\(ubiqBinary) service install --no-start \(base)/mnt -- --store dir:\(base)/store --create-store --state \(base)/state", env: env)
         expectOK(r)
         let unit = shell("ls \(base)/config/systemd/user/ubiq-*.service").out.trimmingCharacters(in: .whitespacesAndNewlines)
         expectOK(shell("systemd-analyze verify --user \(unit)", env: env), "systemd accepts the unit")
@@ -579,6 +579,10 @@ import Testing
         expectOK(m.sh("head -c 30000000 /dev/urandom > too-big && sha256sum too-big > \(m.base)/sum"))
         expectOK(eventually(m, "[ \"$(\(status) too-big)\" = uploading ] && getfattr --only-values -n user.ubiq.uploading-error too-big | grep -q quota"),
                  "waits, saying why: \(m.sh("getfattr -d -m user.ubiq too-big").out)")
+        // ubiq sync does not say "synced": it names what did not go up, and why, and fails.
+        let sync = m.sh("\(ubiqBinary) sync .")
+        #expect(sync.status == 1 && sync.out.contains("not synced") && sync.out.contains("too-big: ") && sync.out.contains("quota"),
+                "\(sync.status) \(sync.out)\(sync.err)")
         let u = m.ubiq("unmount --timeout 3 \(m.mnt)")
         expectOK(u)
         #expect(u.out.contains("1 changes not yet uploaded"), "\(u.out)")
