@@ -229,6 +229,9 @@ struct MountPlan {
         if let holder = StateLock.holder(stateDir) {
             throw UserError("state directory \(stateDir) is in use by another ubiq daemon (pid \(holder))")
         }
+        if let why = StateCheck.unusableDatabase(in: stateDir) {
+            throw UserError("state directory \(stateDir) holds cached files but \(why); nothing was changed: ubiq recover --state \(stateDir) DEST copies its edits out, then mount with a new --state")
+        }
         var quota: Int64?
         if let text = m.quota {
             guard let v = Self.parseSize(text) else { throw UserError("invalid --quota \(text): use a size like 10G, or 0 for none") }

@@ -18,7 +18,7 @@ struct Ubiq: ParsableCommand {
             """,
         version: ubiqVersion,
         subcommands: [Mount.self, Unmount.self, Status.self, Query.self, Watch.self, Sync.self, Versions.self, Resolve.self,
-                      Restore.self, Service.self, Download.self, Evict.self, Pin.self, Unpin.self, KV.self, Container.self])
+                      Restore.self, Recover.self, Service.self, Download.self, Evict.self, Pin.self, Unpin.self, KV.self, Container.self])
 }
 
 let ubiqVersion = "0.1.0"

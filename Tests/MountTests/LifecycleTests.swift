@@ -228,6 +228,29 @@ import Testing
         expectOK(m.sh("[ \"$(cat f)\" = kept ]"))
     }
 
+    /// A state database lost beside cached edits (empty after a disk error) is not taken for a
+    /// new device: the mount is refused, changing nothing, and `ubiq recover` copies out the
+    /// edits the store does not hold.
+    @Test func aLostStateDatabaseIsRefusedAndRecoverBringsTheEditsBack() throws {
+        let flag = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-away-\(UUID().uuidString.prefix(8))").path
+        let m = try MountFixture(extra: "--upload-delay 0", daemonEnv: ["UBIQ_STORE_OFFLINE_FLAG": flag])
+        defer { m.cleanup(); unlink(flag) }
+        expectOK(m.sh("echo synced > s && \(ubiqBinary) sync ."))
+        FileManager.default.createFile(atPath: flag, contents: nil)
+        expectOK(m.sh("echo 'only here' > edit && sync edit"))
+        #expect(m.signalDaemon(SIGKILL))
+        expectOK(shell("fusermount3 -u -z \(m.mnt); : > \(m.state)/state.db && rm -f \(m.state)/state.db-wal \(m.state)/state.db-shm"))
+        let r = m.ubiq("mount --store dir:\(m.store) --state \(m.state) \(m.mnt)")
+        #expect(r.status != 0 && r.err.contains("state.db is empty") && r.err.contains("ubiq recover"), "\(r.err)")
+        #expect(shell("stat -c %s \(m.state)/state.db").out == "0\n", "the refused mount changed the database")
+        let rec = m.ubiq("recover --state \(m.state) --store dir:\(m.store) \(m.base)/rescued")
+        expectOK(rec, "recover")
+        #expect(rec.out.contains("1 files recovered") && rec.out.contains("1 already in the store") && rec.out.contains("is s"), "\(rec.out)")
+        #expect(shell("cat \(m.base)/rescued/recovered-*").out == "only here\n")
+        // Recovering again into the same place refuses to write over what it made.
+        #expect(m.ubiq("recover --state \(m.state) --store dir:\(m.store) \(m.base)/rescued").status != 0)
+    }
+
     /// With 200 other mounts before it in the mount table (containers, snaps), the commands
     /// still find the mount (they once read only the first 4 KiB of /proc/self/mountinfo), and
     /// a mount after a crash clears the dead one rather than saying the point does not exist.
