@@ -36,9 +36,16 @@ extension FileSystem {
     }
 
     /// A download finished: the file is local from now on (called by the Materializer).
-    func contentArrived(_ ino: UInt64) {
+    func contentArrived(_ ino: UInt64, version: String) {
         withLock {
             guard let n = nodes[ino], !n.rec.present else { return }
+            // Only if the item still stands for the version downloaded: a remote update may have
+            // made it the placeholder of a newer one meanwhile (its cache file removed).
+            let current = try? state.read { tx in try tx.entries(of: ino).first { $0.remoteKey != nil }?.remoteVersion }
+            guard current == version else {
+                logger.info("download of inode \(ino) finished for version \(version), but it stands for \(current.flatMap { $0 } ?? "none") now: not kept")
+                return
+            }
             n.rec.present = true
             let rec = n.rec
             do { try persist { tx in try tx.upsert(rec) } } catch {

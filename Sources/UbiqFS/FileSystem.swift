@@ -125,7 +125,7 @@ public final class FileSystem: @unchecked Sendable {
             // A conflict copy was made in the store: bring it here now, not at the next poll.
             if conflict, let poll = self?.remoteRetry.withLock({ $0 }) { poll() }
         }
-        materializer.setCompletion { [weak self] ino in self?.contentArrived(ino) }
+        materializer.setCompletion { [weak self] ino, version in self?.contentArrived(ino, version: version) }
         // Bytes thrown away (they did not match their digest) may be in the kernel's cache.
         materializer.setRejection { [weak self] ino in self?.kernelCache.withLock { $0 }?(ino) }
         resumePinnedDownloads()

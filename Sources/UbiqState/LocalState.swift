@@ -516,8 +516,14 @@ public struct StateTransaction {
         }
     }
 
-    public func removeDownload(_ ino: UInt64) throws {
-        try db.execute(cached: "DELETE FROM downloads WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
+    /// Forgets the saved progress of `ino`'s download (of `version` only, when given: a download
+    /// of a newer version may have started meanwhile).
+    public func removeDownload(_ ino: UInt64, version: String? = nil) throws {
+        if let version {
+            try db.execute(cached: "DELETE FROM downloads WHERE ino = ? AND version = ?", arguments: [Int64(bitPattern: ino), version])
+        } else {
+            try db.execute(cached: "DELETE FROM downloads WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
+        }
     }
 
     // MARK: xattrs

@@ -73,7 +73,7 @@ public final class Materializer: @unchecked Sendable {
 
     /// Content bytes brought from the store since this Materializer started.
     public var bytesFetched: Int64 { cond.lock(); defer { cond.unlock() }; return fetched }
-    private var completion: @Sendable (UInt64) -> Void = { _ in }
+    private var completion: @Sendable (UInt64, String) -> Void = { _, _ in }
     private var rejection: @Sendable (UInt64) -> Void = { _ in }
     /// Downloads thrown away because their bytes did not match their digest.
     public var digestMismatches: Int { cond.lock(); defer { cond.unlock() }; return mismatchCount }
@@ -133,8 +133,10 @@ public final class Materializer: @unchecked Sendable {
         self.completeInBackground = completeInBackground; self.attempts = attempts
     }
 
-    /// Called (on a download thread) when a file's content is wholly local and synced.
-    public func setCompletion(_ done: @escaping @Sendable (UInt64) -> Void) {
+    /// Called (on a download thread) when a file's content is wholly local and synced, with the
+    /// version downloaded: the item may stand for another by the time it runs (a remote update
+    /// between the end of the download and this call), and then the bytes are not its own.
+    public func setCompletion(_ done: @escaping @Sendable (UInt64, String) -> Void) {
         cond.lock(); completion = done; cond.unlock()
     }
 
@@ -436,8 +438,8 @@ public final class Materializer: @unchecked Sendable {
         if finished {
             _ = fsync(job.fd)
             close(job.fd)
-            done(job.ino)  // persists `present` before the job is dropped (see `start`)
-            try? state.write { try $0.removeDownload(job.ino) }
+            done(job.ino, job.version)  // persists `present` before the job is dropped (see `start`)
+            try? state.write { try $0.removeDownload(job.ino, version: job.version) }
             cond.lock()
             if jobs[job.ino] === job { jobs[job.ino] = nil }
             cond.broadcast()
@@ -549,7 +551,7 @@ public final class Materializer: @unchecked Sendable {
         let done = completion
         DispatchQueue.global().async { [self] in
             close(job.fd)
-            done(job.ino)
+            done(job.ino, job.version)
             cond.lock()
             if jobs[job.ino] === job { jobs[job.ino] = nil }
             cond.broadcast()

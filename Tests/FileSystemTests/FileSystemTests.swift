@@ -544,6 +544,27 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
 
 /// Placeholders stream: a read waits for its own range only.
 @Suite struct StreamingTests {
+    /// A download's completion carries the version it downloaded: if the item stands for
+    /// another by then (a remote update made it the new version's placeholder, its cache file
+    /// removed), the item is not marked local with no bytes behind it.
+    @Test func aCompletionForAnOlderVersionIsNotKept() async throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("f", "one")
+        a.sync()
+        let b = try Device(store: store)
+        let ino = try b.ino("f")
+        let first = try b.state.read { try $0.entries(of: ino).first?.remoteVersion }
+        try a.write("f", "two")
+        a.sync()
+        b.pull()
+        let second = try b.state.read { try $0.entries(of: ino).first?.remoteVersion }
+        #expect(first != nil && second != nil && first != second)
+        b.fs.contentArrived(ino, version: first!)
+        #expect(try b.state.read { try $0.inode(ino)?.present } == false, "marked local for a version it no longer stands for")
+        #expect(try b.read("f") == "two")
+    }
+
     /// A store holding one `size`-byte file with a known pattern, put straight through the store API.
     static func storeWithFile(_ size: Int) throws -> (DirectoryStore, [UInt8]) {
         let store = try newStore()
