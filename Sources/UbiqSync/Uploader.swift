@@ -61,6 +61,11 @@ public final class Uploader: @unchecked Sendable {
     /// No round before this: the state database could not record an outcome (a full disk),
     /// so uploading on would only send the same items again and again.
     private var pausedUntil = Date.distantPast
+    /// The reason last logged for each item being retried: a condition that persists (a store
+    /// away for hours, over quota) is said once, not at every try.
+    private var retrySaid: [UInt64: String] = [:]
+    /// Whether the pause for a state database that cannot record was said (once until it can).
+    private var pauseSaid = false
     private var outcomeHook: @Sendable (UInt64, Bool) -> Void = { _, _ in }
 
     /// Uploads wait while local changes are still arriving (a `tar x`, a `cp -a`) so they
@@ -296,10 +301,11 @@ public final class Uploader: @unchecked Sendable {
                         try tx.completeOutbox(item.ino, seq: item.seq)
                     }
                 }
+                cond.lock(); let said = pauseSaid; pauseSaid = false; cond.unlock()
+                if said { logger.notice("uploads go on: outcomes are recorded again") }
             } catch {
                 // Not recorded: the item stays due. Pause rather than send it again at once.
-                logger.error("outbox update failed, uploads pause for 2 s: \(error)")
-                cond.lock(); pausedUntil = Date(timeIntervalSinceNow: 2); cond.unlock()
+                pause(because: "outbox update failed: \(error)")
                 return handled
             }
             cond.lock(); let hook = outcomeHook; cond.unlock()
@@ -308,8 +314,18 @@ public final class Uploader: @unchecked Sendable {
             case .conflict, .setAside: hook(item.ino, true)
             case .deferred: break
             }
+            cond.lock()
+            let sayRetry: Bool
+            if case .retry(let why) = outcome {
+                sayRetry = retrySaid[item.ino] != why
+                retrySaid[item.ino] = why
+            } else {
+                sayRetry = false
+                if case .deferred = outcome {} else { retrySaid[item.ino] = nil }
+            }
+            cond.unlock()
             switch outcome {
-            case .retry(let why): logger.warning("upload of inode \(item.ino) failed, will retry: \(why)")
+            case .retry(let why): if sayRetry { logger.warning("upload of inode \(item.ino) failed, will retry (said once while the reason stays): \(why)") }
             case .setAside(let copy): logger.notice("upload of inode \(item.ino): the store had another device's version; kept it as \(copy)")
             case .conflict(let why), .permanent(let why): logger.error("upload of inode \(item.ino): \(why)")
             default: break
@@ -326,10 +342,20 @@ public final class Uploader: @unchecked Sendable {
             try state.write { try $0.removeTombstone(id) }
             return true
         } catch {
-            logger.error("tombstone update failed, uploads pause for 2 s: \(error)")
-            cond.lock(); pausedUntil = Date(timeIntervalSinceNow: 2); cond.unlock()
+            pause(because: "tombstone update failed: \(error)")
             return false
         }
+    }
+
+    /// Pauses uploads 2 s: the state database could not record what was done (a full disk).
+    /// Said once, until outcomes are recorded again.
+    private func pause(because why: String) {
+        cond.lock()
+        pausedUntil = Date(timeIntervalSinceNow: 2)
+        let said = pauseSaid
+        pauseSaid = true
+        cond.unlock()
+        if !said { logger.error("\(why); uploads pause, and are tried again every 2 s") }
     }
 
     private struct Snapshot {

@@ -24,7 +24,7 @@ struct Daemon {
         let logger = Logger(label: "ubiq") { label in FileLogHandler(sink: sink, label: label) }
         // Detached, standard error is the log too: a crash (a fatal error, a signal) says why
         // there, not to nobody.
-        if notify && sink.fd >= 0 { dup2(sink.fd, 2) }
+        if notify { sink.stderrToo = true }
         func die(_ message: String) -> Never {
             logger.error("\(message)")
             if notify { say("error: \(message)") }

@@ -296,6 +296,17 @@ import Testing
         expectOK(m.sh("[ \"$(cat f)\" = kept ]"))
     }
 
+    /// The log is rotated: past its size it becomes ubiq.log.1 and a new one starts.
+    @Test func theLogIsRotated() throws {
+        let m = try MountFixture(extra: "--upload-delay 0", daemonEnv: ["UBIQ_LOG_MAX_BYTES": "20000", "UBIQ_TRACE_UPLOADS": "1"])
+        defer { m.cleanup() }
+        expectOK(m.sh("for i in $(seq 1 400); do echo $i > f$i; done && \(ubiqBinary) sync ."))
+        let sizes = shell("stat -c %s \(m.state)/ubiq.log \(m.state)/ubiq.log.1").out.split(separator: "\n").compactMap { Int($0) }
+        #expect(sizes.count == 2 && sizes.allSatisfy { $0 <= 20000 }, "\(sizes)")
+        #expect(shell("ls \(m.state)/ubiq.log.2").status != 0, "one old log is kept, not more")
+        #expect(readWhole(m.state + "/ubiq.log").contains("upload trace"))
+    }
+
     /// A daemon that crashes says why in its log (detached, its standard error is the log),
     /// and the next mount has everything.
     @Test func aCrashSaysWhyInTheLog() throws {
