@@ -206,7 +206,8 @@ public final class Uploader: @unchecked Sendable {
     // MARK: - One round
 
     /// `setAside`: uploaded, after keeping the store's other version as a conflict copy.
-    private enum Outcome { case done, retry(String), deferred, setAside(String), conflict(String), permanent(String) }
+    /// `localOnly`: kept on this device only by design (a name the store cannot hold): no error.
+    private enum Outcome { case done, retry(String), deferred, setAside(String), conflict(String), permanent(String), localOnly(String) }
 
     /// Processes what is due; returns how many items were handled.
     @discardableResult
@@ -299,6 +300,9 @@ public final class Uploader: @unchecked Sendable {
                     case .permanent(let why):
                         try tx.setUploadError(item.ino, why)
                         try tx.completeOutbox(item.ino, seq: item.seq)
+                    case .localOnly:
+                        try tx.setUploadError(item.ino, nil)
+                        try tx.completeOutbox(item.ino, seq: item.seq)
                     }
                 }
                 cond.lock(); let said = pauseSaid; pauseSaid = false; cond.unlock()
@@ -310,7 +314,7 @@ public final class Uploader: @unchecked Sendable {
             }
             cond.lock(); let hook = outcomeHook; cond.unlock()
             switch outcome {
-            case .done, .permanent, .retry: hook(item.ino, false)
+            case .done, .permanent, .retry, .localOnly: hook(item.ino, false)
             case .conflict, .setAside: hook(item.ino, true)
             case .deferred: break
             }
@@ -328,6 +332,7 @@ public final class Uploader: @unchecked Sendable {
             case .retry(let why): if sayRetry { logger.warning("upload of inode \(item.ino) failed, will retry (said once while the reason stays): \(why)") }
             case .setAside(let copy): logger.notice("upload of inode \(item.ino): the store had another device's version; kept it as \(copy)")
             case .conflict(let why), .permanent(let why): logger.error("upload of inode \(item.ino): \(why)")
+            case .localOnly(let why): logger.info("\(why)")
             default: break
             }
             handled += 1
@@ -445,7 +450,7 @@ public final class Uploader: @unchecked Sendable {
 
         for (entry, path) in s.entries {
             guard let path else {
-                return .permanent("a name on the way to inode \(ino) is not valid UTF-8: kept on this device only")
+                return .localOnly("a name on the way to inode \(ino) is not valid UTF-8: kept on this device only")
             }
             let key = isDir ? path + "/" : path
             let needsPut = entry.remoteKey == nil || (!isDir && contentDirty)

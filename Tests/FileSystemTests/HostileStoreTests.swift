@@ -276,3 +276,28 @@ import Testing
         #expect(try a.state.read { try $0.uploadErrorCount() } == 0)
     }
 }
+
+/// A local name that is not valid UTF-8 cannot be a store key: the item is kept on this device
+/// only, and says `local` (docs/status.md), not `error`.
+@Suite struct LocalOnlyNameTests {
+    @Test func aNameThatIsNotUTF8IsLocalNotAnError() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let name: [UInt8] = [0x66, 0xFF, 0x2E, 0x74]
+        let (_, fh) = try a.fs.create(rootIno, name, mode: 0o644, flags: O_WRONLY, caller: .root)
+        try a.fs.flush(fh)
+        a.fs.release(fh)
+        a.sync()
+        let ino = try a.fs.lookup(rootIno, name).ino
+        let attr = { (n: String) in String(decoding: try a.fs.getxattr(ino, Array("user.ubiq.\(n)".utf8)), as: UTF8.self) }
+        #expect(try attr("status") == "local")
+        #expect(try attr("uploading-error") == "")
+        #expect(try attr("uploaded") == "0")
+        #expect(try a.state.read { try $0.uploadErrorCount() } == 0)
+        #expect(try runBlocking { try await store.list(prefix: "") }.isEmpty)
+        // Renamed to a name the store can hold, it goes up.
+        try a.fs.rename(rootIno, name, rootIno, Array("fine.t".utf8))
+        a.sync()
+        #expect(try runBlocking { try await store.list(prefix: "") }.map(\.key) == ["fine.t"])
+    }
+}
