@@ -259,9 +259,20 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         removeBlobs(orphans)
     }
 
+    /// A cursor is `SEQ:MARK`: the journal entry it stands after, and a mark of that entry
+    /// (its operation, key and version). A store restored from a backup goes on numbering from
+    /// its older end, so a number alone can name another entry; the mark tells, and so does a
+    /// number past the journal's end. Either way the device must compare everything (`reset`).
+    /// (A bare `SEQ`, from before marks, is taken as it is.)
     public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
-        let after = Int64(cursor ?? "0") ?? 0
+        let parts = (cursor ?? "0").split(separator: ":", maxSplits: 1).map(String.init)
+        let after = Int64(parts.first ?? "0") ?? -1
         return try dbRead { db in
+            let end = try Int64.fetchOne(db, sql: "SELECT coalesce(max(seq), 0) FROM journal") ?? 0
+            let markMatches = try parts.count < 2 || after == 0 || Self.mark(db, after) == parts[1]
+            if after < 0 || after > end || !markMatches {
+                return ChangeBatch(changes: [], cursor: try Self.cursor(db, end), reset: true)
+            }
             let rows = try Row.fetchAll(db, sql: "SELECT seq, op, key, version FROM journal WHERE seq > ? ORDER BY seq LIMIT ?",
                                         arguments: [after, limit])
             // Every column as it is stored: another device's (or anyone's) write may have put
@@ -280,13 +291,28 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                 }
                 changes.append(StoreChange(kind: op == "put" ? .put : .delete, key: key, version: Self.text(r["version"])))
             }
-            return ChangeBatch(changes: changes, cursor: String(last), reset: false, more: rows.count >= limit,
+            return ChangeBatch(changes: changes, cursor: try Self.cursor(db, last), reset: false, more: rows.count >= limit,
                                unreadable: unreadable)
         }
     }
 
     public func currentCursor() async throws -> String {
-        try dbRead { db in String(try Int64.fetchOne(db, sql: "SELECT coalesce(max(seq), 0) FROM journal") ?? 0) }
+        try dbRead { db in try Self.cursor(db, try Int64.fetchOne(db, sql: "SELECT coalesce(max(seq), 0) FROM journal") ?? 0) }
+    }
+
+    private static func cursor(_ db: Database, _ seq: Int64) throws -> String {
+        guard seq > 0, let mark = try mark(db, seq) else { return String(seq) }
+        return "\(seq):\(mark)"
+    }
+
+    /// A stable mark of journal entry `seq` (FNV-1a of its operation, key and version).
+    private static func mark(_ db: Database, _ seq: Int64) throws -> String? {
+        guard let r = try Row.fetchOne(db, sql: "SELECT op, key, version FROM journal WHERE seq = ?", arguments: [seq]) else { return nil }
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for part in [bytes(r["op"]), bytes(r["key"]), bytes(r["version"])] {
+            for b in (part ?? Data()) + [0] { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+        }
+        return String(h, radix: 16)
     }
 
     /// Bytes of current objects, and the quota if one is set (`setQuota`).

@@ -162,6 +162,7 @@ public final class ChangeFeed: @unchecked Sendable {
             let size = batchSize
             let batch = try retryingTransient { try runBlocking { try await store.changes(since: since, limit: size) } }
             if batch.reset {
+                logger.notice("the store cannot answer from this device's place in its changes (restored from a backup, or its history cut short): comparing everything with it; changes of this device not yet uploaded are kept")
                 cursor = try runBlocking { try await store.currentCursor() }
                 reconcile = true
                 break

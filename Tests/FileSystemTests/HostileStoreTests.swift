@@ -301,3 +301,36 @@ import Testing
         #expect(try runBlocking { try await store.list(prefix: "") }.map(\.key) == ["fine.t"])
     }
 }
+
+/// A store restored from a backup: its journal ends before a device's cursor. The device once
+/// never saw the restored store's first new changes (their numbers were below its cursor);
+/// now it compares everything, keeping what it has not uploaded yet.
+@Suite struct RestoredStoreTests {
+    @Test func aCursorPastTheJournalsEndComparesEverything() async throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("f1", "one")
+        a.sync()
+        // The backup, taken now (the index and its WAL, the blobs).
+        let backup = TempPaths.make("ubiq-backup")
+        try FileManager.default.copyItem(at: store.root, to: backup)
+        try a.write("f2", "two")
+        a.sync()
+        let b = try Device(store: store)
+        #expect(try b.names("") == ["f1", "f2"])
+        // The store is restored from the backup; b goes on with it.
+        let restored = try DirectoryStore(root: backup)
+        #expect(restored.identity == store.identity)
+        let b2 = try Device(store: restored, dir: b.dir)
+        try b2.write("mine", "not yet uploaded")
+        let c = try Device(store: restored)
+        try c.write("f3", "after the restore")
+        c.sync()
+        b2.pull()
+        #expect(try b2.read("f3") == "after the restore", "the restored store's new change was missed")
+        #expect(try b2.read("mine") == "not yet uploaded")
+        #expect(b2.log.count("comparing everything") == 1, "\(b2.log.all)")
+        b2.sync()
+        #expect(try runBlocking { try await restored.list(prefix: "") }.map(\.key).sorted() == ["f1", "f3", "mine"])
+    }
+}
