@@ -107,7 +107,7 @@ extension FileSystem {
         var rank = Self.rank("current")
         for i in inos {
             let known = SyncFacts(queued: queued.contains(i), error: errors[i]?.error, conflict: errors[i]?.conflict ?? false,
-                                  inStore: !notInStore.contains(i), version: "", hasConflictCopies: withCopies.contains(i))
+                                  localOnly: errors[i]?.localOnly ?? false, inStore: !notInStore.contains(i), version: "", hasConflictCopies: withCopies.contains(i))
             let f = try fileStatus(i, known: known, ownPinOnly: i != ino)
             if i != ino { s.items += 1 }
             if f.isDirectory == false && f.downloadingStatus == "not-downloaded" { s.itemsNotDownloaded += 1 }
@@ -147,6 +147,8 @@ extension FileSystem {
         var queued: Bool
         var error: String?
         var conflict: Bool
+        /// Kept on this device only by design (the error says why).
+        var localOnly: Bool
         var inStore: Bool
         /// The store version ("" when not in the store, or not asked for).
         var version: String
@@ -160,7 +162,7 @@ extension FileSystem {
             let entries = try tx.entries(of: ino)
             let entry = entries.first { $0.remoteKey != nil }
             return (SyncFacts(queued: try tx.isQueued(ino), error: up?.error, conflict: up?.conflict ?? false,
-                              inStore: entry != nil, version: entry?.remoteVersion ?? "", hasConflictCopies: false),
+                              localOnly: up?.localOnly ?? false, inStore: entry != nil, version: entry?.remoteVersion ?? "", hasConflictCopies: false),
                     entries.map { ($0.parent, $0.name) })
         }
         facts.hasConflictCopies = hasConflictCopies(names)
@@ -185,7 +187,9 @@ extension FileSystem {
         let status: String
         // A queued item whose upload failed waits to be tried again (the store is down, or
         // full): it is uploading, and `uploading-error` says why it waits.
-        if conflict { status = "conflict" } else if isQueued { status = "uploading" } else if upError != nil || !downloadError.isEmpty {
+        if conflict { status = "conflict" } else if isQueued { status = "uploading" } else if facts.localOnly && downloadError.isEmpty {
+            status = "local"
+        } else if upError != nil || !downloadError.isEmpty {
             status = "error"
         } else if downloading { status = "downloading" } else if !inStore && ino != rootIno {
             status = "local"

@@ -65,6 +65,8 @@ public struct UploadState: Sendable, Equatable {
     public var error: String?
     /// The last upload met another device's newer version (the error says which).
     public var conflict = false
+    /// Kept on this device only, by design (a name the store cannot hold; the error says why).
+    public var localOnly = false
 }
 
 public enum StateError: Error, CustomStringConvertible {
@@ -336,7 +338,8 @@ public struct StateTransaction {
         try Row.fetchOne(db, cached: """
             SELECT uploaded_content_gen, uploaded_meta_gen, upload_error, upload_conflict FROM inodes WHERE ino = ?
             """, arguments: [Int64(bitPattern: ino)]).map {
-            UploadState(uploadedContentGen: $0[0], uploadedMetaGen: $0[1], error: $0[2], conflict: $0[3])
+            let kind: Int = $0[3]
+            return UploadState(uploadedContentGen: $0[0], uploadedMetaGen: $0[1], error: $0[2], conflict: kind == 1, localOnly: kind == 2)
         }
     }
 
@@ -348,10 +351,12 @@ public struct StateTransaction {
     }
 
     /// Records why the last upload of `ino` failed (nil: it did not); `conflict`: because the
-    /// store has another device's newer version.
-    public func setUploadError(_ ino: UInt64, _ error: String?, conflict: Bool = false) throws {
+    /// store has another device's newer version; `localOnly`: it is kept on this device by design
+    /// (`upload_conflict` holds 0, 1 for a conflict, 2 for local only).
+    public func setUploadError(_ ino: UInt64, _ error: String?, conflict: Bool = false, localOnly: Bool = false) throws {
+        let kind = error == nil ? 0 : (conflict ? 1 : (localOnly ? 2 : 0))
         try db.execute(cached: "UPDATE inodes SET upload_error = ?, upload_conflict = ? WHERE ino = ?",
-                       arguments: [error, error != nil && conflict, Int64(bitPattern: ino)])
+                       arguments: [error, kind, Int64(bitPattern: ino)])
     }
 
     public func maxInode() throws -> Int64 {
@@ -599,10 +604,11 @@ public struct StateTransaction {
     }
 
     /// Inodes whose last upload failed: why, and whether it was a conflict.
-    public func uploadErrors() throws -> [UInt64: (error: String, conflict: Bool)] {
-        var out: [UInt64: (error: String, conflict: Bool)] = [:]
+    public func uploadErrors() throws -> [UInt64: (error: String, conflict: Bool, localOnly: Bool)] {
+        var out: [UInt64: (error: String, conflict: Bool, localOnly: Bool)] = [:]
         for r in try Row.fetchAll(db, cached: "SELECT ino, upload_error, upload_conflict FROM inodes WHERE upload_error IS NOT NULL") {
-            out[UInt64(bitPattern: r[0])] = (r[1], r[2])
+            let kind: Int = r[2]
+            out[UInt64(bitPattern: r[0])] = (r[1], kind == 1, kind == 2)
         }
         return out
     }

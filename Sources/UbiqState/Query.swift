@@ -86,6 +86,7 @@ extension StateTransaction {
                 CASE
                   WHEN i.upload_conflict = 1 THEN 'conflict'
                   WHEN EXISTS (SELECT 1 FROM outbox o WHERE o.ino = e.ino) THEN 'uploading'
+                  WHEN i.upload_conflict = 2 THEN 'local'
                   WHEN i.upload_error IS NOT NULL THEN 'error'
                   WHEN e.remote_key IS NULL THEN 'local'
                   WHEN i.type = \(S_IFREG) AND i.present = 0 THEN 'placeholder'

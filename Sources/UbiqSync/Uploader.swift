@@ -300,8 +300,8 @@ public final class Uploader: @unchecked Sendable {
                     case .permanent(let why):
                         try tx.setUploadError(item.ino, why)
                         try tx.completeOutbox(item.ino, seq: item.seq)
-                    case .localOnly:
-                        try tx.setUploadError(item.ino, nil)
+                    case .localOnly(let why):
+                        try tx.setUploadError(item.ino, why, localOnly: true)
                         try tx.completeOutbox(item.ino, seq: item.seq)
                     }
                 }

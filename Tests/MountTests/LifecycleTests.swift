@@ -352,6 +352,9 @@ import Testing
             echo fine > ok.txt
             python3 -c "import os; assert open(b'caf\\xe9.txt', 'rb').read() == b'latin-1 name'"
             """))
+        // It says local (docs/status.md), once its upload found it cannot go.
+        expectOK(eventually(m, "\(ubiqBinary) sync . >/dev/null; python3 -c \"import os, sys; sys.exit(os.getxattr(b'caf\\\\xe9.txt', 'user.ubiq.status') != b'local')\""),
+                 "status local: \(m.sh("python3 -c \"import os; print(os.getxattr(b'caf\\\\xe9.txt', 'user.ubiq.status'))\"").out)")
         let u = m.unmount()
         expectOK(u)
         #expect(u.out.contains("1 items could not be uploaded"), "\(u.out)")
