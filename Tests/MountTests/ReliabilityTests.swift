@@ -48,9 +48,12 @@ import Testing
         expectOK(synced, "seed \(seed): A's queue drains: \(a.ubiq("status -r \(a.mnt)").out)")
         // A itself still has the local tree, after its uploads and the store's echoes of them.
         expectOK(shell("python3 \(fsrandom) \(a.mnt) \(local) --compare-only"), "seed \(seed): A after syncing")
-        // B sees exactly the local tree (hard links arrive as separate files), reading every byte.
+        // B sees exactly the local tree (hard links arrive as separate files), reading every byte
+        // but big.bin's, checked below once downloaded. (Read here, its 24 chunks at one wrong
+        // read in ten pass their whole-file digest in one download of twelve: three downloads a
+        // read, and a loaded machine had too few reads in the time to see one pass.)
         let folders = foldersKeepMetadata ? "" : " --ignore-dir-meta"
-        let same = eventually(b, "python3 \(fsrandom) \(b.mnt) \(local) --compare-only --ignore-nlink\(folders)", seconds: seconds)
+        let same = eventually(b, "python3 \(fsrandom) \(b.mnt) \(local) --compare-only --ignore-nlink --unread big.bin\(folders)", seconds: seconds)
         expectOK(same, "seed \(seed): B has A's tree")
         // Once its download is complete (checked against its digest), every read of it is right.
         // (Before: a chunk read as it arrived may be wrong bytes the store sent, docs/sync.md.)
