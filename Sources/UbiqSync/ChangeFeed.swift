@@ -47,7 +47,7 @@ public final class ChangeFeed: @unchecked Sendable {
     /// When the last poll reached the store (nil: never), and its error if it failed.
     private var lastPoll: (at: Date, error: String?)?
     /// What was said of keys that could not be taken, so each is said once (under `pollLock`).
-    private var warned = Set<String>()
+    private var warned = Set<KeyBytes>()
 
     public init(store: any CloudStore, state: LocalState, deviceID: String, logger: Logger, interval: TimeInterval = 3) {
         self.store = store; self.state = state; self.deviceID = deviceID; self.logger = logger
@@ -248,6 +248,6 @@ public final class ChangeFeed: @unchecked Sendable {
     /// Logs `message` the first time `what` comes up (call under `pollLock`).
     private func warnOnce(_ what: String, _ message: String) {
         if warned.count > 10_000 { warned.removeAll() }
-        if warned.insert(what).inserted { logger.warning("\(message)") }
+        if warned.insert(KeyBytes(what)).inserted { logger.warning("\(message)") }
     }
 }
