@@ -54,6 +54,12 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         }
     }
 
+    /// What makes a folder a store (a failed first mount in an empty folder takes it away).
+    public static let layout = ["store.db", "store.db-wal", "store.db-shm", "blobs", "tmp"]
+
+    /// Whether the folder at `path` holds a store.
+    public static func isStore(at path: String) -> Bool { FileManager.default.fileExists(atPath: path + "/store.db") }
+
     /// This store's own name, made with it: a store made anew at the same path has another.
     /// A device remembers the one it synced with, and will not take another for it.
     public let identity: String
@@ -121,7 +127,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                 WHERE substr(key, 1, length(?)) = ? ORDER BY key
                 """, arguments: [prefix, prefix])
             return rows.compactMap { row -> ObjectInfo? in
-                guard let raw = Self.bytes(row["rawkey"]), !raw.contains(0),
+                guard let raw = Data.fromDatabaseValue(row["rawkey"]), !raw.contains(0),
                       let key = String(validating: raw, as: UTF8.self),
                       (try? StoreKey.validate(key)) != nil else { return nil }
                 return Self.info(row, key: key)
@@ -166,7 +172,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                 ?? Row.fetchOne(db, sql: "SELECT blob, size FROM versions WHERE key = ? AND version = ?",
                                 arguments: [key, version])
             guard let row else { return nil }
-            guard let blob = Self.text(row["blob"]), let size = Self.integer(row["size"]), size >= 0 else {
+            guard let blob = String.fromDatabaseValue(row["blob"]), let size = Self.integer(row["size"]), size >= 0 else {
                 throw StoreError.failed("\(key)@\(version): its record in the store index is unreadable")
             }
             return (blob, size)
@@ -283,13 +289,13 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             for r in rows {
                 guard let seq = Self.integer(r["seq"]) else { continue }
                 last = max(last, seq)
-                let key = Self.text(r["key"]), op = Self.text(r["op"])
+                let key = String.fromDatabaseValue(r["key"]), op = String.fromDatabaseValue(r["op"])
                 guard let key, !key.utf8.contains(0), let op, op == "put" || op == "delete" else {
-                    let raw = Self.bytes(r["key"]).map { String(decoding: $0, as: UTF8.self).debugDescription } ?? "none"
+                    let raw = Data.fromDatabaseValue(r["key"]).map { String(decoding: $0, as: UTF8.self).debugDescription } ?? "none"
                     unreadable.append("journal entry \(seq) (key \(raw), operation \(op?.debugDescription ?? "unreadable"))")
                     continue
                 }
-                changes.append(StoreChange(kind: op == "put" ? .put : .delete, key: key, version: Self.text(r["version"])))
+                changes.append(StoreChange(kind: op == "put" ? .put : .delete, key: key, version: String.fromDatabaseValue(r["version"])))
             }
             return ChangeBatch(changes: changes, cursor: try Self.cursor(db, last), reset: false, more: rows.count >= limit,
                                unreadable: unreadable)
@@ -309,7 +315,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     private static func mark(_ db: Database, _ seq: Int64) throws -> String? {
         guard let r = try Row.fetchOne(db, sql: "SELECT op, key, version FROM journal WHERE seq = ?", arguments: [seq]) else { return nil }
         var h: UInt64 = 0xcbf2_9ce4_8422_2325
-        for part in [bytes(r["op"]), bytes(r["key"]), bytes(r["version"])] {
+        for part in [Data.fromDatabaseValue(r["op"]), Data.fromDatabaseValue(r["key"]), Data.fromDatabaseValue(r["version"])] {
             for b in (part ?? Data()) + [0] { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
         }
         return String(h, radix: 16)
@@ -399,7 +405,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             """, arguments: [key, keptVersions])
         var orphans: [String] = []
         for r in old {
-            guard let blob = Self.text(r["blob"]), let version = Self.text(r["version"]) else { continue }
+            guard let blob = String.fromDatabaseValue(r["blob"]), let version = String.fromDatabaseValue(r["version"]) else { continue }
             try db.execute(sql: "DELETE FROM versions WHERE key = ? AND version = ?", arguments: [key, version])
             let refs = try Int.fetchOne(db, sql: """
                 SELECT (SELECT count(*) FROM objects WHERE blob = ?) + (SELECT count(*) FROM versions WHERE blob = ?)
@@ -432,9 +438,9 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     /// an object another tool wrote (`ObjectMetadata.issues` says so); a version, size or blob
     /// of the wrong type makes it `defect`ive (left out by devices, with a warning).
     private static func info(_ row: Row, key: String) -> ObjectInfo {
-        let version = text(row["version"]), size = integer(row["size"]), blob = text(row["blob"])
+        let version = String.fromDatabaseValue(row["version"]), size = Self.integer(row["size"]), blob = String.fromDatabaseValue(row["blob"])
         let meta: ObjectMetadata
-        if let raw = bytes(row["meta"]) {
+        if let raw = Data.fromDatabaseValue(row["meta"]) {
             do { meta = try JSONDecoder().decode(ObjectMetadata.self, from: raw) } catch {
                 meta = .unreadable(key: key, why: "not ubiq's metadata JSON")
             }
@@ -446,24 +452,9 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         return info
     }
 
-    // Columns read as what they hold, never trapping on another type (GRDB's typed
-    // subscripts do): text as UTF-8, bytes as they are, integers as integers.
-    static func text(_ v: DatabaseValue) -> String? {
-        switch v.storage {
-        case .string(let s): return s
-        case .blob(let d): return String(validating: d, as: UTF8.self)
-        default: return nil
-        }
-    }
-
-    static func bytes(_ v: DatabaseValue) -> Data? {
-        switch v.storage {
-        case .string(let s): return Data(s.utf8)
-        case .blob(let d): return d
-        default: return nil
-        }
-    }
-
+    // Columns are read as what they hold, never trapping on another type (GRDB's typed
+    // subscripts do): `String.fromDatabaseValue` (nil for bytes that are not UTF-8),
+    // `Data.fromDatabaseValue`, and integers here (GRDB's would cut 1.5 to 1).
     static func integer(_ v: DatabaseValue) -> Int64? {
         if case .int64(let i) = v.storage { return i }
         return nil

@@ -65,6 +65,15 @@ extension ObjectInfo {
         }
         return nil
     }
+
+    /// What a device says of this object as it takes it from the store, if anything: why it is
+    /// left out (`leftOut`), or which fields it reads with defaults. One wording for the
+    /// mount's listing and for the change feed.
+    public var inputWarning: (message: String, leftOut: Bool)? {
+        if let why = unusable { return ("skipping \(key.debugDescription) from the store: \(why)", true) }
+        if metadata.issues.isEmpty { return nil }
+        return ("\(key.debugDescription) from the store: metadata read with defaults (\(metadata.issues.joined(separator: ", ")))", false)
+    }
 }
 
 /// What one item may carry in extended attributes, here and from the store: a name up to 255

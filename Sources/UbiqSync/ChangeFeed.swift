@@ -221,14 +221,9 @@ public final class ChangeFeed: @unchecked Sendable {
                     continue
                 }
             }
-            if let info {
-                if let why = info.unusable {
-                    warnOnce(key + "\u{0}" + info.version, "skipping \(key.debugDescription) from the store: \(why)")
-                    continue
-                }
-                if !info.metadata.issues.isEmpty {
-                    warnOnce(key + "\u{0}" + info.version, "\(key.debugDescription) from the store: metadata read with defaults (\(info.metadata.issues.joined(separator: ", ")))")
-                }
+            if let info, let w = info.inputWarning {
+                warnOnce(key + "\u{0}" + info.version, w.message)
+                if w.leftOut { continue }
             }
             // This device's own writes: the uploader records them.
             if let o = info?.metadata.origin, o.hasPrefix(deviceID + ":") { continue }

@@ -60,13 +60,9 @@ public struct Importer {
                     report.skipped += 1
                     continue
                 }
-                if let why = obj.unusable {
-                    logger.warning("skipping \(obj.key.debugDescription) from the store: \(why)")
-                    report.skipped += 1
-                    continue
-                }
-                if !obj.metadata.issues.isEmpty {
-                    logger.warning("\(obj.key.debugDescription) from the store: metadata read with defaults (\(obj.metadata.issues.joined(separator: ", ")))")
+                if let w = obj.inputWarning {
+                    logger.warning("\(w.message)")
+                    if w.leftOut { report.skipped += 1; continue }
                 }
                 let (parts, isDir) = StoreKey.segments(obj.key)
                 if let d = deviceID, let o = obj.metadata.origin, o.hasPrefix(d + ":"), try existing(tx, parts) == nil {

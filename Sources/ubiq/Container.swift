@@ -41,7 +41,7 @@ struct StoreOptions: ParsableArguments {
 /// index in a temporary file, removed at exit).
 func openStoreForCLI(_ url: String, s3Endpoint: String?, s3Region: String?) throws -> any CloudStore {
     let spec = try MountPlan.parseStore(url, s3Endpoint: s3Endpoint, s3Region: s3Region)
-    if case .directory(let path) = spec, !FileManager.default.fileExists(atPath: path + "/store.db") {
+    if case .directory(let path) = spec, !DirectoryStore.isStore(at: path) {
         throw UserError("no store at \(path)")
     }
     let logger = Logger(label: "ubiq-cli") { _ in SwiftLogNoOpLogHandler() }

@@ -254,7 +254,7 @@ struct MountPlan {
                 guard m.createStore || storePath == Paths.defaultStore else {
                     throw UserError("no store at \(storePath): to make a new one there, add --create-store")
                 }
-            } else if !fm.fileExists(atPath: storePath + "/store.db"), let items = try? fm.contentsOfDirectory(atPath: storePath), !items.isEmpty {
+            } else if !DirectoryStore.isStore(at: storePath), let items = try? fm.contentsOfDirectory(atPath: storePath), !items.isEmpty {
                 throw UserError("\(storePath) is not a ubiq store (it holds files but no store.db)")
             }
         }
@@ -265,7 +265,7 @@ struct MountPlan {
             made.append(storePath)
         } else if let storePath, (try? fm.contentsOfDirectory(atPath: storePath))?.isEmpty == true {
             // An empty folder becomes a store: what makes it one goes if the mount fails.
-            made += ["store.db", "store.db-wal", "store.db-shm", "blobs", "tmp"].map { storePath + "/" + $0 }
+            made += DirectoryStore.layout.map { storePath + "/" + $0 }
         }
         if !fm.fileExists(atPath: stateDir) { made.append(stateDir) }
         try Self.createDirectory(stateDir, what: "state directory", mode: 0o700)
