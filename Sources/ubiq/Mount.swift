@@ -230,7 +230,7 @@ struct MountPlan {
             throw UserError("state directory \(stateDir) is in use by another ubiq daemon (pid \(holder))")
         }
         if let why = StateCheck.unusableDatabase(in: stateDir) {
-            throw UserError("state directory \(stateDir) holds cached files but \(why); nothing was changed: ubiq recover --state \(stateDir) DEST copies its edits out, then mount with a new --state")
+            throw UserError("state directory \(stateDir) holds cached files but \(why); nothing was changed: ubiq recover --state \(stateDir) --store URL DEST copies its edits out, then mount with a new --state")
         }
         var quota: Int64?
         if let text = m.quota {

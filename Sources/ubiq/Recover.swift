@@ -51,14 +51,8 @@ struct Recover: ParsableCommand {
     @Option(help: "The state directory to recover from.")
     var state: String
 
-    @Option(help: "The store the device synced with (default: the default store): files it holds are skipped.")
-    var store: String?
-
-    @Option(help: ArgumentHelp("S3 service address for an s3:// store.", valueName: "URL"))
-    var s3Endpoint: String?
-
-    @Option(help: ArgumentHelp("S3 region for signing.", valueName: "REGION"))
-    var s3Region: String?
+    /// The store the device synced with: files whose bytes it holds are skipped.
+    @OptionGroup var target: StoreOptions
 
     @Argument(help: "Where to copy the edits (made if missing; must not hold recovered-* files).")
     var destination: String
@@ -73,14 +67,13 @@ struct Recover: ParsableCommand {
         }
         // What the store holds, by digest: those bytes are safe there.
         var inStore: [String: String] = [:]
-        let url = store ?? "dir:" + Paths.defaultStore
+        let s = target.open()
         do {
-            let s = try openStoreForCLI(url, s3Endpoint: s3Endpoint, s3Region: s3Region)
             for o in try runBlocking({ try await s.list(prefix: "") }) {
                 if let d = o.metadata.sha256 { inStore[d] = o.key }
             }
         } catch {
-            fail("cannot list the store \(url) (\(error)); give the store this device synced with: --store URL")
+            fail("cannot list the store \(target.store): \(error)")
         }
         let dest = Paths.absolute(destination)
         do { try FileManager.default.createDirectory(atPath: dest, withIntermediateDirectories: true) } catch {
