@@ -194,7 +194,10 @@ struct Sync: ParsableCommand {
         // Never "synced" while something is not in the store: name each, with why.
         let waiting = Int(getAttribute(mount, "user.ubiq.items-uploading") ?? "0") ?? 0
         let failed = Int(getAttribute(mount, "user.ubiq.items-errors") ?? "0") ?? 0
-        if waiting + failed == 0 {
+        // Files kept on this device only (a name the store cannot hold) count too: the root's
+        // status says when there may be some (only a download outranks them there).
+        let rootStatus = getAttribute(mount, "user.ubiq.status") ?? ""
+        if waiting + failed == 0 && ["current", "placeholder"].contains(rootStatus) {
             print("synced \(mount)")
             return
         }
@@ -215,7 +218,12 @@ struct Sync: ParsableCommand {
                 }
             }
         }
-        print("not synced: \(waiting) items with changes not yet in the store, \(failed) with errors, in \(mount)")
+        let localOnly = lines.filter { $0.hasPrefix("  local ") }.count
+        if waiting + failed + localOnly == 0 {
+            print("synced \(mount)")
+            return
+        }
+        print("not synced: \(waiting) items with changes not yet in the store, \(failed) with errors, \(localOnly) kept on this device only, in \(mount)")
         for l in lines { print(l) }
         throw ExitCode(1)
     }
