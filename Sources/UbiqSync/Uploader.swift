@@ -727,15 +727,17 @@ public final class Uploader: @unchecked Sendable {
         trace("\(key) taken by \(info.version) from \(info.metadata.origin ?? "?") (ino \(ino) gen \(generation))")
         // Our own upload from before a crash, recorded in the store but not here.
         if info.metadata.origin == origin(ino, generation) { return .adopt(info) }
-        // Folders merge: the same folder made on two devices is one folder.
-        if isDir && info.metadata.kind == .directory && condition == .ifAbsent { return .adopt(info) }
         // Another name of ours still sits there and is about to move away (or be deleted).
+        // Asked before folders merge: a folder that adopted the marker of one moved away
+        // would be left with none once the move deletes it.
         if condition == .ifAbsent {
             let held = try state.read { tx in
                 try tx.entries(remoteKey: key).contains { $0.id != entryID } || tx.hasTombstone(key: key)
             }
             if held { return .wait }
         }
+        // Folders merge: the same folder made on two devices is one folder.
+        if isDir && info.metadata.kind == .directory && condition == .ifAbsent { return .adopt(info) }
         // This device's own upload whose answer never came, from an item since deleted or
         // renamed here: nothing of another device's to keep, so this write goes over it.
         if !isDir, try isUnrecordedOfOurs(info, at: key) {
