@@ -52,6 +52,9 @@ public final class Uploader: @unchecked Sendable {
     private var hurried = false
     /// Rounds run for `hurry` that are over, and whether one is under way (for `hurryAndWait`).
     private var hurriedRoundsDone = 0
+    /// Items sent back to the queue to go again at once (a move to wait for, a race lost, a
+    /// key to write anew), since start: `flush` waits on while this grows.
+    private var requeued = 0
     private var hurriedRoundRunning = false
     private var thread: Thread?
     private var stopped = true
@@ -151,14 +154,28 @@ public final class Uploader: @unchecked Sendable {
     }
 
     /// Sends what is queued now and waits while that makes progress (at most `timeout`):
-    /// returns when the outbox is empty, or a round sent nothing more (offline, a quota).
+    /// returns when the outbox is empty, or a round sent nothing more (offline, a quota, a
+    /// file still open for writing). Items sent back to go again at once (waiting for another
+    /// item's move, a key to write anew) count as progress for up to 20 rounds in a row.
     public func flush(timeout: TimeInterval) {
         let deadline = Date(timeIntervalSinceNow: timeout)
         var before = pendingCount
+        var requeuedBefore = requeuedCount
+        // Rounds in a row that only sent items back to the queue: a bound for a wait that
+        // never resolves (each such round talks to the store, so this is not a spin).
+        var onlyRequeued = 0
         while before > 0 && hurryAndWait(timeout: deadline.timeIntervalSinceNow) {
             let after = pendingCount
-            if after >= before { return }
+            let requeuedAfter = requeuedCount
+            if after < before {
+                onlyRequeued = 0
+            } else if requeuedAfter > requeuedBefore && onlyRequeued < 20 {
+                onlyRequeued += 1
+            } else {
+                return
+            }
             before = after
+            requeuedBefore = requeuedAfter
         }
     }
 
@@ -203,11 +220,15 @@ public final class Uploader: @unchecked Sendable {
 
     public var pendingCount: Int { (try? state.read { try $0.outboxCount() }) ?? -1 }
 
+    private var requeuedCount: Int { cond.lock(); defer { cond.unlock() }; return requeued }
+
     // MARK: - One round
 
     /// `setAside`: uploaded, after keeping the store's other version as a conflict copy.
     /// `localOnly`: kept on this device only by design (a name the store cannot hold): no error.
-    private enum Outcome { case done, retry(String), deferred, setAside(String), conflict(String), permanent(String), localOnly(String) }
+    /// `busy`: still being written here (it goes once the writer is done); `deferred`: sent back
+    /// to the queue to go again at once.
+    private enum Outcome { case done, retry(String), busy, deferred, setAside(String), conflict(String), permanent(String), localOnly(String) }
 
     /// Processes what is due; returns how many items were handled.
     @discardableResult
@@ -267,7 +288,7 @@ public final class Uploader: @unchecked Sendable {
             var diskFull = false
             cond.lock(); let busy = busyCheck; cond.unlock()
             if busy(item.ino) {
-                outcome = .deferred
+                outcome = .busy
             } else {
                 do { outcome = try upload(item.ino) } catch let e as StoreError where e.isTransient {
                     outcome = .retry("\(e)")
@@ -289,7 +310,7 @@ public final class Uploader: @unchecked Sendable {
                     switch outcome {
                     case .done, .setAside:
                         try tx.completeOutbox(item.ino, seq: item.seq)
-                    case .deferred:
+                    case .busy, .deferred:
                         try tx.retryOutbox(item.ino, after: 0.5)
                     case .retry(let why):
                         try tx.setUploadError(item.ino, why)
@@ -316,16 +337,20 @@ public final class Uploader: @unchecked Sendable {
             switch outcome {
             case .done, .permanent, .retry, .localOnly: hook(item.ino, false)
             case .conflict, .setAside: hook(item.ino, true)
-            case .deferred: break
+            case .busy, .deferred: break
             }
             cond.lock()
+            if case .deferred = outcome { requeued += 1 }
             let sayRetry: Bool
             if case .retry(let why) = outcome {
                 sayRetry = retrySaid[item.ino] != why
                 retrySaid[item.ino] = why
             } else {
                 sayRetry = false
-                if case .deferred = outcome {} else { retrySaid[item.ino] = nil }
+                switch outcome {
+                case .busy, .deferred: break
+                default: retrySaid[item.ino] = nil
+                }
             }
             cond.unlock()
             switch outcome {
@@ -538,6 +563,13 @@ public final class Uploader: @unchecked Sendable {
                 let info: ObjectInfo
                 do {
                     info = try copy(.ifAbsent)
+                } catch StoreError.notFound where !isRegular || s.rec.present {
+                    // What it moved from is gone from the store (deleted, or written over, on
+                    // another device meanwhile; a store without old versions cannot copy it):
+                    // what is here goes up anew under the new name, and the old key is left alone.
+                    logger.info("\(oldKey) is gone from the store: inode \(ino) goes up anew as \(key)")
+                    try state.write { try $0.setRemote(entryID: entry.id, key: nil, version: nil) }
+                    return .deferred
                 } catch StoreError.preconditionFailed(_, let current) {
                     switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
                                              condition: .ifAbsent, current: current) {
@@ -549,7 +581,7 @@ public final class Uploader: @unchecked Sendable {
                         return .deferred
                     case .conflict(let why): return .conflict(why)
                     case .over(let theirs, let aside):
-                        do { info = try copy(theirs.map { .ifMatch($0) } ?? .ifAbsent) } catch StoreError.preconditionFailed {
+                        do { info = try copy(theirs.map { .ifMatch($0) } ?? .ifAbsent) } catch StoreError.preconditionFailed, StoreError.notFound {
                             undoSetAside(aside)
                             return .deferred
                         }
@@ -564,7 +596,9 @@ public final class Uploader: @unchecked Sendable {
                         try await store.copy(from: key, version: oldVersion, to: key, metadata: meta, condition: .ifMatch(oldVersion))
                     }
                     try state.write { try $0.recordRemote(entryID: entry.id, key: key, info) }
-                } catch StoreError.preconditionFailed {
+                } catch StoreError.preconditionFailed, StoreError.notFound {
+                    // Changed in the store, or gone (a store without old versions cannot copy
+                    // the version this device knows): merged, or written again.
                     switch try mergeMetadata(key: key, entry: entry, meta: meta, isPlaceholder: isRegular && !s.rec.present) {
                     case .merged: break
                     case .again: return .deferred
@@ -748,7 +782,11 @@ public final class Uploader: @unchecked Sendable {
         if isDir { return .conflict(why) }
         // Both sides changed it: this device's version takes the name, the store's is kept
         // beside it as a conflict copy that every device sees.
-        guard let copy = try keepAsConflictCopy(key: key, theirs: info) else { return .conflict(why) }
+        let kept: (key: String, version: String)?
+        do { kept = try keepAsConflictCopy(key: key, theirs: info) } catch StoreError.notFound {
+            return .wait  // their version went away meanwhile: start over
+        }
+        guard let copy = kept else { return .conflict(why) }
         return .over(info.version, copy: copy)
     }
 

@@ -155,6 +155,22 @@ final class S3Server: @unchecked Sendable {
         expectOK(eventually(b, "grep -qx two f.txt", seconds: 10), "the new version, soon")
     }
 
+    /// Folders whose markers were deleted in the bucket (by another device or tool, before this
+    /// one heard of it), then changed here: one chmod'ed, one moved. A bucket without versions
+    /// cannot copy a marker that is gone: they go up anew (an edit beats a delete, as on the
+    /// embedded store). They failed for good before, and the delete then took them here too.
+    @Test func foldersGoneFromTheBucketAndChangedHereGoUpAgain() throws {
+        let s3 = try S3Server.shared()
+        let bucket = s3.bucket("gone")
+        let a = try s3.mount(bucket, extra: "--upload-delay 0 --poll-interval 600", daemonEnv: ["UBIQ_TRACE_UPLOADS": "1"])
+        defer { a.cleanup() }
+        expectOK(a.sh("mkdir p q && \(ubiqBinary) sync ."), "first upload")
+        for key in ["p/", "q/"] { expectOK(s3.curl("-X DELETE", "/\(bucket)/drive/\(key)"), "delete \(key)") }
+        expectOK(a.sh("chmod 700 p && mv q r && \(ubiqBinary) sync . && \(ubiqBinary) status -r . | grep -Eq '^ *([0-9]+) items: \\1 current$'"),
+                 "both go up again: \(a.ubiq("status -r \(a.mnt)").out) \(shell("tail -30 \(a.state)/ubiq.log").out)")
+        for key in ["p/", "r/"] { expectOK(s3.curl("-I", "/\(bucket)/drive/\(key)"), "\(key) is in the bucket") }
+    }
+
     /// A file over the part threshold goes up in parts and comes back whole on another device.
     @Test func bigFilesGoInPartsThroughTheMount() throws {
         let s3 = try S3Server.shared()
