@@ -38,7 +38,7 @@ let package = Package(
         ]),
         .target(name: "UbiqCoordinator"),
         .target(name: "UbiqSync", dependencies: [
-            "UbiqStore", "UbiqState", "UbiqCoordinator",
+            "UbiqStore", "UbiqState", "UbiqCoordinator", "CUbiq",
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
         ]),

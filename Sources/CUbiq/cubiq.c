@@ -6,6 +6,10 @@
 #include <sys/xattr.h>
 #include <sys/socket.h>
 
+int cubiq_syncfs(int fd) {
+    return syncfs(fd);
+}
+
 ssize_t cubiq_copy_file_range(int fd_in, int fd_out, size_t len) {
     return copy_file_range(fd_in, NULL, fd_out, NULL, len, 0);
 }

@@ -248,28 +248,40 @@ extension FileSystem {
         return done
     }
 
-    /// Makes what was written durable: the cache file is fsynced, the new size
-    /// and times are committed, the upload is queued, and the commit reaches
-    /// the disk. close(2) (flush) and fsync(2) both come here.
+    /// close(2): commits what was written (the new size and times, the upload queued). A
+    /// killed daemon loses nothing of it: the cache file's bytes and the committed WAL frames
+    /// are in the kernel's page cache. With `syncOnClose`, also durable as fsync makes it.
     public func flush(_ fh: UInt64) throws {
         let (ino, fd, _) = try handle(fh)
-        try makeDurable(ino, fd: fd)
+        try commitWrites(ino, fd: fd, sync: syncOnClose)
     }
 
+    /// fsync(2), fdatasync(2): commits what was written, and makes the cache file and the
+    /// database durable against power loss before it returns (whatever was committed
+    /// before, by a close on another handle, too).
     public func fsync(_ fh: UInt64, dataOnly: Bool) throws {
-        try flush(fh)
+        let (ino, fd, _) = try handle(fh)
+        try commitWrites(ino, fd: fd, sync: true, evenIfCommitted: true)
     }
 
-    private func makeDurable(_ ino: UInt64, fd: Int32) throws {
+    /// Commits what was written through any handle of `ino`; `sync`: and makes it durable
+    /// (`evenIfCommitted`: also when a close committed it before, without a sync).
+    private func commitWrites(_ ino: UInt64, fd: Int32, sync: Bool, evenIfCommitted: Bool = false) throws {
+        if withLock({ nodes[ino]?.unpersisted ?? false }) {
+            // Exclusive, so no write lands between the sync and the commit of the size it produced.
+            let c = try claim([ino], .write)
+            defer { coordinator.release(c) }
+            try commitSize(ino)
+            if sync { try syncContent(ino, fd: fd) }
+            kickUploader()
+        } else if evenIfCommitted {
+            try syncContent(ino, fd: fd)
+        }
+    }
+
+    /// Commits the new size and times of `ino` and queues its upload (under its write claim).
+    private func commitSize(_ ino: UInt64) throws {
         guard withLock({ nodes[ino]?.unpersisted ?? false }) else { return }
-        // Exclusive, so no write lands between the fsync and the commit of the size it produced.
-        let c = try claim([ino], .write)
-        defer { coordinator.release(c) }
-        guard withLock({ nodes[ino]?.unpersisted ?? false }) else { return }
-        // Commit the new size first, then sync the cache file and the database
-        // concurrently: ext4 can serve both with one journal commit. Both are
-        // on disk before we return. (If only the commit survived a power loss,
-        // recovery takes the size from the cache file.)
         let delay = uploadDelay
         try withLock {
             guard let n = nodes[ino] else { return }
@@ -281,21 +293,23 @@ extension FileSystem {
             }
             n.unpersisted = false
         }
+    }
+
+    /// Syncs the cache file and the database concurrently: ext4 can serve both with one
+    /// journal commit. Both are on disk before it returns. (If only the commit survived a
+    /// power loss, recovery takes the size from the cache file.)
+    private func syncContent(_ ino: UInt64, fd: Int32) throws {
         let walSynced = DispatchSemaphore(value: 0)
         let state = self.state
         DispatchQueue.global().async { state.syncToDisk(); walSynced.signal() }
         let failed = fd >= 0 && fdatasync(fd) != 0 ? errno : 0
         walSynced.wait()
-        if failed != 0 {
-            withLock { nodes[ino]?.unpersisted = true }
-            throw FSError.fromErrno(failed)
-        }
-        kickUploader()
+        if failed != 0 { throw FSError.fromErrno(failed) }
     }
 
     public func release(_ fh: UInt64) {
         guard let h = withLock({ handles.removeValue(forKey: fh) }) else { return }
-        if h.canWrite { try? makeDurable(h.ino, fd: h.fd) }
+        if h.canWrite { try? commitWrites(h.ino, fd: h.fd, sync: syncOnClose) }
         close(h.fd)
         let (lastClose, closed) = withLock { () -> (Bool, Bool) in
             guard let n = nodes[h.ino] else { return (false, false) }

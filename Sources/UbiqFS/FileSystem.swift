@@ -74,6 +74,10 @@ public final class FileSystem: @unchecked Sendable {
     let hydration: HydrationPolicy
     /// Local content bytes to stay under (nil: no limit).
     let cacheLimit: Int64?
+    /// close(2) makes what was written durable against power loss, as fsync(2) does
+    /// (`--sync-on-close`). Off: close commits, which a killed daemon never loses, and
+    /// fsync is the promise against power loss, as on ext4.
+    let syncOnClose: Bool
     let limitCheckPending = Mutex<Bool>(false)
 
     /// Tells the kernel to drop its cached pages of an inode (set by the FUSE binding).
@@ -105,7 +109,8 @@ public final class FileSystem: @unchecked Sendable {
 
     public init(state: LocalState, coordinator: Coordinator, cache: ContentCache, materializer: Materializer,
                 uploader: Uploader?, logger: Logger, rootOwner: Caller = Caller(uid: getuid(), gid: getgid()),
-                uploadDelay: TimeInterval = 0.2, hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil) throws {
+                uploadDelay: TimeInterval = 0.2, hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil,
+                syncOnClose: Bool = false) throws {
         self.state = state
         self.coordinator = coordinator
         self.cache = cache
@@ -115,6 +120,7 @@ public final class FileSystem: @unchecked Sendable {
         self.uploadDelay = uploadDelay
         self.hydration = hydration
         self.cacheLimit = cacheLimit
+        self.syncOnClose = syncOnClose
         try load(rootOwner: rootOwner)
         uploader?.setBusyCheck { [weak self] ino in self?.isOpenForWriting(ino) ?? false }
         uploader?.setQuietCheck { [weak self] in self?.secondsSinceLastChange ?? .infinity }

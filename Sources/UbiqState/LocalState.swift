@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import Synchronization
 
 /// The wall clock, nanoseconds since the epoch (file times).
 public func nowNanos() -> Int64 {
@@ -240,8 +241,13 @@ public final class LocalState: Sendable {
 
     /// Makes every committed transaction durable against power loss.
     public func syncToDisk() {
+        syncs.withLock { $0 += 1 }
         if walFD >= 0 { _ = fdatasync(walFD) }
     }
+
+    /// How many times `syncToDisk` ran (what tests of the durability contract count).
+    public var syncCount: Int { syncs.withLock { $0 } }
+    private let syncs = Mutex(0)
 
     /// Checks the database file's integrity (PRAGMA integrity_check).
     public func integrityCheck() throws -> Bool {

@@ -1,6 +1,7 @@
 import Foundation
 import UbiqState
 import UbiqStore
+import CUbiq
 
 /// The local content of files: one cache file per inode, named by inode
 /// number (never by a store name, so no store name can reach outside it).
@@ -69,6 +70,23 @@ public final class ContentCache: Sendable {
     /// Copies the content of `ino` to a staging file for upload; returns its path. No room for
     /// the copy (the disk, or the state database's reserve) is `LocalWriteError(ENOSPC)`; a copy
     /// that fails leaves nothing behind.
+    /// Makes every cache file durable against power loss (at unmount): one syncfs(2) of
+    /// the file system the cache is on.
+    public func syncAll() {
+        let fd = Glibc.open(directory.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if fd < 0 { return }
+        _ = cubiq_syncfs(fd)
+        close(fd)
+    }
+
+    /// Makes the cache file of `ino` durable against power loss (close(2) does not).
+    public func sync(_ ino: UInt64) throws {
+        let fd = Glibc.open(path(ino), O_RDONLY | O_CLOEXEC)
+        if fd < 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        defer { close(fd) }
+        if fdatasync(fd) != 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+    }
+
     public func stage(_ ino: UInt64, generation: Int64) throws -> URL {
         let dst = staging.appendingPathComponent("\(ino)-\(generation)")
         let inp = Glibc.open(path(ino), O_RDONLY | O_CLOEXEC)

@@ -488,6 +488,10 @@ public final class Uploader: @unchecked Sendable {
                     defer { if !keep { coordinator.release(claim) } }
                     guard let fresh = try snapshot(ino) else { return .done }
                     s = fresh
+                    // The store gets only bytes this device cannot lose: a close commits without
+                    // syncing, so what it committed is made durable first (the record of it too).
+                    do { try cache.sync(ino) } catch { return .retry("\(error)") }
+                    state.syncToDisk()
                     do {
                         staged = try cache.stage(ino, generation: s.rec.contentGen)
                     } catch let e as LocalWriteError where e.errno == ENOSPC || e.errno == EDQUOT {

@@ -150,7 +150,7 @@ struct Daemon {
         do {
             fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
                                 uploader: uploader, logger: logger, uploadDelay: plan.uploadDelay,
-                                hydration: plan.hydration, cacheLimit: plan.cacheSize)
+                                hydration: plan.hydration, cacheLimit: plan.cacheSize, syncOnClose: plan.syncOnClose)
         } catch { die("\(error)") }
         let feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: plan.pollInterval)
         feed.setApplier { [fs] changes in fs.applyRemote(changes) }
@@ -226,6 +226,9 @@ struct Daemon {
                 logger.warning("\(uploader.pendingCount) changes not yet uploaded; they upload at the next mount")
             }
         }
+        // What was only closed is made durable too: an unmounted drive holds nothing a power
+        // loss could take.
+        cache.syncAll()
         state.syncToDisk()
         if let faulty { logger.info("faults injected in this run: \(faulty.faultsInjected.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))") }
         try? FileManager.default.removeItem(atPath: registry)

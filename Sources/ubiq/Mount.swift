@@ -78,6 +78,9 @@ struct Mount: ParsableCommand {
     @Flag(help: "Let the kernel buffer writes (FUSE writeback cache).")
     var writebackCache = false
 
+    @Flag(help: "Make close(2) sync what was written to disk, as fsync(2) does (slower). By default close is safe against a killed daemon, and fsync against power loss, as on ext4.")
+    var syncOnClose = false
+
     @Flag(help: "Make a new embedded store where --store points if there is none (only the default store is made without it).")
     var createStore = false
 
@@ -107,6 +110,7 @@ struct Mount: ParsableCommand {
                     "--poll-interval", String(pollInterval), "--read-timeout", String(readTimeout)]
         for o in options { args += ["-o", o] }
         if writebackCache { args.append("--writeback-cache") }
+        if syncOnClose { args.append("--sync-on-close") }
         if let noDownloadFor { args += ["--no-download-for", noDownloadFor] }
         args += ["--cache-size", String(plan.cacheSize)]
         if let q = plan.quota { args += ["--quota", String(q)] }
@@ -169,6 +173,7 @@ struct MountPlan {
     var readTimeout: Double
     var hydration: HydrationPolicy
     var cacheSize: Int64
+    var syncOnClose = false
     /// nil: leave the store's quota as it is; 0: remove it.
     var quota: Int64?
     /// What this mount made (a new store's directory, a new state directory): a mount that
@@ -287,7 +292,7 @@ struct MountPlan {
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),
-                         cacheSize: cacheSize, quota: quota, made: made)
+                         cacheSize: cacheSize, syncOnClose: m.syncOnClose, quota: quota, made: made)
     }
 
     /// A store URL (`dir:PATH`, `PATH`, `s3://BUCKET/PREFIX`) and its S3 options, checked.

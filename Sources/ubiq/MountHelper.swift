@@ -7,7 +7,7 @@ import Foundation
 enum MountHelper {
     static let valued = ["state", "cache-size", "quota", "poll-interval", "upload-delay", "read-timeout",
                          "drain-timeout", "no-download-for", "s3-endpoint", "s3-region", "container", "scope"]
-    static let flags = ["writeback-cache", "download-for-all", "create-store"]
+    static let flags = ["writeback-cache", "download-for-all", "create-store", "sync-on-close"]
     /// Options mount(8) or fstab may pass that mean nothing to a FUSE mount.
     static let ignored: Set<String> = ["defaults", "auto", "noauto", "user", "users", "nouser", "nofail", "_netdev", "rw"]
 

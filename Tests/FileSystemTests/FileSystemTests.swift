@@ -17,6 +17,7 @@ final class Device: @unchecked Sendable {
     let completeInBackground: Bool
     let hydration: HydrationPolicy
     let cacheLimit: Int64?
+    let syncOnClose: Bool
     var state: LocalState!
     var fs: FileSystem!
     var uploader: Uploader!
@@ -29,8 +30,9 @@ final class Device: @unchecked Sendable {
     var name: String { "dev" + String(dir.lastPathComponent.suffix(4)) }
 
     init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true,
-         hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil) throws {
+         hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil, syncOnClose: Bool = false) throws {
         self.store = store
+        self.syncOnClose = syncOnClose
         self.hydration = hydration
         self.cacheLimit = cacheLimit
         self.remote = remote ?? store
@@ -55,7 +57,7 @@ final class Device: @unchecked Sendable {
         fs = try FileSystem(state: state, coordinator: coordinator, cache: cache,
                             materializer: materializer,
                             uploader: uploader, logger: logger, uploadDelay: 0, hydration: hydration,
-                            cacheLimit: cacheLimit)
+                            cacheLimit: cacheLimit, syncOnClose: syncOnClose)
         feed = ChangeFeed(store: remote, state: state, deviceID: dir.lastPathComponent, logger: logger)
         feed.setApplier { [fs] changes in fs!.applyRemote(changes) }
     }
@@ -413,6 +415,34 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         d.sync()
         let head = try runBlocking { try await d.store.head("f") }
         #expect(head.size == 7)
+    }
+
+    /// The durability contract (docs/sync.md). close commits without a sync to disk, and a
+    /// restarted daemon finds what it committed (the SIGKILL tests check the same with a real
+    /// kill); fsync syncs before it returns, whatever a close committed before; an upload
+    /// syncs what it sends first; `--sync-on-close` syncs at each close that committed.
+    @Test func closeCommitsAndFsyncSyncs() throws {
+        let store = try newStore()
+        let d = try Device(store: store)
+        let synced = d.state.syncCount
+        try d.write("f", "closed, not synced")
+        #expect(d.state.syncCount == synced, "close synced the database")
+        let ino = try d.ino("f")
+        #expect(try d.state.read { try $0.isQueued(ino) && $0.inode(ino)?.size == 18 })
+        let fh = try d.fs.open(ino, flags: O_RDONLY)
+        try d.fs.fsync(fh, dataOnly: true)
+        d.fs.release(fh)
+        #expect(d.state.syncCount == synced + 1, "fsync after close did not sync")
+        d.sync()
+        #expect(d.state.syncCount == synced + 2, "the upload did not sync first")
+        try d.open()
+        #expect(try d.read("f") == "closed, not synced")
+
+        let s = try Device(store: store, syncOnClose: true)
+        let before = s.state.syncCount
+        try s.write("g", "synced at close")
+        #expect(s.state.syncCount == before + 1, "one sync per close that committed")
+        #expect(try s.read("g") == "synced at close" && s.state.syncCount == before + 1, "a close after reading synced")
     }
 }
 
