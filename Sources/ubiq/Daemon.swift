@@ -192,6 +192,8 @@ struct Daemon {
             kv.apply(objectKeys: keys, initial: true)
         } }
         logger.info("mounted \(plan.storeURL) at \(plan.mountpoint) (device \(deviceID), \(fs.inodeCount) items, cache limit \(plan.cacheSize) bytes)")
+        logger.info(plan.syncOnClose ? "close(2) syncs what was written to disk (--sync-on-close)"
+                                     : "close(2) commits what was written, safe from a killed daemon; fsync(2) syncs it to disk")
         if notify {
             say("ready")
             // From here on, nothing goes to the parent's pipe (standard error goes to the log).

@@ -93,11 +93,12 @@ import Testing
         }
         // Type "fuse" with "PROGRAM#SOURCE" names the binary; with ubiq on the system PATH,
         // type "fuse.ubiq" and a plain SOURCE do the same (README).
-        let line = "\(ubiqBinary)#dir:\(base)/store \(mnt) fuse noauto,state=\(base)/state,cache_size=1G,poll_interval=2,create_store 0 0\n"
+        let line = "\(ubiqBinary)#dir:\(base)/store \(mnt) fuse noauto,state=\(base)/state,cache_size=1G,poll_interval=2,create_store,sync_on_close 0 0\n"
         try line.write(toFile: base + "/fstab", atomically: true, encoding: .utf8)
         expectOK(shell("mount -T \(base)/fstab \(mnt)"), "mount from fstab")
         #expect(shell("grep ' \(mnt) ' /proc/mounts").out.contains("fuse.ubiq"))
         expectOK(shell("echo via-fstab > \(mnt)/f && [ \"$(getfattr -n user.ubiq.cache-limit --only-values \(mnt))\" = 1073741824 ]"))
+        #expect(shell("pgrep -af 'state \(base)/state'").out.contains("--sync-on-close"), "sync_on_close reaches the daemon")
         expectOK(shell("umount \(mnt)"), "umount")
         // The daemon uploads what is pending after the unmount, then exits.
         let deadline = Date(timeIntervalSinceNow: 30)
