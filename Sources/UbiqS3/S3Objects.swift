@@ -279,6 +279,14 @@ public struct S3Objects: Sendable {
                      condition: WriteCondition) async throws -> ObjectInfo {
         try StoreKey.validate(source)
         try StoreKey.validate(destination)
+        if source.hasSuffix("/") && destination.hasSuffix("/") {
+            // A folder marker has no bytes to copy: it is written anew, with the metadata asked
+            // for. (SeaweedFS answers 404 to a copy of the marker of a folder with items in it.)
+            var meta = metadata
+            if meta == nil { meta = try await head(source).metadata }
+            guard let meta else { throw StoreError.notFound(key: source) }
+            return try await put(destination, contentsOf: nil, metadata: meta, condition: condition)
+        }
         let v = Version(version)
         let from = try await head(source)
         if v.id == nil, from.contentTag != v.etag { throw StoreError.notFound(key: source) }

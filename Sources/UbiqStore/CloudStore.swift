@@ -155,6 +155,16 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
         return false
     }
 
+    public var isNotFound: Bool {
+        if case .notFound = self { return true }
+        return false
+    }
+
+    public var isPreconditionFailed: Bool {
+        if case .preconditionFailed = self { return true }
+        return false
+    }
+
     public var description: String {
         switch self {
         case .notFound(let k): return "no object at \(k)"

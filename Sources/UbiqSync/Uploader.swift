@@ -310,8 +310,12 @@ public final class Uploader: @unchecked Sendable {
                     switch outcome {
                     case .done, .setAside:
                         try tx.completeOutbox(item.ino, seq: item.seq)
-                    case .busy, .deferred:
+                    case .busy:
                         try tx.retryOutbox(item.ino, after: 0.5)
+                    case .deferred:
+                        // Sent back again and again (a store that refuses what it just said it has):
+                        // backs off as a failure does, rather than asking the store twice a second.
+                        try tx.retryOutbox(item.ino, after: item.attempts < 10 ? 0.5 : min(60, 0.5 * pow(2, Double(min(item.attempts - 10, 7)))))
                     case .retry(let why):
                         try tx.setUploadError(item.ino, why)
                         try tx.retryOutbox(item.ino, after: diskFull ? 2 : min(60, 0.5 * pow(2, Double(min(item.attempts, 7)))))
@@ -596,11 +600,13 @@ public final class Uploader: @unchecked Sendable {
             } else if metaDirty {
                 let meta = metadata(s, generation: s.rec.contentGen)
                 do {
+                    trace("copy \(key)@\(oldVersion) onto itself (metadata) ino \(ino)")
                     let info = try runBlocking {
                         try await store.copy(from: key, version: oldVersion, to: key, metadata: meta, condition: .ifMatch(oldVersion))
                     }
                     try state.write { try $0.recordRemote(entryID: entry.id, key: key, info) }
-                } catch StoreError.preconditionFailed, StoreError.notFound {
+                } catch let e as StoreError where e.isPreconditionFailed || e.isNotFound {
+                    trace("\(key): \(e)")
                     // Changed in the store, or gone (a store without old versions cannot copy
                     // the version this device knows): merged, or written again.
                     switch try mergeMetadata(key: key, entry: entry, meta: meta, isPlaceholder: isRegular && !s.rec.present) {

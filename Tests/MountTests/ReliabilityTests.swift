@@ -45,7 +45,7 @@ import Testing
         shell("cp '\(a.mnt)/big.bin' '\(local)/big.bin'")
         // Everything goes up (ubiq sync waits for the queue while it moves).
         let synced = eventually(a, "\(ubiqBinary) sync . >/dev/null; \(ubiqBinary) status -r . | grep -Eq '^ *([0-9]+) items: \\1 current$'", seconds: seconds)
-        expectOK(synced, "seed \(seed): A's queue drains: \(a.ubiq("status -r \(a.mnt)").out) \(shell("grep -E 'upload of inode|error' \(a.state)/ubiq.log | tail -20").out)")
+        expectOK(synced, "seed \(seed): A's queue drains: \(a.ubiq("status -r \(a.mnt)").out) \(shell("grep -E 'upload of|error|gone' \(a.state)/ubiq.log | tail -8; grep -E 'trace|gone|swapped|left' \(a.state)/ubiq.log | tail -40").out)")
         // A itself still has the local tree, after its uploads and the store's echoes of them.
         expectOK(shell("python3 \(fsrandom) \(a.mnt) \(local) --compare-only"), "seed \(seed): A after syncing")
         // B sees exactly the local tree (hard links arrive as separate files), reading every byte

@@ -72,7 +72,7 @@ final class S3Server: @unchecked Sendable {
         let bucket = s3.bucket("chaos")
         let chaos = "fail=0.15,lose=0.1,short=0.15,wrong=0.05,latency=0-3"
         let a = try s3.mount(bucket, extra: "--upload-delay 0 --poll-interval 1",
-                             daemonEnv: ["UBIQ_STORE_CHAOS": "seed=\(seed),\(chaos)"])
+                             daemonEnv: ["UBIQ_STORE_CHAOS": "seed=\(seed),\(chaos)", "UBIQ_TRACE_UPLOADS": "1"])
         defer { a.cleanup() }
         let b = try s3.mount(bucket, name: "device-b", extra: "--poll-interval 1 --read-timeout 60",
                              daemonEnv: ["UBIQ_STORE_CHAOS": "seed=\(seed + 1),\(chaos)"])
@@ -169,6 +169,17 @@ final class S3Server: @unchecked Sendable {
         expectOK(a.sh("chmod 700 p && mv q r && \(ubiqBinary) sync . && \(ubiqBinary) status -r . | grep -Eq '^ *([0-9]+) items: \\1 current$'"),
                  "both go up again: \(a.ubiq("status -r \(a.mnt)").out) \(shell("tail -30 \(a.state)/ubiq.log").out)")
         for key in ["p/", "r/"] { expectOK(s3.curl("-I", "/\(bucket)/drive/\(key)"), "\(key) is in the bucket") }
+    }
+
+    /// A chmod of folders with items in them goes up (found by the S3 chaos test).
+    @Test func aChmodOfFoldersWithItemsGoesUp() throws {
+        let s3 = try S3Server.shared()
+        let bucket = s3.bucket("chmod")
+        let a = try s3.mount(bucket, extra: "--upload-delay 0", daemonEnv: ["UBIQ_TRACE_UPLOADS": "1"])
+        defer { a.cleanup() }
+        expectOK(a.sh("mkdir -p x/y && echo hi > x/y/f && \(ubiqBinary) sync ."), "first upload")
+        expectOK(a.sh("chmod 700 x/y x && \(ubiqBinary) sync . && \(ubiqBinary) status -r . | grep -Eq '^ *([0-9]+) items: \\1 current$'"),
+                 "the chmods go up: \(a.ubiq("status -r \(a.mnt)").out) \(shell("tail -30 \(a.state)/ubiq.log").out)")
     }
 
     /// A file over the part threshold goes up in parts and comes back whole on another device.
