@@ -52,6 +52,8 @@ extension FileSystem {
                 logger.error("could not record the download of inode \(ino): \(error)")
             }
         }
+        // Its blocks changed (`du` counts what is local): the kernel caches attributes for long.
+        invalidateKernelAttributes(ino)
         scheduleCacheLimitCheck()
         emit(.status, ino)
     }
@@ -80,6 +82,7 @@ extension FileSystem {
             let rec = n.rec
             try persist { tx in try tx.upsert(rec) }
         }
+        invalidateKernelAttributes(ino)
     }
 
     /// What a failed download is to the caller: ENOSPC for a full local disk, else EIO.

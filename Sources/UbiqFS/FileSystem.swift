@@ -81,7 +81,8 @@ public final class FileSystem: @unchecked Sendable {
     let limitCheckPending = Mutex<Bool>(false)
 
     /// Tells the kernel to drop its cached pages of an inode (set by the FUSE binding).
-    let kernelCache = Mutex<(@Sendable (UInt64) -> Void)?>(nil)
+    /// (ino, pages): false drops only the kernel's cached attributes.
+    let kernelCache = Mutex<(@Sendable (UInt64, Bool) -> Void)?>(nil)
     /// Where the daemon's control socket is (answered as the root's unlisted
     /// `user.ubiq.control-socket`, so the CLI finds it from any path).
     public let controlSocketPath = Mutex<String?>(nil)
@@ -133,7 +134,7 @@ public final class FileSystem: @unchecked Sendable {
         }
         materializer.setCompletion { [weak self] ino, version in self?.contentArrived(ino, version: version) }
         // Bytes thrown away (they did not match their digest) may be in the kernel's cache.
-        materializer.setRejection { [weak self] ino in self?.kernelCache.withLock { $0 }?(ino) }
+        materializer.setRejection { [weak self] ino in self?.kernelCache.withLock { $0 }?(ino, true) }
         resumePinnedDownloads()
     }
 
@@ -321,8 +322,9 @@ public final class FileSystem: @unchecked Sendable {
         return now > last ? Double(now - last) / 1e9 : 0
     }
 
-    /// The FUSE binding's way to drop the kernel's cached pages of an inode.
-    public func setKernelCacheInvalidator(_ invalidate: @escaping @Sendable (UInt64) -> Void) {
+    /// The FUSE binding's way to drop the kernel's cached pages and attributes of an inode
+    /// (`pages` false: the attributes only).
+    public func setKernelCacheInvalidator(_ invalidate: @escaping @Sendable (UInt64, Bool) -> Void) {
         kernelCache.withLock { $0 = invalidate }
     }
 
@@ -341,7 +343,14 @@ public final class FileSystem: @unchecked Sendable {
     /// waits for the kernel while the kernel waits for it would deadlock).
     func invalidateKernelCache(_ ino: UInt64) {
         guard let invalidate = kernelCache.withLock({ $0 }) else { return }
-        DispatchQueue.global().async { invalidate(ino) }
+        DispatchQueue.global().async { invalidate(ino, true) }
+    }
+
+    /// Asks the kernel to drop `ino`'s cached attributes (its blocks changed: a download
+    /// finished), off the request path. The kernel keeps attributes for `attrTimeout`.
+    func invalidateKernelAttributes(_ ino: UInt64) {
+        guard let invalidate = kernelCache.withLock({ $0 }) else { return }
+        DispatchQueue.global().async { invalidate(ino, false) }
     }
 
     // MARK: - Queries

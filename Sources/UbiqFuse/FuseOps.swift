@@ -273,7 +273,7 @@ enum FuseOps {
 
 extension FuseServer {
     /// lookup: a missing name is cached by the kernel as a negative entry (ino 0) for `entryTimeout`.
-    /// Negative entries are safe here because only this device changes the tree while mounted.
+    /// A name another device adds is dropped from the kernel's cache when it arrives (Remote).
     func replyEntryOrNegative(_ req: fuse_req_t?, _ body: (FuseServer) throws -> Attributes) {
         do {
             var e = entry(try body(self))

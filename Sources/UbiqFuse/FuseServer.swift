@@ -7,10 +7,12 @@ import UbiqFS
 public struct FuseOptions: Sendable {
     /// Largest read/write request (the kernel caps it at its own maximum).
     public var maxWrite: UInt32 = 1 << 20
-    /// Seconds the kernel may cache attributes and names. Only this device
-    /// changes the tree while it is mounted, so a cached answer stays right.
-    public var attrTimeout: Double = 1.0
-    public var entryTimeout: Double = 1.0
+    /// Seconds the kernel may cache attributes and names (missing names too). Every change
+    /// that does not come through the kernel (another device's, a download that finished, an
+    /// eviction) tells the kernel to drop what it cached, so a cached answer stays right;
+    /// the timeout only bounds how long one that raced such a change could stay.
+    public var attrTimeout: Double = 30
+    public var entryTimeout: Double = 30
     /// Let the kernel buffer writes (FUSE writeback cache).
     public var writebackCache = false
     /// Extra `-o` mount options (e.g. allow_other).
@@ -64,9 +66,10 @@ public final class FuseServer: @unchecked Sendable {
         }
         session = se
         mountpoint = path
-        fs.setKernelCacheInvalidator { [weak self] ino in
+        fs.setKernelCacheInvalidator { [weak self] ino, pages in
             guard let se = self?.session else { return }
-            _ = fuse_lowlevel_notify_inval_inode(se, ino, 0, 0)
+            // A negative offset: the attributes only.
+            _ = fuse_lowlevel_notify_inval_inode(se, ino, pages ? 0 : -1, 0)
         }
         fs.setKernelEntryInvalidator { [weak self] parent, name in
             guard let se = self?.session else { return }
