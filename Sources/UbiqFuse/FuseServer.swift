@@ -10,7 +10,8 @@ public struct FuseOptions: Sendable {
     /// Seconds the kernel may cache attributes and names (missing names too). Every change
     /// that does not come through the kernel (another device's, a download that finished, an
     /// eviction) tells the kernel to drop what it cached, so a cached answer stays right;
-    /// the timeout only bounds how long one that raced such a change could stay.
+    /// the timeout only bounds how long one that raced such a change could stay. A file not
+    /// all here is kept a second at most (`attrTimeout(_:)`).
     public var attrTimeout: Double = 30
     public var entryTimeout: Double = 30
     /// Let the kernel buffer writes (FUSE writeback cache).
@@ -140,12 +141,18 @@ public final class FuseServer: @unchecked Sendable {
         return st
     }
 
+    /// How long the kernel may keep `a`: a file not all here (a placeholder, a download under
+    /// way) changes its blocks as bytes arrive, so it is asked again after a second.
+    func attrTimeout(_ a: Attributes) -> Double {
+        a.mode & 0o170000 == 0o100000 && a.blocks * 512 < a.size ? min(1, options.attrTimeout) : options.attrTimeout
+    }
+
     func entry(_ a: Attributes) -> fuse_entry_param {
         var e = fuse_entry_param()
         e.ino = a.ino
         e.generation = 1
         e.attr = stat(a)
-        e.attr_timeout = options.attrTimeout
+        e.attr_timeout = attrTimeout(a)
         e.entry_timeout = options.entryTimeout
         return e
     }
@@ -162,8 +169,9 @@ public final class FuseServer: @unchecked Sendable {
 
     func replyAttr(_ req: fuse_req_t?, _ body: () throws -> Attributes) {
         do {
-            var st = stat(try body())
-            fuse_reply_attr(req, &st, options.attrTimeout)
+            let a = try body()
+            var st = stat(a)
+            fuse_reply_attr(req, &st, attrTimeout(a))
         } catch { replyError(req, error) }
     }
 
