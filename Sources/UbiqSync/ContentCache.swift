@@ -67,9 +67,6 @@ public final class ContentCache: Sendable {
         if rename(tmp, path(ino)) != 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
     }
 
-    /// Copies the content of `ino` to a staging file for upload; returns its path. No room for
-    /// the copy (the disk, or the state database's reserve) is `LocalWriteError(ENOSPC)`; a copy
-    /// that fails leaves nothing behind.
     /// Makes every cache file durable against power loss (at unmount): one syncfs(2) of
     /// the file system the cache is on.
     public func syncAll() {
@@ -87,6 +84,9 @@ public final class ContentCache: Sendable {
         if fdatasync(fd) != 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
     }
 
+    /// Copies the content of `ino` to a staging file for upload; returns its path. No room for
+    /// the copy (the disk, or the state database's reserve) is `LocalWriteError(ENOSPC)`; a copy
+    /// that fails leaves nothing behind.
     public func stage(_ ino: UInt64, generation: Int64) throws -> URL {
         let dst = staging.appendingPathComponent("\(ino)-\(generation)")
         let inp = Glibc.open(path(ino), O_RDONLY | O_CLOEXEC)
