@@ -589,11 +589,13 @@ public struct StateTransaction {
         try db.execute(cached: "DELETE FROM outbox WHERE ino = ? AND seq = ?", arguments: [Int64(bitPattern: ino), seq])
     }
 
-    public func retryOutbox(_ ino: UInt64, after delay: TimeInterval) throws {
+    /// Puts `ino` back in the queue, due after `delay`; `attempt`: it was tried (the count the
+    /// backoff grows with), not only found busy.
+    public func retryOutbox(_ ino: UInt64, after delay: TimeInterval, attempt: Bool = true) throws {
         try db.execute(cached: """
-            UPDATE outbox SET attempts = attempts + 1, not_before = ?,
+            UPDATE outbox SET attempts = attempts + ?, not_before = ?,
               seq = (SELECT coalesce(max(seq), 0) + 1 FROM outbox) WHERE ino = ?
-            """, arguments: [Date().timeIntervalSince1970 + delay, Int64(bitPattern: ino)])
+            """, arguments: [attempt ? 1 : 0, Date().timeIntervalSince1970 + delay, Int64(bitPattern: ino)])
     }
 
     /// Inodes whose upload failed for good (kept locally, with the reason); ones still

@@ -311,7 +311,8 @@ public final class Uploader: @unchecked Sendable {
                     case .done, .setAside:
                         try tx.completeOutbox(item.ino, seq: item.seq)
                     case .busy:
-                        try tx.retryOutbox(item.ino, after: 0.5)
+                        // Not tried: a file open for long does not make its later tries back off.
+                        try tx.retryOutbox(item.ino, after: 0.5, attempt: false)
                     case .deferred:
                         // Sent back again and again (a store that refuses what it just said it has):
                         // backs off as a failure does, rather than asking the store twice a second.
