@@ -5,6 +5,17 @@ import UbiqState
 import UbiqStore
 import UbiqSync
 
+/// Where a read puts its bytes: memory the caller owns until the read's reply.
+public struct ReadBuffer: @unchecked Sendable {
+    public let pointer: UnsafeMutableRawPointer
+    public init(_ pointer: UnsafeMutableRawPointer) { self.pointer = pointer }
+}
+
+private final class ReadAnswer: @unchecked Sendable {
+    let ready = DispatchSemaphore(value: 0)
+    var result: Result<Int, Error>?
+}
+
 /// Content: open, read, write, flush, fsync, release, setattr, fallocate.
 extension FileSystem {
     /// Opens a file handle on a present regular file (with `lock` held).
@@ -91,6 +102,18 @@ extension FileSystem {
         return .io("download failed: \(error)")
     }
 
+    /// Whether `open` (with `flags`) or a `setattr` to `size` of `ino` waits for the store:
+    /// a placeholder opened for writing, or cut to a length other than 0, is downloaded whole
+    /// first. The FUSE binding answers such requests from another thread.
+    public func waitsForStore(_ ino: UInt64, flags: Int32? = nil, size: Int64? = nil) -> Bool {
+        withLock {
+            guard let n = nodes[ino], n.isRegular, !n.rec.present else { return false }
+            if let flags { return (flags & O_ACCMODE) != O_RDONLY && (flags & O_TRUNC) == 0 }
+            if let size { return size != 0 }
+            return false
+        }
+    }
+
     public func open(_ ino: UInt64, flags: Int32, caller: Caller = .root) throws -> UInt64 {
         // A remote version may replace the content while this open prepares: then it starts over.
         for _ in 0 ..< 8 {
@@ -136,16 +159,47 @@ extension FileSystem {
 
     /// Reads up to `count` bytes at `offset` into `buffer`; returns how many (0 at end of file).
     public func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: UnsafeMutableRawPointer) throws -> Int {
-        let (ino, fd, _) = try handle(fh)
-        let c = try claim([ino], .read)
-        defer { coordinator.release(c) }
-        if !withLock({ nodes[ino]?.rec.present ?? true }) {
-            do { try materializer.ensure(ino, range: offset ..< offset + Int64(count)) } catch {
-                logger.error("read of inode \(ino) at \(offset) failed: \(error)")
-                versionGone(error)
-                throw Self.downloadError(error)
-            }
+        let answer = ReadAnswer()
+        read(fh, offset: offset, count: count, into: ReadBuffer(buffer)) { r in
+            answer.result = r
+            answer.ready.signal()
         }
+        answer.ready.wait()
+        return try answer.result!.get()
+    }
+
+    /// Reads up to `count` bytes at `offset` into `buffer` and calls `reply` with how many (0 at
+    /// end of file): on the calling thread when the bytes are here, and otherwise later, on
+    /// another thread, once they arrived from the store. A FUSE worker thread is thus never held
+    /// by a read that waits for the store; `buffer` must stay valid until `reply` runs.
+    public func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: ReadBuffer,
+                     reply: @escaping @Sendable (Result<Int, Error>) -> Void) {
+        let ino: UInt64, fd: Int32, c: Claim
+        do {
+            (ino, fd, _) = try handle(fh)
+            c = try claim([ino], .read)
+        } catch { reply(.failure(error)); return }
+        let finish: @Sendable (Error?) -> Void = { [self] downloadFailure in
+            let r: Result<Int, Error>
+            if let e = downloadFailure {
+                logger.error("read of inode \(ino) at \(offset) failed: \(e)")
+                versionGone(e)
+                r = .failure(Self.downloadError(e))
+            } else {
+                r = Result { try Self.readAll(fd, offset: offset, count: count, into: buffer.pointer) }
+                if case .success = r { touchAccessTime(ino) }
+            }
+            coordinator.release(c)
+            reply(r)
+        }
+        if withLock({ nodes[ino]?.rec.present ?? true }) {
+            finish(nil)
+        } else {
+            materializer.whenLocal(ino, range: offset ..< offset + Int64(count), finish)
+        }
+    }
+
+    private static func readAll(_ fd: Int32, offset: Int64, count: Int, into buffer: UnsafeMutableRawPointer) throws -> Int {
         var done = 0
         while done < count {
             let n = pread(fd, buffer + done, count - done, off_t(offset) + off_t(done))
@@ -156,7 +210,6 @@ extension FileSystem {
             if n == 0 { break }
             done += n
         }
-        touchAccessTime(ino)
         return done
     }
 

@@ -40,8 +40,10 @@ enum FuseOps {
         ops.setattr = { req, ino, attr, toSet, fi in
             OpStats.measure("setattr") {
                 let s = FuseServer.from(req)
-                s.replyAttr(req) {
-                    let st = attr!.pointee
+                let st = attr!.pointee
+                let fh = fi?.pointee.fh
+                let slow = toSet & setSize != 0 && s.fs.waitsForStore(ino, size: Int64(st.st_size))
+                s.answer(req, later: slow) { req in s.replyAttr(req) {
                     var ch = AttributeChanges()
                     if toSet & setMode != 0 { ch.mode = st.st_mode }
                     if toSet & setUID != 0 { ch.uid = st.st_uid }
@@ -53,8 +55,8 @@ enum FuseOps {
                     if toSet & setMTimeNow != 0 { ch.mtime = .now } else if toSet & setMTime != 0 {
                         ch.mtime = .at(withUnsafePointer(to: st) { ubiq_stat_mtime($0) })
                     }
-                    return try s.fs.setattr(ino, ch, fh: fi?.pointee.fh, caller: caller(req))
-                }
+                    return try s.fs.setattr(ino, ch, fh: fh, caller: caller(req))
+                } }
             }
         }
         ops.readlink = { req, ino in
@@ -114,12 +116,18 @@ enum FuseOps {
         ops.open = { req, ino, fi in
             OpStats.measure("open") {
                 let s = FuseServer.from(req)
-                do {
-                    let fh = try s.fs.open(ino, flags: ubiq_fi_flags(fi), caller: caller(req))
-                    fi!.pointee.fh = fh
-                    ubiq_fi_set_keep_cache(fi, 1)
-                    if fuse_reply_open(req, fi) != 0 { s.fs.release(fh) }
-                } catch { s.replyError(req, error) }
+                let flags = ubiq_fi_flags(fi)
+                // libfuse's `fi` lives only as long as this call: a later answer uses a copy.
+                let info = FileInfo(fi!.pointee)
+                s.answer(req, later: s.fs.waitsForStore(ino, flags: flags)) { req in
+                    do {
+                        let fh = try s.fs.open(ino, flags: flags, caller: caller(req))
+                        var fi = info.value
+                        fi.fh = fh
+                        ubiq_fi_set_keep_cache(&fi, 1)
+                        if fuse_reply_open(req, &fi) != 0 { s.fs.release(fh) }
+                    } catch { s.replyError(req, error) }
+                }
             }
         }
         ops.create = { req, parent, n, mode, fi in
@@ -139,13 +147,19 @@ enum FuseOps {
         }
         ops.read = { req, _, size, off, fi in
             OpStats.measure("read") {
+                // Answered here when the bytes are local, else later from the thread that
+                // brought them: a read that waits for the store holds no worker thread.
                 let s = FuseServer.from(req)
-                let buf = malloc(max(size, 1))!
-                defer { free(buf) }
-                do {
-                    let n = try s.fs.read(fi!.pointee.fh, offset: Int64(off), count: size, into: buf)
-                    fuse_reply_buf(req, buf.assumingMemoryBound(to: CChar.self), n)
-                } catch { s.replyError(req, error) }
+                let buf = ReadBuffer(malloc(max(size, 1))!)
+                let pending = s.replyLater(req)
+                s.fs.read(fi!.pointee.fh, offset: Int64(off), count: size, into: buf) { result in
+                    switch result {
+                    case .success(let n): fuse_reply_buf(pending.req, buf.pointer.assumingMemoryBound(to: CChar.self), n)
+                    case .failure(let e): s.replyError(pending.req, e)
+                    }
+                    free(buf.pointer)
+                    s.replied(pending)
+                }
             }
         }
         ops.write = { req, _, data, size, off, fi in

@@ -1,6 +1,7 @@
 import CFuse
 import Foundation
 import Logging
+import Synchronization
 import UbiqFS
 
 /// Kernel options ubiq negotiates. See docs/posix.md, "Kernel options".
@@ -41,6 +42,8 @@ public final class FuseServer: @unchecked Sendable {
     let options: FuseOptions
     private var session: OpaquePointer?
     private var mountpoint = ""
+    /// Replies still to be sent from other threads.
+    private let owed = Mutex(0)
 
     public init(fs: FileSystem, options: FuseOptions, logger: Logger) {
         self.fs = fs
@@ -110,11 +113,52 @@ public final class FuseServer: @unchecked Sendable {
         if let se = session { fuse_session_exit(se) }
     }
 
+    /// Ends the session. Replies still owed (reads waiting for the store: call
+    /// `Materializer.answerAllWaiting` first) are waited for, as a reply needs the session;
+    /// if some never come, the session is left, not freed under them.
     public func unmount() {
         guard let se = session else { return }
+        // Before the device is closed: a late reply would go to whatever file gets its number.
+        let deadline = Date(timeIntervalSinceNow: 10)
+        while owed.withLock({ $0 }) > 0 && Date() < deadline { usleep(10_000) }
         fuse_session_unmount(se)
-        fuse_session_destroy(se)
+        let left = owed.withLock { $0 }
+        if left > 0 {
+            logger.warning("\(left) replies still owed at unmount: the FUSE session is left as it is")
+        } else {
+            fuse_session_destroy(se)
+        }
         session = nil
+    }
+
+    /// Runs `body`, which answers `req`: here, or when `later` (it waits for the store) on
+    /// another thread, so the worker goes back to the kernel for the next request.
+    func answer(_ req: fuse_req_t?, later: Bool, _ body: @escaping @Sendable (fuse_req_t?) -> Void) {
+        guard later else { body(req); return }
+        let p = replyLater(req)
+        // A thread of its own (these are few): Dispatch's shared pool grows slowly on Linux
+        // when its threads block, and other work waits behind them.
+        let t = Thread { [self] in
+            body(p.req)
+            replied(p)
+        }
+        t.name = "ubiq-slow-request"
+        t.start()
+    }
+
+    /// A request answered later, from another thread (`replyLater`, then `replied`).
+    struct PendingReply: @unchecked Sendable {
+        let req: fuse_req_t?
+    }
+
+    /// Counts a reply owed beyond the request's own call.
+    func replyLater(_ req: fuse_req_t?) -> PendingReply {
+        owed.withLock { $0 += 1 }
+        return PendingReply(req: req)
+    }
+
+    func replied(_ p: PendingReply) {
+        owed.withLock { $0 -= 1 }
     }
 
     /// Per-operation counts and times, when UBIQ_OP_STATS=1.
@@ -217,6 +261,12 @@ public final class FuseServer: @unchecked Sendable {
         case .system(let code): return code
         }
     }
+}
+
+/// A copy of libfuse's `fuse_file_info`, to answer with from another thread.
+struct FileInfo: @unchecked Sendable {
+    let value: fuse_file_info
+    init(_ value: fuse_file_info) { self.value = value }
 }
 
 func name(_ p: UnsafePointer<CChar>?) -> [UInt8] {

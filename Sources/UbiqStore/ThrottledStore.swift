@@ -10,16 +10,20 @@ public final class ThrottledStore: CloudStore, Sendable {
     public let bytesPerSecond: Double
     /// Upload rate (nil: not limited). Puts are slowed as the store reports their progress.
     public let writeBytesPerSecond: Double?
+    /// Seconds every content read waits before it begins, each on its own (a far store).
+    public let readLatency: Double
     /// When the link is next free (seconds since the reference date).
     private let nextFree = Mutex<Double>(0)
 
-    public init(_ inner: any CloudStore, bytesPerSecond: Double, writeBytesPerSecond: Double? = nil) {
+    public init(_ inner: any CloudStore, bytesPerSecond: Double, writeBytesPerSecond: Double? = nil, readLatency: Double = 0) {
         self.inner = inner
         self.bytesPerSecond = max(1, bytesPerSecond)
         self.writeBytesPerSecond = writeBytesPerSecond.map { max(1, $0) }
+        self.readLatency = max(0, readLatency)
     }
 
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        if readLatency > 0 { try await Task.sleep(nanoseconds: UInt64(readLatency * 1e9)) }
         let data = try await inner.read(key, version: version, range: range)
         let cost = Double(data.count) / bytesPerSecond
         let wait = nextFree.withLock { next -> Double in

@@ -64,6 +64,9 @@ public final class Materializer: @unchecked Sendable {
     public let attempts: Int
 
     private let cond = NSCondition()
+    /// Answers waiting reads (`whenLocal`), and their timeouts and retries. A queue of its
+    /// own: it gets a thread even while Dispatch's shared pool is busy with blocking work.
+    private let answers = DispatchQueue(label: "ubiq.read-answers")
     /// Saves download progress (one at a time, off the fetching threads).
     private let saver = DispatchQueue(label: "ubiq.download-progress")
     /// Seconds between saves of a download's progress.
@@ -105,6 +108,8 @@ public final class Materializer: @unchecked Sendable {
         var failed: [Int: Error] = [:]
         /// Dropped by `cancel`: no more fetching; the last worker closes `fd`.
         var cancelled = false
+        /// Reads waiting for chunks (`whenLocal`).
+        var waiters: [Waiter] = []
         /// When progress was last saved, and whether a save is under way.
         var savedAt = Date()
         var saving = false
@@ -207,20 +212,46 @@ public final class Materializer: @unchecked Sendable {
         if job.done { finishLocked(job) } else if completeInBackground && background { spawnWorkersLocked(job) }
     }
 
-    /// Blocks until bytes `range` of `ino` are local (clamped to the file). Throws the
-    /// store's answer (gone, changed) at once, its failures once they went on for
-    /// `retryWindow`, and `timedOut` after `readTimeout`; a later call tries again.
+    /// Blocks until bytes `range` of `ino` are local (clamped to the file). Throws what
+    /// `whenLocal` would answer.
     public func ensure(_ ino: UInt64, range: Range<Int64>) throws {
-        try start(ino, background: false)
+        let answer = Answer()
+        wait(ino, range: range, inline: true) { e in
+            answer.error = e
+            answer.ready.signal()
+        }
+        answer.ready.wait()
+        if let e = answer.error { throw e }
+    }
+
+    /// Calls `done` once bytes `range` of `ino` are local (clamped to the file), or with why
+    /// they will not be: the store's answer (gone, changed) at once, its failures once they
+    /// went on for `retryWindow`, `timedOut` after `readTimeout` (a later call tries again).
+    /// `done` runs on the calling thread when nothing is to be waited for, and otherwise later
+    /// on another thread, once the chunk it waits for arrives: no caller waits for the store.
+    public func whenLocal(_ ino: UInt64, range: Range<Int64>, _ done: @escaping @Sendable (Error?) -> Void) {
+        wait(ino, range: range, inline: false, done)
+    }
+
+    /// `inline`: `done` is called with `cond` held, so it must not block (it signals a semaphore).
+    private func wait(_ ino: UInt64, range: Range<Int64>, inline: Bool, _ done: @escaping @Sendable (Error?) -> Void) {
+        do { try start(ino, background: false) } catch { done(error); return }
+        if !register(ino, range: range, inline: inline, done) { done(nil) }
+    }
+
+    /// Asks for the chunks of `range` and leaves `done` with the job to be answered, if any is
+    /// missing; returns false when all are here already (nothing to wait for).
+    private func register(_ ino: UInt64, range: Range<Int64>, inline: Bool,
+                          _ done: @escaping @Sendable (Error?) -> Void) -> Bool {
         cond.lock()
         defer { cond.unlock() }
-        guard let job = jobs[ino] else { return }  // already complete
+        guard let job = jobs[ino] else { return false }  // already complete
         let upper = min(range.upperBound, job.size)
-        if range.lowerBound >= upper { return }
+        if range.lowerBound >= upper { return false }
         let first = Int(range.lowerBound / chunkSize), last = Int((upper - 1) / chunkSize)
         // Once a download of this file was thrown away (its bytes did not match their digest),
         // nothing of it is read until a whole download passes the check: a read waits for all.
-        var needed = job.mismatches > 0 ? job.present.indices.filter { !job.present[$0] }
+        let needed = job.mismatches > 0 ? job.present.indices.filter { !job.present[$0] }
                                         : (first ... last).filter { !job.present[$0] }
         // Sequential reads (this one starts within a chunk of where the last ended) grow the
         // window, also when their bytes are here already (fetched ahead for them).
@@ -232,50 +263,115 @@ public final class Materializer: @unchecked Sendable {
         job.lastReadEnd = upper
         let ahead = (last + 1 ..< min(job.present.count, last + 1 + job.window))
             .filter { !job.present[$0] && !job.inFlight.contains($0) }
-        if needed.isEmpty && ahead.isEmpty { return }
         if !needed.isEmpty {
             job.error = nil
             for c in needed { job.failed[c] = nil }
         }
-        let front = Set(needed).union(ahead)
-        job.wanted = needed + ahead + job.wanted.filter { !front.contains($0) }
-        job.urgent.formUnion(needed)
-        spawnWorkersLocked(job)
-        if needed.isEmpty { return }
-        defer { for c in needed where job.present[c] || job.failed[c] != nil { job.urgent.remove(c) } }
-        let deadline = Date(timeIntervalSinceNow: readTimeout)
-        let retryUntil = Date(timeIntervalSinceNow: min(readTimeout, retryWindow))
-        let strictAlready = job.mismatches > 0
-        while needed.contains(where: { !job.present[$0] }) || (!strictAlready && job.mismatches > 0 && job.present.contains(false)) {
-            if !strictAlready && job.mismatches > 0 {
+        if !needed.isEmpty || !ahead.isEmpty {
+            let front = Set(needed).union(ahead)
+            job.wanted = needed + ahead + job.wanted.filter { !front.contains($0) }
+            job.urgent.formUnion(needed)
+            spawnWorkersLocked(job)
+        }
+        if needed.isEmpty { return false }
+        let w = Waiter(needed: needed, strict: job.mismatches > 0,
+                       retryUntil: Date(timeIntervalSinceNow: min(readTimeout, retryWindow)), inline: inline, done: done)
+        job.waiters.append(w)
+        let timeout = readTimeout
+        let timer = DispatchWorkItem { [self] in
+            cond.lock()
+            answerLocked(job, w, SyncError.timedOut(key: job.key, seconds: timeout))
+            cond.unlock()
+        }
+        w.timer = timer
+        answers.asyncAfter(deadline: .now() + timeout, execute: timer)
+        settleLocked(job)
+        return true
+    }
+
+    /// A read waiting for chunks of a job. Guarded by `Materializer.cond`.
+    final class Waiter: @unchecked Sendable {
+        var needed: [Int]
+        /// A download of the file had been thrown away before this read began.
+        let strict: Bool
+        let retryUntil: Date
+        let inline: Bool
+        let done: @Sendable (Error?) -> Void
+        var retrying = false
+        var answered = false
+        var timer: DispatchWorkItem?
+        init(needed: [Int], strict: Bool, retryUntil: Date, inline: Bool, done: @escaping @Sendable (Error?) -> Void) {
+            self.needed = needed; self.strict = strict; self.retryUntil = retryUntil; self.inline = inline; self.done = done
+        }
+    }
+
+    private final class Answer: @unchecked Sendable {
+        let ready = DispatchSemaphore(value: 0)
+        var error: Error?
+    }
+
+    /// Answers the waiters of `job` whose chunks are here, or failed for good; asks again for
+    /// those whose chunks failed in a way that may heal (a cut connection, a timeout), until
+    /// their `retryUntil`. Called with `cond` held, after anything about `job` changed.
+    private func settleLocked(_ job: Job) {
+        for w in job.waiters where !w.answered {
+            if !w.strict && job.mismatches > 0 {
                 // A download of this file was thrown away meanwhile: this read now waits for a
                 // whole one that passes, like every read after it.
-                let rest = job.present.indices.filter { !job.present[$0] && !needed.contains($0) }
-                needed += rest
+                let rest = job.present.indices.filter { !job.present[$0] && !w.needed.contains($0) }
+                w.needed += rest
                 job.urgent.formUnion(rest)
             }
-            // Only a failure of a fetch made for this call counts: one that began before it
+            let waiting = w.needed.contains { !job.present[$0] }
+                || (!w.strict && job.mismatches > 0 && job.present.contains(false))
+            if !waiting { answerLocked(job, w, nil); continue }
+            // Only a failure of a fetch made for this read counts: one that began before it
             // (while the store was down, say) must not fail a read made once it is back.
-            if let c = needed.first(where: { job.failed[$0] != nil }), let e = job.failed[c] {
-                // A store that fails now and then (a cut connection, a timeout) is asked again
-                // until the read's deadline; an answer (gone, changed) or a local error is final.
-                guard Self.worthRetrying(e), Date(timeIntervalSinceNow: 0.25) < retryUntil, !job.cancelled else { throw e }
-                cond.unlock()
-                usleep(250_000)
-                cond.lock()
-                if job.cancelled { throw e }
-                let again = needed.filter { !job.present[$0] && !job.inFlight.contains($0) }
-                for c in again { job.failed[c] = nil }
-                job.error = nil
-                job.wanted = again + job.wanted.filter { !again.contains($0) }
-                job.urgent.formUnion(again)
-                spawnWorkersLocked(job)
+            guard let c = w.needed.first(where: { job.failed[$0] != nil }), let e = job.failed[c] else { continue }
+            // A store that fails now and then (a cut connection, a timeout) is asked again
+            // until the read's deadline; an answer (gone, changed) or a local error is final.
+            guard Self.worthRetrying(e), Date(timeIntervalSinceNow: 0.25) < w.retryUntil, !job.cancelled else {
+                answerLocked(job, w, e)
                 continue
             }
-            if !cond.wait(until: deadline) && Date() >= deadline {
-                throw SyncError.timedOut(key: job.key, seconds: readTimeout)
+            if w.retrying { continue }
+            w.retrying = true
+            answers.asyncAfter(deadline: .now() + 0.25) { [self] in
+                cond.lock()
+                defer { cond.unlock() }
+                w.retrying = false
+                if !w.answered && !job.cancelled {
+                    let again = w.needed.filter { !job.present[$0] && !job.inFlight.contains($0) }
+                    for c in again { job.failed[c] = nil }
+                    job.error = nil
+                    job.wanted = again + job.wanted.filter { !again.contains($0) }
+                    job.urgent.formUnion(again)
+                    spawnWorkersLocked(job)
+                }
+                settleLocked(job)
             }
         }
+    }
+
+    /// Answers one waiter, once. Called with `cond` held.
+    private func answerLocked(_ job: Job, _ w: Waiter, _ error: Error?) {
+        guard !w.answered else { return }
+        w.answered = true
+        w.timer?.cancel()
+        job.waiters.removeAll { $0 === w }
+        for c in w.needed where job.present[c] || job.failed[c] != nil { job.urgent.remove(c) }
+        if w.inline { w.done(error) } else {
+            let done = w.done
+            answers.async { done(error) }
+        }
+    }
+
+    /// Answers every read still waiting with `error` (at unmount: nothing waits for a mount
+    /// that is gone).
+    public func answerAllWaiting(_ error: Error) {
+        cond.lock()
+        defer { cond.unlock() }
+        for job in jobs.values { for w in job.waiters { answerLocked(job, w, error) } }
     }
 
     /// Whether a failed fetch may succeed if asked again: the store was unreachable, timed
@@ -313,12 +409,14 @@ public final class Materializer: @unchecked Sendable {
         for c in job.present.indices where !job.present[c] { job.failed[c] = job.error }
         if job.workers == 0 { close(job.fd) }
         cond.broadcast()
+        settleLocked(job)
     }
 
     /// Drops `ino`'s download if nothing was fetched and nothing is being fetched (opened, never read).
     public func cancelIfIdle(_ ino: UInt64) {
         cond.lock(); defer { cond.unlock() }
-        guard let job = jobs[ino], job.presentCount == 0, job.inFlight.isEmpty, job.workers == 0 else { return }
+        guard let job = jobs[ino], job.presentCount == 0, job.inFlight.isEmpty, job.workers == 0,
+              job.waiters.isEmpty else { return }
         jobs[ino] = nil
         close(job.fd)
         cond.broadcast()
@@ -423,6 +521,7 @@ public final class Materializer: @unchecked Sendable {
                 logger.warning("download of \(job.key) failed: \(e)")
             }
             cond.broadcast()
+            settleLocked(job)
         }
         job.workers -= 1
         if job.cancelled {

@@ -76,10 +76,11 @@ struct Daemon {
             let env = ProcessInfo.processInfo.environment
             let readRate = env["UBIQ_STORE_READ_RATE"].flatMap { MountPlan.parseSize($0) }
             let writeRate = env["UBIQ_STORE_WRITE_RATE"].flatMap { MountPlan.parseSize($0) }
-            if readRate != nil || writeRate != nil {
+            let latency = env["UBIQ_STORE_READ_LATENCY"].flatMap { Double($0) }.flatMap { $0 > 0 && $0 <= 600 ? $0 : nil }
+            if readRate != nil || writeRate != nil || latency != nil {
                 store = ThrottledStore(store, bytesPerSecond: readRate.map(Double.init) ?? 1e15,
-                                       writeBytesPerSecond: writeRate.map(Double.init))
-                logger.info("the link to the store is slowed: reads \(readRate.map(String.init) ?? "-") bytes/s, writes \(writeRate.map(String.init) ?? "-") bytes/s (UBIQ_STORE_READ_RATE, UBIQ_STORE_WRITE_RATE)")
+                                       writeBytesPerSecond: writeRate.map(Double.init), readLatency: latency ?? 0)
+                logger.info("the link to the store is slowed: reads \(readRate.map(String.init) ?? "-") bytes/s, writes \(writeRate.map(String.init) ?? "-") bytes/s, \(latency.map { "\($0)" } ?? "no") seconds before each read (UBIQ_STORE_READ_RATE, UBIQ_STORE_WRITE_RATE, UBIQ_STORE_READ_LATENCY)")
             }
             // A store that goes away while a file exists (for tests of offline work: docs/testing.md).
             // And one with random faults (latency, failures, lost answers, cut reads, timeouts).
@@ -216,6 +217,8 @@ struct Daemon {
         }
         feed.stop()
         control.stop()
+        // Reads still waiting for the store: their mount is gone.
+        materializer.answerAllWaiting(SyncError.local("the mount is ending"))
         server.unmount()
         materializer.saveAllProgress()
         fs.writeAccessTimes()
