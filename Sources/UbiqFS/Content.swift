@@ -485,9 +485,11 @@ extension FileSystem {
         }
     }
 
+    /// The item's own attributes. The `user.ubiq.*` status attributes are answered by name
+    /// only, never listed (as CephFS does with `ceph.*`): status is not the file's data, so
+    /// `cp -a`, `rsync -X` and `tar --xattrs` copy exactly what a local disk would.
     public func listxattr(_ ino: UInt64) throws -> [[UInt8]] {
-        let own = try withLock { try node(ino).xattrs.keys.sorted { $0.lexicographicallyPrecedes($1) } }
-        return own + statusAttributeNames(ino)
+        try withLock { try node(ino).xattrs.keys.sorted { $0.lexicographicallyPrecedes($1) } }
     }
 
     public func setxattr(_ ino: UInt64, _ name: [UInt8], _ value: [UInt8], mode: XattrSetMode) throws {

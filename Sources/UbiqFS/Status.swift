@@ -45,13 +45,6 @@ extension FileSystem {
     /// On the mount's root only: the local cache's use and limit (bytes; limit 0: none).
     static let rootAttributes = ["cache-bytes", "cache-limit"]
 
-    /// The `user.ubiq.*` names an item answers (listed by listxattr).
-    func statusAttributeNames(_ ino: UInt64) -> [[UInt8]] {
-        let isDir = withLock { nodes[ino]?.isDirectory ?? false }
-        let names = isDir ? Self.folderAttributes + (ino == rootIno ? Self.rootAttributes : []) : Self.statusAttributes
-        return names.map { Array("user.ubiq.\($0)".utf8) }
-    }
-
     /// The value of a read-only status attribute (`name` without "user.ubiq."); nil: not one.
     func statusAttribute(_ ino: UInt64, _ name: String) throws -> [UInt8]? {
         if ino == rootIno && name == "control-socket" {

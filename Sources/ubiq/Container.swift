@@ -8,7 +8,7 @@ struct Container: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "container",
         abstract: "Make and list a store's containers: one document space per app.",
-        discussion: """
+        discussion: prose("""
             A container is a folder of the store of its own (.ubiquity/containers/NAME/), mounted
             with ubiq mount --container NAME; its Documents folder is what people see
             (--scope documents), the rest is the app's data. Its configuration syncs like a file.
@@ -17,7 +17,7 @@ struct Container: ParsableCommand {
               ubiq container create com.example.notes --store dir:/srv/s --display-name Notes --folder-levels one
               ubiq container list --store dir:/srv/s --json
               ubiq mount --store dir:/srv/s --container com.example.notes --scope documents ~/Notes
-            """,
+            """),
         subcommands: [ContainerCreate.self, ContainerList.self])
 }
 

@@ -8,7 +8,7 @@ struct KV: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "kv",
         abstract: "The synced key-value store: small settings for apps and scripts.",
-        discussion: """
+        discussion: prose("""
             Like iCloud's key-value store: values are strings, numbers, booleans, JSON or bytes
             (base64 on the command line); at most 1,024 keys of at most 64 bytes, 1 MB in all.
             The last write wins, key by key (the later time; on a tie, the greater device id).
@@ -24,7 +24,7 @@ struct KV: ParsableCommand {
               ubiq kv get --store dir:/srv/s theme
               ubiq kv list --store s3://bucket/drive --s3-endpoint http://nas:8333 --json
               ubiq kv watch --store dir:/srv/s
-            """,
+            """),
         subcommands: [KVGet.self, KVSet.self, KVRemove.self, KVList.self, KVWatch.self])
 }
 
@@ -205,10 +205,10 @@ struct KVWatch: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "watch",
         abstract: "Print changes from other devices as JSON lines, until interrupted.",
-        discussion: """
+        discussion: prose("""
             Each line names the changed keys and the reason: "initial-sync" for what the store
             holds when the watch starts, "changed" for a set or remove from another device.
-            """)
+            """))
     @OptionGroup var target: KVTarget
     @Option(help: "Seconds between looks at the store.") var interval: Double = 2
 

@@ -12,7 +12,7 @@ import UbiqSync
 struct Mount: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Mount a store at MOUNTPOINT (returns once the mount is ready).",
-        discussion: """
+        discussion: prose("""
             Store URLs: dir:/path (or a plain path) for the embedded store; s3://BUCKET/PREFIX for a
             bucket of an S3-compatible service (AWS S3, Ceph RGW, SeaweedFS, MinIO, Garage), with
             credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials (AWS_PROFILE).
@@ -24,7 +24,7 @@ struct Mount: ParsableCommand {
               ubiq mount --store dir:/srv/team-store --state /var/tmp/ubiq-state ~/Team
               ubiq mount --foreground -o allow_other /mnt/cloud
               ubiq mount --store s3://photos/family --s3-endpoint http://nas:8333 ~/Photos
-            """)
+            """))
 
     @Option(help: "Store URL: dir:PATH, PATH, or s3://BUCKET/PREFIX.")
     var store: String?

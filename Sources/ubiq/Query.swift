@@ -5,7 +5,7 @@ import UbiqState
 struct Query: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Find items by name, place, status, size or time, from the mount's database (no walk of the tree).",
-        discussion: """
+        discussion: prose("""
             Answers from the daemon's state database, like NSMetadataQuery: fast on large trees, and
             never downloading. Prints "status size modified path" lines, or with --json one JSON array
             (docs/status.md). --watch prints the results as JSON lines ("added"), then a "gathered"
@@ -17,7 +17,7 @@ struct Query: ParsableCommand {
               ubiq query --status placeholder --min-size 100M --sort size --reverse ~/Ubiquity
               ubiq query --newer-than 2h --type file --json ~/Ubiquity/Projects
               ubiq query --status uploading,error --watch ~/Ubiquity
-            """)
+            """))
 
     @Option(help: ArgumentHelp("Shell glob on the name (case-sensitive).", valueName: "GLOB"))
     var name: String?
@@ -222,14 +222,15 @@ func timeText(_ ns: Int64, minutes: Bool) -> String {
 struct Watch: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print what happens under a folder, as JSON lines, until interrupted.",
-        discussion: """
+        discussion: prose("""
             Events: changed (here), changed-remotely (by another device), status (uploaded,
             downloaded, failed), conflict, deleted, moved (with "from"). Each line:
-              {"event":"changed","path":"/home/me/Ubiquity/a.txt","time":"2026-11-23T12:00:00.000Z"}
+              {"event":"changed","path":"/home/me/Ubiquity/a.txt",
+               "time":"2026-11-23T12:00:00.000Z"}
 
             Example:
               ubiq watch ~/Ubiquity/Projects
-            """)
+            """))
 
     @Argument(help: "A folder (or file) in a ubiq mount.")
     var path: String

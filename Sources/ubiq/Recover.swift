@@ -37,7 +37,7 @@ enum StateCheck {
 struct Recover: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Copy the edits out of a state directory whose database is lost.",
-        discussion: """
+        discussion: prose("""
             A state directory whose state.db is missing, empty or damaged cannot be mounted: its
             content cache may hold edits that never reached the store, and the names were in the
             database. This copies every cached file whose bytes the store does not hold to DEST,
@@ -46,7 +46,7 @@ struct Recover: ParsableCommand {
 
             Example:
               ubiq recover --state ~/.local/state/ubiq/abcd --store dir:/srv/team ~/recovered
-            """)
+            """))
 
     @Option(help: "The state directory to recover from.")
     var state: String

@@ -4,11 +4,11 @@ import Foundation
 struct Service: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Mount at login with a systemd user unit.",
-        discussion: """
+        discussion: prose("""
             Examples:
               ubiq service install ~/Ubiquity
               ubiq service uninstall ~/Ubiquity
-            """,
+            """),
         subcommands: [ServiceInstall.self, ServiceUninstall.self])
 }
 
@@ -52,7 +52,7 @@ struct ServiceInstall: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "install",
         abstract: "Write a systemd user unit that mounts MOUNTPOINT at login, and start it.",
-        discussion: """
+        discussion: prose("""
             Options after -- are `ubiq mount` options. The unit runs `ubiq mount --foreground`, restarts it
             if it fails, and stops with `ubiq unmount` (pending uploads go out first). Units live in
             $XDG_CONFIG_HOME/systemd/user (default ~/.config/systemd/user), named ubiq-<mount id>.service.
@@ -61,7 +61,7 @@ struct ServiceInstall: ParsableCommand {
               ubiq service install ~/Ubiquity
               ubiq service install ~/Work -- --store dir:/srv/work-store --cache-size 20G
               ubiq service install --no-start ~/Ubiquity
-            """)
+            """))
 
     @Flag(help: "Only write the unit; do not enable or start it.")
     var noStart = false

@@ -5,17 +5,26 @@ import Foundation
 struct Status: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Show the sync state of files and folders: here or not, in the store or not, errors.",
-        discussion: """
+        discussion: prose("""
             A line per item: state, local/total size, percent downloaded, pinned, pending upload and
             the last error; then a summary, and the mount's cache use and limit. States, most urgent
             first: conflict, error, uploading, downloading, local, placeholder, current. A folder
             shows the most urgent state of what is under it. --json: one JSON document, described
             in docs/status.md.
 
+            The same is in read-only extended attributes, answered by name and never listed (so
+            copies and backups do not carry them): getfattr -n user.ubiq.NAME PATH, where NAME is
+              files:   status, downloading-status, downloading, percent-downloaded,
+                       uploaded, uploading, percent-uploaded, conflicts, pinned,
+                       version, downloading-error, uploading-error
+              folders: status, pinned, items, items-not-downloaded, items-uploading,
+                       items-conflicts, items-errors
+              the mount's root also: cache-bytes, cache-limit
+
             Examples:
               ubiq status ~/Ubiquity/report.pdf
               ubiq status -r ~/Ubiquity/Photos
-            """)
+            """))
 
     @Flag(name: .short, help: "List everything under folders too.")
     var recursive = false

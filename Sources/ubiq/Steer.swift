@@ -56,16 +56,17 @@ func jsonLine(_ object: [String: Any]) -> String {
 struct Download: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Download files, or everything under folders, so they are here offline.",
-        discussion: """
+        discussion: prose("""
             Without --wait the downloads run in the background and the command returns at once.
             With --wait it shows a progress bar on a terminal (bytes, rate, time left), a line per
             file otherwise, or with --json a JSON line per file:
-              {"bytes":N,"path":"...","seconds":S,"size":N,"status":"downloaded"|"failed","error":"..."}
+              {"bytes":N,"path":"...","seconds":S,"size":N,
+               "status":"downloaded"|"failed","error":"..."}
 
             Examples:
               ubiq download ~/Ubiquity/Photos
               ubiq download --wait ~/Ubiquity/report.pdf
-            """)
+            """))
 
     @Flag(help: "Wait until every file is downloaded, showing progress.")
     var wait = false
@@ -176,12 +177,12 @@ final class ProgressBar {
 struct Sync: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Bring in other devices' changes now, and start pending uploads.",
-        discussion: """
+        discussion: prose("""
             The mount also looks for changes on its own, every few seconds (mount --poll-interval).
 
             Example:
               ubiq sync ~/Ubiquity
-            """)
+            """))
 
     @Argument(help: "A path in a ubiq mount (the whole mount is synced).")
     var path: String
@@ -232,14 +233,14 @@ struct Sync: ParsableCommand {
 struct Evict: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Free the local space of files (or of everything under folders); they stay visible.",
-        discussion: """
+        discussion: prose("""
             Evicted files become placeholders again: listed with their true size, downloaded when opened.
             Refused, and named, losing nothing: files that are open, files whose changes are not yet in
             the store, and pinned files.
 
             Examples:
               ubiq evict ~/Ubiquity/Videos
-            """)
+            """))
 
     @Argument(help: "Files or folders in a ubiq mount.")
     var paths: [String]
@@ -267,12 +268,12 @@ struct Evict: ParsableCommand {
 struct Pin: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Keep files or folders downloaded: fetched now, never evicted.",
-        discussion: """
+        discussion: prose("""
             Pinning a folder covers everything under it, including what is added later.
 
             Examples:
               ubiq pin ~/Ubiquity/Documents
-            """)
+            """))
 
     @Argument(help: "Files or folders in a ubiq mount.")
     var paths: [String]

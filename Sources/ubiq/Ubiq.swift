@@ -5,7 +5,7 @@ struct Ubiq: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ubiq",
         abstract: "Mount a cloud store as a folder: every file visible at once, content on demand.",
-        discussion: """
+        discussion: prose("""
             Examples:
               ubiq mount ~/Ubiquity                 mount the default store
               ubiq mount --store dir:/srv/s ~/Work  mount another store
@@ -15,7 +15,7 @@ struct Ubiq: ParsableCommand {
               ubiq sync ~/Ubiquity                  look for other devices' changes now
               ubiq unmount ~/Ubiquity               upload what is pending, unmount
               ubiq kv set --store dir:/srv/s k v    a synced setting
-            """,
+            """),
         version: ubiqVersion,
         subcommands: [Mount.self, Unmount.self, Status.self, Query.self, Watch.self, Sync.self, Versions.self, Resolve.self,
                       Restore.self, Recover.self, Service.self, Download.self, Evict.self, Pin.self, Unpin.self, KV.self, Container.self])
@@ -33,4 +33,20 @@ struct UserError: Error, CustomStringConvertible {
 func fail(_ message: String) -> Never {
     FileHandle.standardError.write(Data("ubiq: \(message)\n".utf8))
     exit(1)
+}
+
+/// Help text as written in the source, made ready for the argument parser, which wraps every
+/// line to the terminal on its own: the lines of a paragraph are joined into one, while blank
+/// lines, indented lines (examples, lists) and the line after one ending in ":" stay as written.
+func prose(_ text: String) -> String {
+    var out: [String] = []
+    for line in text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init) {
+        if let last = out.last, !last.isEmpty, !line.isEmpty, !line.hasPrefix(" "), !last.hasPrefix(" "),
+           !last.hasSuffix(":") {
+            out[out.count - 1] = last + " " + line
+        } else {
+            out.append(line)
+        }
+    }
+    return out.joined(separator: "\n")
 }

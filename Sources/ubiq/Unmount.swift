@@ -5,13 +5,13 @@ import UbiqState
 struct Unmount: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Unmount, after uploading pending changes (bounded wait).",
-        discussion: """
+        discussion: prose("""
             Changes not uploaded within the timeout stay queued and upload at the next mount.
 
             Examples:
               ubiq unmount ~/Ubiquity
               ubiq unmount --timeout 0 ~/Ubiquity     unmount now, upload later
-            """)
+            """))
 
     @Option(help: "Seconds to wait for pending uploads (default: the mount's --drain-timeout).")
     var timeout: Double?

@@ -39,7 +39,7 @@ func fileInMount(_ path: String) -> String {
 struct Versions: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "List a file's current version and the conflict copies beside it (--all: its history too).",
-        discussion: """
+        discussion: prose("""
             When two devices change a file at once, both versions are kept: the file keeps one, and
             the other sits beside it as "NAME (conflict DEVICE DATE).EXT", on every device, until
             `ubiq resolve` settles it (docs/sync.md).
@@ -47,16 +47,15 @@ struct Versions: ParsableCommand {
             With --all, also every version the store keeps of the file (newest first); `ubiq restore`
             brings one back.
 
-            --json prints one object:
-              {"path":"...","size":N,"version":"...","status":"...",
-               "conflicts":[{"name":"...","path":"...","device":"...","date":"...","size":N,"version":"..."}],
-               "history":[{"version":"...","size":N,"mtime":"...","device":"...","current":true|false}]}
-            ("history" only with --all.)
+            --json prints one object ("history" only with --all), with these keys:
+              {"path", "size", "version", "status",
+               "conflicts": [{"name", "path", "device", "date", "size", "version"}],
+               "history": [{"version", "size", "mtime", "device", "current"}]}
 
             Examples:
               ubiq versions ~/Ubiquity/plan.txt
               ubiq versions --all --json ~/Ubiquity/plan.txt
-            """)
+            """))
 
     @Flag(help: "Also list the versions the store keeps of the file.")
     var all = false
@@ -120,7 +119,7 @@ struct Versions: ParsableCommand {
 struct Resolve: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Settle a conflict: keep one version (or a merged file) and remove the other copies, on every device.",
-        discussion: """
+        discussion: prose("""
             --keep current    the file as it is; the conflict copies are deleted.
             --keep COPY       a conflict copy (its name, or its version from `ubiq versions`) takes
                               the file's name; the other copies are deleted.
@@ -132,7 +131,7 @@ struct Resolve: ParsableCommand {
               ubiq resolve ~/Ubiquity/plan.txt --keep current
               ubiq resolve ~/Ubiquity/plan.txt --keep "plan (conflict laptop-3fa2 2026-11-23 140512).txt"
               ubiq resolve ~/Ubiquity/plan.txt --with ~/merged-plan.txt
-            """)
+            """))
 
     @Option(help: ArgumentHelp("current, or a conflict copy's name or version.", valueName: "VERSION"))
     var keep: String?
@@ -187,14 +186,14 @@ struct Resolve: ParsableCommand {
 struct Restore: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Bring back a version the store keeps of a file, as its newest version.",
-        discussion: """
+        discussion: prose("""
             The version is copied in the store (nothing is downloaded) and reaches every device. Refused
             while the file has changes here that are not uploaded yet.
 
             Example:
               ubiq versions --all ~/Ubiquity/plan.txt
               ubiq restore ~/Ubiquity/plan.txt 0193a7c2-...
-            """)
+            """))
 
     @Argument(help: "A file in a ubiq mount.")
     var path: String

@@ -103,6 +103,9 @@ final class MountFixture: @unchecked Sendable {
 
     func unmount() -> ShellResult { ubiq("unmount \(mnt)") }
 
+    /// Everything `ubiq status` says of `path` (in the mount), for a failure's message.
+    func statusOf(_ path: String) -> String { ubiq("status --json \(mnt)/\(path)").out }
+
     var isMounted: Bool {
         let info = readWhole("/proc/self/mountinfo")
         return info.split(separator: "\n").contains { $0.split(separator: " ").dropFirst(4).first.map(String.init) == mnt }

@@ -95,6 +95,49 @@ import Testing
         #expect(r.out.hasSuffix("2\n0\n"))
     }
 
+    /// Copy and backup tools behave as on a local disk: `cp -a`, `cp --preserve=all`,
+    /// `rsync -aX` and `tar --xattrs`, into the mount, inside it and out of it, exit as they do
+    /// on ext4, and the copies carry the user's own attributes and none of ubiq's status ones
+    /// (answered by name, never listed: docs/status.md).
+    @Test func copyToolsCarryTheUsersAttributesOnly() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let r = m.sh("""
+            T=\(m.base)/copies; L=$T/disk; M=\(m.mnt); mkdir -p $L
+            copies() {  # copies() SRC DEST: each tool's exit and error count, then the copies' attributes
+              mkdir -p $2
+              cp -a $1 $2/cp-a 2>$T/err; echo "cp -a rc=$? errors=$(wc -l < $T/err)"
+              cp -r --preserve=all $1 $2/cp-all 2>$T/err; echo "cp --preserve=all rc=$? errors=$(wc -l < $T/err)"
+              rsync -aX $1/ $2/rsync/ 2>$T/err; echo "rsync -aX rc=$? errors=$(wc -l < $T/err)"
+              mkdir $2/tar && tar --xattrs -cf $T/t.tar -C $1 . 2>$T/err && tar --xattrs -xf $T/t.tar -C $2/tar 2>>$T/err
+              echo "tar --xattrs rc=$? errors=$(wc -l < $T/err)"
+              (cd $2 && find . | sort && getfattr -R -d -m - . 2>/dev/null | awk '/^# file: /{f=substr($0,9); next} NF{print f" "$0}' | sort)
+            }
+            for root in $L $M; do
+              mkdir $root/src $root/src/d && echo one > $root/src/f && echo two > $root/src/d/g
+              setfattr -n user.color -v blue $root/src/f && setfattr -n user.tag -v x $root/src/d
+            done
+            echo "== inside"; copies $M/src $M/inside
+            echo "== inside, disk"; copies $L/src $L/inside
+            echo "== out of"; copies $M/src $T/out
+            echo "== into"; copies $L/src $M/into
+            echo "== end"
+            """)
+        expectOK(r)
+        func section(_ name: String) -> String {
+            guard let start = r.out.range(of: "== \(name)\n") else { return "missing" }
+            let rest = r.out[start.upperBound...]
+            return String(rest[..<(rest.range(of: "\n== ")?.lowerBound ?? rest.endIndex)])
+        }
+        let disk = section("inside, disk")
+        #expect(disk.contains("\ncp-a/f user.color=\"blue\"") && disk.contains("\ntar/d user.tag=\"x\""), "\(disk)")
+        #expect(disk.contains("rsync -aX rc=0 errors=0"), "\(disk)")
+        for name in ["inside", "out of", "into"] {
+            #expect(section(name) == disk, "\(name) the mount differs from a local disk:\n\(section(name))\nlocal disk:\n\(disk)")
+        }
+        #expect(!r.out.contains("user.ubiq"), "\(r.out)")
+    }
+
     @Test func extendedAttributesThroughGetfattrAndSetfattr() throws {
         let m = try MountFixture()
         defer { m.cleanup() }
@@ -104,7 +147,7 @@ import Testing
             setfattr -n user.empty f
             setfattr -n user.dir -v yes d
             getfattr -n user.color --only-values f; echo
-            getfattr -d f | grep -v user.ubiq. | grep -c user.
+            getfattr -d f | grep -c user.
             getfattr -n user.dir --only-values d; echo
             setfattr -x user.color f
             { getfattr -n user.color f 2>&1 || true; } | grep -q 'No such attribute' && echo nodata-ok

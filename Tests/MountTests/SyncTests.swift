@@ -20,13 +20,13 @@ import Testing
         _ = FileManager.default.createFile(atPath: offline, contents: nil)
         expectOK(b.sh("printf 'from B\\n' > plan.txt && [ \"$(cat plan.txt)\" = 'from B' ]"), "B writes offline")
         expectOK(eventually(b, "[ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" = uploading ] && getfattr --only-values -n user.ubiq.uploading-error plan.txt | grep -q unavailable"),
-                 "B shows the edit waiting: \(b.sh("getfattr -d -m user.ubiq plan.txt").out)")
+                 "B shows the edit waiting: \(b.statusOf("plan.txt"))")
         expectOK(a.sh("printf 'from A\\n' > plan.txt"))
         expectOK(eventually(a, "[ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" = current ]"))
         // B is back: its upload meets A's version, and both are kept.
         try FileManager.default.removeItem(atPath: offline)
         let settled = "ls | grep -q '^plan (conflict .*)\\.txt$' && [ \"$(cat plan.txt)\" = 'from B' ] && [ \"$(cat plan\\ \\(conflict*)\" = 'from A' ] && [ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" = conflict ]"
-        expectOK(eventually(b, settled), "B keeps both: \(b.sh("ls -la; getfattr -d -m user.ubiq plan.txt").out)")
+        expectOK(eventually(b, settled), "B keeps both: \(b.sh("ls -la").out + b.statusOf("plan.txt"))")
         expectOK(eventually(a, settled), "A keeps both: \(a.sh("ls -la").out)")
         // `ubiq versions` lists the copy; the bytes are byte for byte what A wrote.
         let v = a.ubiq("versions --json \(a.mnt)/plan.txt")
@@ -62,7 +62,7 @@ import Testing
         expectOK(a.sh("[ \"$(getfattr --only-values -n user.ubiq.status urgent.txt)\" = uploading ]"), "held for the delay")
         expectOK(a.ubiq("sync \(a.mnt)"))
         expectOK(eventually(a, "[ \"$(getfattr --only-values -n user.ubiq.status urgent.txt)\" = current ]", seconds: 10),
-                 "sent at once: \(a.sh("getfattr -d -m user.ubiq urgent.txt").out)")
+                 "sent at once: \(a.statusOf("urgent.txt"))")
         #expect(b.sh("cat urgent.txt").status != 0, "B has not looked yet")
         expectOK(b.ubiq("sync \(b.mnt)"))
         expectOK(b.sh("[ \"$(cat urgent.txt)\" = now ]"), "B has it as soon as ubiq sync returns")
@@ -147,13 +147,13 @@ import Testing
             expectOK(w)
             let sum = String(w.out.prefix(64))
             let midway = eventually(a, "p=$(getfattr --only-values -n user.ubiq.percent-uploaded big.bin) && [ \"$p\" -gt 0 ] && [ \"$p\" -lt 100 ]")
-            expectOK(midway, "round \(round): the upload is under way: \(a.sh("getfattr -d -m user.ubiq big.bin").out)")
+            expectOK(midway, "round \(round): the upload is under way: \(a.statusOf("big.bin"))")
             #expect(a.signalDaemon(SIGKILL))
             shell("fusermount3 -u -z '\(a.mnt)'")
             try a.mount()
             expectOK(a.sh("[ \"$(sha256sum < big.bin | cut -c1-64)\" = \(sum) ]"), "round \(round): the file is whole after the restart")
             expectOK(eventually(a, "[ \"$(getfattr --only-values -n user.ubiq.status big.bin)\" = current ]", seconds: 60),
-                     "round \(round): the upload finished: \(a.sh("getfattr -d -m user.ubiq big.bin").out)")
+                     "round \(round): the upload finished: \(a.statusOf("big.bin"))")
             expectOK(eventually(b, "[ \"$(sha256sum < big.bin | cut -c1-64)\" = \(sum) ]", seconds: 30), "round \(round): B has the same bytes")
             for m in [a, b] {
                 expectOK(m.sh("[ \"$(ls)\" = big.bin ]"), "round \(round): no conflict copy: \(m.sh("ls").out)")
