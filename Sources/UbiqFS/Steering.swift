@@ -19,6 +19,8 @@ extension FileSystem {
             case "download": try download(ino)
             case "evict": try evict(ino)
             case "sync": try syncWithStore()
+            case "pin": try setPinned(ino, true)
+            case "unpin": try setPinned(ino, false)
             default: throw FSError.invalid
             }
         case Self.pinnedAttribute:
@@ -70,7 +72,7 @@ extension FileSystem {
     /// Turns a downloaded file back into a placeholder and frees its space; on a folder,
     /// every file under it (the ones that cannot be evicted are left, and the first
     /// refusal is the answer). Refuses, losing nothing: an open file (EBUSY), a file
-    /// whose changes are not all in the store (EAGAIN), a pinned one (EPERM).
+    /// whose changes are not all in the store (EINPROGRESS), a pinned one (EPERM).
     public func evict(_ ino: UInt64) throws {
         let isDir = try withLock { try node(ino).isDirectory }
         if !isDir { return try evictFile(ino) }

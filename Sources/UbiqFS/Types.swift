@@ -21,7 +21,7 @@ public enum FSError: Error, Equatable, CustomStringConvertible {
     case badHandle          // EBADF
     case fileTooLarge       // EFBIG
     case timedOut           // a coordinated claim could not be had in time (EBUSY)
-    case notUploaded        // EAGAIN: refused until the item's changes are in the store
+    case notUploaded        // EINPROGRESS: refused until the item's changes are in the store
     case io(String)         // EIO: the store or the disk failed; the reason goes to the log
     case system(Int32)      // an errno from a local system call, passed through
 

@@ -255,8 +255,9 @@ public final class FuseServer: @unchecked Sendable {
         case .fileTooLarge: return EFBIG
         // A claim that could not be had in time: the item is busy with sync work.
         case .timedOut: return EBUSY
-        // Evict of a file whose changes are not uploaded yet: try again once they are.
-        case .notUploaded: return EAGAIN
+        // Evict of a file whose changes are not uploaded yet: try again once they are. Not
+        // EAGAIN, which the kernel turns into EOPNOTSUPP on its way back from setxattr(2).
+        case .notUploaded: return EINPROGRESS
         case .io: return EIO
         case .system(let code): return code
         }

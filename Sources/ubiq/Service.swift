@@ -87,11 +87,12 @@ struct ServiceInstall: ParsableCommand {
         let exe = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
         let start = ([exe, "mount", "--foreground"] + mountArguments + [mp]).map(systemdWord).joined(separator: " ")
         let stop = [exe, "unmount", mp].map(systemdWord).joined(separator: " ")
+        // No network-online.target: a user manager has none (it is the system manager's), so it
+        // would order nothing. A store not reachable yet at login fails the mount, which
+        // Restart= tries again every 5 s.
         let unit = """
             [Unit]
             Description=Ubiquity mount at \(mp)
-            Wants=network-online.target
-            After=network-online.target
 
             [Service]
             Type=simple

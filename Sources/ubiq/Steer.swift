@@ -254,7 +254,7 @@ struct Evict: ParsableCommand {
                 switch e {
                 case 0: evicted += 1
                 case EBUSY: print("ubiq: not evicted: \(f): open, or still downloading"); refused += 1
-                case EAGAIN: print("ubiq: not evicted: \(f): changes not yet uploaded"); refused += 1
+                case EINPROGRESS: print("ubiq: not evicted: \(f): changes not yet uploaded"); refused += 1
                 case EPERM: print("ubiq: not evicted: \(f): pinned (keep downloaded)"); refused += 1
                 default: print("ubiq: not evicted: \(f): \(String(cString: strerror(e)))"); refused += 1
                 }

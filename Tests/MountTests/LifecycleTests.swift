@@ -125,6 +125,8 @@ import Testing
         let unit = shell("ls \(base)/config/systemd/user/ubiq-*.service").out.trimmingCharacters(in: .whitespacesAndNewlines)
         expectOK(shell("systemd-analyze verify --user \(unit)", env: env), "systemd accepts the unit")
         let text = (try? String(contentsOfFile: unit, encoding: .utf8)) ?? ""
+        // A user manager has no network-online.target: naming it would order nothing.
+        #expect(!text.contains("network-online"), "\(text)")
         let line = { (key: String) in text.split(separator: "\n").first { $0.hasPrefix(key + "=") }.map { String($0.dropFirst(key.count + 1)) } ?? "" }
         // Run ExecStart as systemd would (in the foreground, in the background here), then ExecStop.
         let start = Process()
@@ -462,6 +464,24 @@ import Testing
         #expect(b.sh("setfattr -n user.ubiq.action -v bogus docs/big").status != 0)
         #expect(b.sh("setfattr -n user.ubiq.status -v x docs/big 2>&1").out.contains("Operation not permitted"))
         #expect(u("evict /tmp").err.contains("not in a ubiq mount"))
+    }
+
+    /// An evict refused because the file's changes are not in the store says so, from
+    /// `ubiq evict` and from `setfattr` (EINPROGRESS: the kernel turns EAGAIN into "Operation
+    /// not supported" on its way back from setxattr); `pin` and `unpin` are actions too.
+    @Test func evictOfAPendingUploadSaysWhyAndActionsPin() throws {
+        let m = try MountFixture(extra: "--upload-delay 60")
+        defer { m.cleanup() }
+        expectOK(m.sh("echo new > pending.txt"))
+        let e = m.ubiq("evict \(m.mnt)/pending.txt")
+        #expect(e.status == 1 && e.out.contains("pending.txt: changes not yet uploaded"), "\(e.out)")
+        let s = m.sh("setfattr -n user.ubiq.action -v evict pending.txt 2>&1")
+        #expect(s.status != 0 && s.out.contains("Operation now in progress"), "\(s.out)")
+        expectOK(m.sh("setfattr -n user.ubiq.action -v pin pending.txt"))
+        #expect(m.sh("getfattr -n user.ubiq.pinned --only-values pending.txt").out == "1")
+        expectOK(m.sh("setfattr -n user.ubiq.action -v unpin pending.txt"))
+        #expect(m.sh("getfattr -n user.ubiq.pinned --only-values pending.txt").out == "0")
+        #expect(m.sh("setfattr -n user.ubiq.action -v keep pending.txt 2>&1").out.contains("Invalid argument"))
     }
 
     /// Status as attributes and as `ubiq status`; `download --wait --json` reports each file.
