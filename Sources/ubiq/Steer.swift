@@ -57,11 +57,14 @@ struct Download: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Download files, or everything under folders, so they are here offline.",
         discussion: prose("""
-            Without --wait the downloads run in the background and the command returns at once.
-            With --wait it shows a progress bar on a terminal (bytes, rate, time left), a line per
-            file otherwise, or with --json a JSON line per file:
+            Every file is queued first, and the downloads run in the background, several at a
+            time. Without --wait the command returns once they are queued. With --wait it shows a
+            progress bar on a terminal (bytes, rate, time left), a line per file as each is done
+            otherwise, or with --json a JSON line per file:
               {"bytes":N,"path":"...","seconds":S,"size":N,
                "status":"downloaded"|"failed","error":"..."}
+            (without --wait: {"path":"...","status":"queued"|"failed"}). Interrupted (Ctrl-C),
+            --wait stops waiting and the downloads go on, as without it.
 
             Examples:
               ubiq download ~/Ubiquity/Photos
@@ -71,71 +74,100 @@ struct Download: ParsableCommand {
     @Flag(help: "Wait until every file is downloaded, showing progress.")
     var wait = false
 
-    @Flag(help: "With --wait: a JSON line per file.")
+    @Flag(help: "A JSON line per file.")
     var json = false
 
     @Argument(help: "Files or folders in a ubiq mount.")
     var paths: [String]
 
     func run() throws {
-        var failed = 0
         let all = pathsInMounts(paths).flatMap { files(under: $0) }
-        if !wait {
-            for f in all {
-                let e = setAttribute(f, "user.ubiq.action", "download")
-                if e != 0 {
-                    FileHandle.standardError.write(Data("ubiq: cannot download \(f): \(String(cString: strerror(e)))\n".utf8))
-                    failed += 1
-                } else {
-                    print("downloading \(f)")
-                }
-            }
-            if failed > 0 { throw ExitCode.failure }
-            return
-        }
-        let sizes = all.map { f -> Int64 in var st = stat(); return stat(f, &st) == 0 ? Int64(st.st_size) : 0 }
-        let total = sizes.reduce(0, +)
-        let bar = ProgressBar(total: total, files: all.count, enabled: !json && isatty(1) != 0)
-        var before: Int64 = 0
-        for (f, size) in zip(all, sizes) {
-            let started = Date()
-            var error: String?
+        // Queue everything first: an interrupted wait leaves what plain `download` would.
+        var failed = 0
+        var queued: [(path: String, size: Int64)] = []
+        for f in all {
             let e = setAttribute(f, "user.ubiq.action", "download")
-            if e != 0 { error = String(cString: strerror(e)) }
-            var have: Int64 = 0
-            while error == nil {
-                let state = getAttribute(f, "user.ubiq.downloading-status")
-                let percent = Int64(getAttribute(f, "user.ubiq.percent-downloaded") ?? "0") ?? 0
-                have = size * percent / 100
-                if state == nil { error = "no such file any more"; break }
-                if state != "not-downloaded" { have = size; break }
-                if let why = getAttribute(f, "user.ubiq.downloading-error"), !why.isEmpty,
-                   getAttribute(f, "user.ubiq.downloading") == "1" {
-                    // Halted by a failure (retried 3 times already).
-                    error = why
-                    break
-                }
-                bar.update(done: before + have, file: f)
-                usleep(100_000)
+            if e != 0 {
+                report(f, error: String(cString: strerror(e)))
+                failed += 1
+                continue
             }
-            before += size
-            bar.update(done: before, file: f)
-            let secs = Date().timeIntervalSince(started)
-            if json {
-                var o: [String: Any] = ["path": f, "size": size, "bytes": error == nil ? size : have,
-                                        "seconds": (secs * 1000).rounded() / 1000, "status": error == nil ? "downloaded" : "failed"]
-                if let error { o["error"] = error }
-                say(jsonLine(o))
-            } else if let error {
+            var st = stat()
+            queued.append((f, stat(f, &st) == 0 ? Int64(st.st_size) : 0))
+            if !wait { json ? say(jsonLine(["path": f, "status": "queued"])) : say("downloading \(f)") }
+        }
+        if wait { failed += waitForAll(queued) }
+        if failed > 0 { throw ExitCode.failure }
+    }
+
+    private func report(_ f: String, error: String, size: Int64 = 0, bytes: Int64 = 0, seconds: Double? = nil) {
+        if json {
+            var o: [String: Any] = ["path": f, "status": "failed", "error": error]
+            if let seconds { o.merge(["size": size, "bytes": bytes, "seconds": seconds]) { a, _ in a } }
+            say(jsonLine(o))
+        } else {
+            FileHandle.standardError.write(Data("ubiq: cannot download \(f): \(error)\n".utf8))
+        }
+    }
+
+    /// Waits for every queued file, looking at all of them each round; returns how many failed.
+    private func waitForAll(_ queued: [(path: String, size: Int64)]) -> Int {
+        let total = queued.reduce(0) { $0 + $1.size }
+        let bar = ProgressBar(total: total, files: queued.count, enabled: !json && isatty(1) != 0)
+        let started = Date()
+        var pending = Array(queued.indices)
+        var have = [Int64](repeating: 0, count: queued.count)
+        var failed = 0
+        Interrupt.catchIt()
+        while !pending.isEmpty {
+            if Interrupt.caught {
                 bar.clear()
-                FileHandle.standardError.write(Data("ubiq: cannot download \(f): \(error)\n".utf8))
-            } else if !bar.enabled {
-                say("downloaded \(f) (\(size) bytes)")
+                say("interrupted: \(pending.count) of \(queued.count) files still downloading in the background")
+                Foundation.exit(130)
             }
-            if error != nil { failed += 1 }
+            var still: [Int] = []
+            for i in pending {
+                let (f, size) = queued[i]
+                var error: String?
+                let state = getAttribute(f, "user.ubiq.downloading-status")
+                if state == nil {
+                    error = "no such file any more"
+                } else if state != "not-downloaded" {
+                    have[i] = size
+                } else if let why = getAttribute(f, "user.ubiq.downloading-error"), !why.isEmpty,
+                          getAttribute(f, "user.ubiq.downloading") == "1" {
+                    error = why  // halted by a failure (retried 3 times already)
+                } else {
+                    have[i] = size * (Int64(getAttribute(f, "user.ubiq.percent-downloaded") ?? "0") ?? 0) / 100
+                    still.append(i)
+                    continue
+                }
+                let secs = (Date().timeIntervalSince(started) * 1000).rounded() / 1000
+                if let error {
+                    bar.clear()
+                    report(f, error: error, size: size, bytes: have[i], seconds: secs)
+                    failed += 1
+                } else if json {
+                    say(jsonLine(["path": f, "size": size, "bytes": size, "seconds": secs, "status": "downloaded"]))
+                } else if !bar.enabled {
+                    say("downloaded \(f) (\(size) bytes)")
+                }
+            }
+            pending = still
+            bar.update(done: have.reduce(0, +), file: pending.first.map { queued[$0].path } ?? "")
+            if !pending.isEmpty { usleep(100_000) }
         }
         bar.finish()
-        if failed > 0 { throw ExitCode.failure }
+        return failed
+    }
+}
+
+/// Ctrl-C while waiting: noted, so the wait can say what goes on without it.
+enum Interrupt {
+    nonisolated(unsafe) private static var flag: sig_atomic_t = 0
+    static var caught: Bool { flag != 0 }
+    static func catchIt() {
+        signal(SIGINT) { _ in Interrupt.flag = 1 }
     }
 }
 

@@ -466,6 +466,32 @@ import Testing
         #expect(u("evict /tmp").err.contains("not in a ubiq mount"))
     }
 
+    /// `ubiq download` queues every file before it waits for any: without --wait, --json says
+    /// each is queued; an interrupted --wait says how many go on, and they do.
+    @Test func downloadQueuesEverythingBeforeWaiting() throws {
+        let a = try MountFixture()
+        defer { a.cleanup() }
+        expectOK(a.sh("mkdir many && for i in $(seq 40); do echo $i > many/f$i; done"))
+        expectOK(a.unmount())
+        let b = try MountFixture(store: a.store, name: "device-b", daemonEnv: ["UBIQ_STORE_READ_LATENCY": "2"])
+        defer { b.cleanup() }
+        let q = b.ubiq("download --json \(b.mnt)/many/f1")
+        expectOK(q)
+        #expect(q.out == "{\"path\":\"\(b.mnt)/many/f1\",\"status\":\"queued\"}\n", "\(q.out)")
+        let r = b.sh("""
+            \(ubiqBinary) download --wait many > \(b.base)/out 2>&1 & pid=$!
+            sleep 0.7; kill -INT $pid; wait $pid; echo "rc=$?"; cat \(b.base)/out
+            """)
+        #expect(r.out.contains("rc=130") && r.out.contains("still downloading in the background"), "\(r.out)")
+        let done = b.sh("""
+            for t in $(seq 150); do
+              n=0; for i in $(seq 40); do [ "$(getfattr -n user.ubiq.downloading-status --only-values many/f$i)" = current ] && n=$((n + 1)); done
+              [ $n = 40 ] && break; sleep 0.2
+            done; echo "downloaded $n"
+            """)
+        #expect(done.out.contains("downloaded 40"), "the interrupted downloads go on: \(done.out)")
+    }
+
     /// An evict refused because the file's changes are not in the store says so, from
     /// `ubiq evict` and from `setfattr` (EINPROGRESS: the kernel turns EAGAIN into "Operation
     /// not supported" on its way back from setxattr); `pin` and `unpin` are actions too.
