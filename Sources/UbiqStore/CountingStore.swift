@@ -7,17 +7,22 @@ public final class CountingStore: CloudStore, Sendable {
     public let inner: any CloudStore
     public var keepsPriorVersions: Bool { inner.keepsPriorVersions }
     private let counters = Mutex<(reads: Int, bytesRead: Int64, puts: Int)>((0, 0, 0))
+    private let reading = Mutex<(now: Int, most: Int)>((0, 0))
 
     public init(_ inner: any CloudStore) { self.inner = inner }
 
     public var reads: Int { counters.withLock { $0.reads } }
     public var bytesRead: Int64 { counters.withLock { $0.bytesRead } }
     public var puts: Int { counters.withLock { $0.puts } }
+    /// The most content reads that were under way at one time.
+    public var mostReadsAtOnce: Int { reading.withLock { $0.most } }
 
     public func head(_ key: String) async throws -> ObjectInfo { try await inner.head(key) }
     public func list(prefix: String) async throws -> [ObjectInfo] { try await inner.list(prefix: prefix) }
 
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        reading.withLock { $0.now += 1; $0.most = max($0.most, $0.now) }
+        defer { reading.withLock { $0.now -= 1 } }
         let d = try await inner.read(key, version: version, range: range)
         counters.withLock { $0.reads += 1; $0.bytesRead += Int64(d.count) }
         return d

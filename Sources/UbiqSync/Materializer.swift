@@ -73,6 +73,12 @@ public final class Materializer: @unchecked Sendable {
     public var progressInterval: TimeInterval = 5
     private var jobs: [UInt64: Job] = [:]
     private var fetched: Int64 = 0
+    /// Fetching threads of all downloads together, at most `maxWorkers` (more only for chunks a
+    /// reader waits for: a read never queues behind a folder's download).
+    public var maxWorkers = 16
+    private var running = 0
+    /// Downloads that wanted more workers than `maxWorkers` left them, oldest first.
+    private var starved: [Job] = []
 
     /// Content bytes brought from the store since this Materializer started.
     public var bytesFetched: Int64 { cond.lock(); defer { cond.unlock() }; return fetched }
@@ -452,10 +458,24 @@ public final class Materializer: @unchecked Sendable {
         let waiting = job.urgent.filter { !job.present[$0] }.count
         let limit = waiting > 0 ? min(parallelism, waiting) : parallelism
         while job.workers < limit && nextChunkAvailable(job) {
+            if running >= maxWorkers && !job.urgent.contains(where: { urgentAvailable(job, $0) }) {
+                if !starved.contains(where: { $0 === job }) { starved.append(job) }
+                return
+            }
             job.workers += 1
+            running += 1
             let t = Thread { [self] in work(job) }
             t.name = "ubiq-download"
             t.start()
+        }
+    }
+
+    /// A worker ended: downloads that waited for one get it, oldest first.
+    private func workerEndedLocked() {
+        running -= 1
+        while running < maxWorkers, !starved.isEmpty {
+            let next = starved.removeFirst()
+            if !next.cancelled && jobs[next.ino] === next { spawnWorkersLocked(next) }
         }
     }
 
@@ -524,6 +544,7 @@ public final class Materializer: @unchecked Sendable {
             settleLocked(job)
         }
         job.workers -= 1
+        workerEndedLocked()
         if job.cancelled {
             if job.workers == 0 { close(job.fd) }
             cond.broadcast()

@@ -644,6 +644,33 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(local > 0 && local < Int64(size), "du should show only what is local: \(local)")
     }
 
+    /// A folder's download fetches with at most `maxWorkers` threads in all, not one per file,
+    /// and a read of another file does not queue behind it.
+    @Test func aFolderDownloadIsBoundedAndReadsGoFirst() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("many")
+        for i in 0 ..< 80 { try a.write("many/f\(i)", "file \(i)") }
+        try a.write("other", "read me")
+        a.sync()
+        let counting = CountingStore(ThrottledStore(store, bytesPerSecond: 1e15, readLatency: 0.3))
+        let b = try Device(store: store, remote: counting)
+        b.materializer.maxWorkers = 8
+        let folder = try b.ino("many")
+        let files = try (0 ..< 80).map { try b.ino("many/f\($0)") }
+        try b.fs.download(folder)
+        let fh = try b.fs.open(try b.ino("other"), flags: O_RDONLY)
+        #expect(try read(b, fh, 0, 100) == Array("read me".utf8))
+        b.fs.release(fh)
+        let hereWhenReadReturned = try files.filter { try b.fs.getattr($0).blocks > 0 }.count
+        let deadline = Date(timeIntervalSinceNow: 60)
+        while try files.contains(where: { try b.fs.getattr($0).blocks == 0 }) && Date() < deadline { usleep(50_000) }
+        #expect(try files.allSatisfy { try b.fs.getattr($0).blocks > 0 }, "the whole folder came down")
+        // 80 files at 0.3 s a read, 8 at a time: 3 s; the read of another file took one read's time.
+        #expect(hereWhenReadReturned < 80, "the read waited for the folder: \(hereWhenReadReturned) files were here")
+        #expect(counting.mostReadsAtOnce <= 8 + 1 && counting.mostReadsAtOnce >= 4, "\(counting.mostReadsAtOnce) reads at once")
+    }
+
     @Test func concurrentReadersShareOneDownload() throws {
         let size = 16 << 20
         let (store, bytes) = try Self.storeWithFile(size)
