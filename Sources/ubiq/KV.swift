@@ -127,19 +127,65 @@ struct KVGet: ParsableCommand {
 }
 
 struct KVSet: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "set", abstract: "Set a key's value.")
+    static let configuration = CommandConfiguration(
+        commandName: "set", abstract: "Set a key's value.",
+        discussion: prose("""
+            The value is the argument, or read from a file with --file FILE, or from standard
+            input with --file - (or the value -): as much as the store takes (1 MiB in all), where an
+            argument is limited by the system's command line. Read from a file, a string is taken
+            exactly as it is (printf, not echo, for no final newline), bytes are the file's own
+            (not base64), and a number, bool or json may end in white space.
+
+            Examples:
+              ubiq kv set --mount ~/Ubiquity theme dark
+              ubiq kv set --mount ~/Ubiquity --type json layout --file layout.json
+              base64 -d blob.b64 | ubiq kv set --mount ~/Ubiquity --type bytes blob -
+            """))
     @OptionGroup var target: KVTarget
-    @Option(help: "string, number, bool, json or bytes (base64).") var type = "string"
+    @Option(help: "string, number, bool, json or bytes (base64 as an argument, raw from a file).") var type = "string"
+    @Option(help: "Read the value from FILE (- for standard input).") var file: String?
     @Argument var key: String
-    @Argument var value: String
+    @Argument var value: String?
 
     func run() throws {
         let entry: KVEntry
         do {
             try KVLimits.validate(key: key)
-            entry = KVEntry(key: key, value: try KVValue.parse(value, as: type), timeNs: kvNowNs(), device: "")
+            entry = KVEntry(key: key, value: try readValue(), timeNs: kvNowNs(), device: "")
         } catch { fail("\(error)") }
         kvWrite(entry, target)
+    }
+
+    private func readValue() throws -> KVValue {
+        let source: String
+        switch (value, file) {
+        case (let v?, nil) where v != "-": return try KVValue.parse(v, as: type)
+        case ("-", nil), (nil, "-"): source = "-"
+        case (nil, let f?): source = f
+        case (nil, nil): throw KVError("give a value, or --file FILE (- for standard input)")
+        default: throw KVError("give a value or --file, not both")
+        }
+        let handle: FileHandle
+        if source == "-" { handle = .standardInput } else {
+            guard let h = FileHandle(forReadingAtPath: source) else {
+                throw KVError("cannot read \(source): \(String(cString: strerror(errno)))")
+            }
+            handle = h
+        }
+        // Not more than the store takes, and a byte over it to say so.
+        let data = (try handle.read(upToCount: KVLimits.totalBytes + 1)) ?? Data()
+        if data.count > KVLimits.totalBytes {
+            throw KVError("the value from \(source == "-" ? "standard input" : source) is over \(KVLimits.totalBytes) bytes, all a key-value store holds")
+        }
+        switch type {
+        case "bytes": return .bytes(data)
+        case "string":
+            guard let s = String(data: data, encoding: .utf8) else { throw KVError("the value is not UTF-8 text (use --type bytes)") }
+            return .string(s)
+        default:
+            guard let s = String(data: data, encoding: .utf8) else { throw KVError("the value is not UTF-8 text") }
+            return try KVValue.parse(s.trimmingCharacters(in: .whitespacesAndNewlines), as: type)
+        }
     }
 }
 

@@ -42,6 +42,28 @@ import Testing
 
     /// Two devices setting one key at once end with one value, the same for both; a watch on
     /// one device prints the other's changes.
+    /// Values from a file or standard input: past what a command line holds (~128 KiB), up to
+    /// the store's 1 MiB, through a mount's daemon and straight to the store; over it, one line.
+    @Test func valuesFromAFileOrStandardInput() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let big = m.base + "/big.txt"
+        expectOK(shell("head -c 600000 /dev/zero | tr '\\0' x > \(big)"))
+        expectOK(m.ubiq("kv set --mount \(m.mnt) long --file \(big)"))
+        #expect(m.ubiq("kv get --mount \(m.mnt) long").out == String(repeating: "x", count: 600_000) + "\n")
+        expectOK(shell("printf '{\"w\": 800}\\n' | \(ubiqBinary) kv set --store dir:\(m.store) --type json window -", env: m.env))
+        #expect(m.ubiq("kv get --store dir:\(m.store) window").out == "{\"w\":800}\n")
+        expectOK(shell("printf '\\000\\001\\002' > \(m.base)/raw && \(ubiqBinary) kv set --store dir:\(m.store) --type bytes icon --file \(m.base)/raw", env: m.env))
+        #expect(m.ubiq("kv get --store dir:\(m.store) icon").out == "AAEC\n")
+        expectOK(shell("head -c 1100000 /dev/zero > \(m.base)/huge"))
+        let over = m.ubiq("kv set --store dir:\(m.store) --type bytes huge --file \(m.base)/huge")
+        #expect(over.status == 1 && over.err.contains("over 1048576 bytes") && over.err.split(separator: "\n").count == 1, "\(over.err)")
+        let both = m.ubiq("kv set --store dir:\(m.store) k v --file \(big)")
+        #expect(both.status == 1 && both.err.contains("not both"), "\(both.err)")
+        let neither = m.ubiq("kv set --store dir:\(m.store) k")
+        #expect(neither.status == 1 && neither.err.contains("give a value"), "\(neither.err)")
+    }
+
     @Test func twoDevicesConvergeAndWatch() throws {
         let m = try MountFixture()
         defer { m.cleanup() }
