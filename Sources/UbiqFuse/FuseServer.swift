@@ -24,10 +24,12 @@ public struct FuseOptions: Sendable {
 }
 
 public enum FuseError: Error, CustomStringConvertible {
-    case sessionFailed
+    /// What libfuse said of it (an unknown option, say).
+    case sessionFailed(String)
     case mountFailed(String)
     public var description: String {
         switch self {
+        case .sessionFailed(let said) where !said.isEmpty: return "could not start a FUSE session: \(said)"
         case .sessionFailed: return "could not start a FUSE session (bad mount options?)"
         case .mountFailed(let m): return "could not mount at \(m) (is /dev/fuse usable and fusermount3 installed?)"
         }
@@ -61,9 +63,12 @@ public final class FuseServer: @unchecked Sendable {
         var cargs = argv.map { strdup($0) }
         defer { cargs.forEach { free($0) } }
         let me = Unmanaged.passUnretained(self).toOpaque()
+        Self.listenToLibfuse(logger)
         guard let se = cargs.withUnsafeMutableBufferPointer({ buf in
             ubiq_fuse_session_new(Int32(buf.count), buf.baseAddress, &ops, me)
-        }) else { throw FuseError.sessionFailed }
+        }) else {
+            throw FuseError.sessionFailed(Self.libfuseSaid.withLock { $0.joined(separator: "; ") })
+        }
         if fuse_session_mount(se, path) != 0 {
             fuse_session_destroy(se)
             throw FuseError.mountFailed(path)
@@ -79,6 +84,40 @@ public final class FuseServer: @unchecked Sendable {
             guard let se = self?.session else { return }
             _ = name.withUnsafeBufferPointer { buf in
                 buf.withMemoryRebound(to: CChar.self) { fuse_lowlevel_notify_inval_entry(se, parent, $0.baseAddress, buf.count) }
+            }
+        }
+    }
+
+    /// What libfuse said since `listenToLibfuse` (the last few lines), for an error that names
+    /// its cause ("unknown option(s): `-o nonsenseopt'") instead of guessing.
+    static let libfuseSaid = Mutex<[String]>([])
+    private static let libfuseLogger = Mutex<Logger?>(nil)
+    private static let libfusePending = Mutex("")
+
+    /// Sends libfuse's own messages to `logger` (ubiq.log) and keeps the last few, instead of
+    /// letting them go to a standard error nobody reads.
+    static func listenToLibfuse(_ logger: Logger) {
+        libfuseLogger.withLock { $0 = logger }
+        libfuseSaid.withLock { $0 = [] }
+        fuse_set_log_func { level, fmt, args in
+            guard let fmt, let args else { return }
+            var buf = [CChar](repeating: 0, count: 1024)
+            _ = vsnprintf(&buf, buf.count, fmt, args)
+            // libfuse writes a line in pieces ("unknown option(s): `", "-o ", "x'", "\n").
+            let lines = FuseServer.libfusePending.withLock { pending -> [String] in
+                pending += String(cString: buf)
+                guard let cut = pending.lastIndex(of: "\n") else { return [] }
+                let done = pending[..<cut].split(separator: "\n").map(String.init)
+                pending = String(pending[pending.index(after: cut)...])
+                return done
+            }
+            let logger = FuseServer.libfuseLogger.withLock { $0 }
+            for line in lines.map({ $0.trimmingCharacters(in: .whitespaces) }) where !line.isEmpty {
+                FuseServer.libfuseSaid.withLock { said in
+                    said.append(line.hasPrefix("fuse: ") ? String(line.dropFirst(6)) : line)
+                    if said.count > 5 { said.removeFirst() }
+                }
+                if level.rawValue <= FUSE_LOG_ERR.rawValue { logger?.error("libfuse: \(line)") } else { logger?.info("libfuse: \(line)") }
             }
         }
     }

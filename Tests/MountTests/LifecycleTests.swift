@@ -197,6 +197,8 @@ import Testing
         // Everything checks, but FUSE refuses an option: the new store and state go again.
         let bad = mount("--store dir:\(base)/new --create-store -o nonsenseopt --state \(base)/st4")
         #expect(bad.status != 0, "\(bad.out)")
+        // The refusal names the option, in libfuse's own words.
+        #expect(bad.err.contains("unknown option(s): `-o nonsenseopt'"), "\(bad.err)")
         #expect(!exists("new") && !exists("st4"), "left behind: \(shell("ls -R \(base)").out)")
         let bad2 = mount("--store dir:\(base)/empty -o nonsenseopt --state \(base)/st5")
         #expect(bad2.status != 0)
