@@ -9,7 +9,10 @@ enum MountHelper {
                          "drain-timeout", "no-download-for", "s3-endpoint", "s3-region", "container", "scope"]
     static let flags = ["writeback-cache", "download-for-all", "create-store", "sync-on-close"]
     /// Options mount(8) or fstab may pass that mean nothing to a FUSE mount.
-    static let ignored: Set<String> = ["defaults", "auto", "noauto", "user", "users", "nouser", "nofail", "_netdev", "rw"]
+    /// And "dev" and "suid", which mount.fuse3 adds to every mount made as root, asked for or
+    /// not: left out, an fstab mount is nosuid,nodev like one made by `ubiq mount`.
+    static let ignored: Set<String> = ["defaults", "auto", "noauto", "user", "users", "nouser", "nofail", "_netdev", "rw",
+                                       "dev", "suid"]
 
     static func rewrite(_ args: [String]) -> [String]? {
         guard args.count >= 2, !args[0].hasPrefix("-"), args[1].hasPrefix("/"),

@@ -96,7 +96,8 @@ import Testing
         let line = "\(ubiqBinary)#dir:\(base)/store \(mnt) fuse noauto,state=\(base)/state,cache_size=1G,poll_interval=2,create_store,sync_on_close 0 0\n"
         try line.write(toFile: base + "/fstab", atomically: true, encoding: .utf8)
         expectOK(shell("mount -T \(base)/fstab \(mnt)"), "mount from fstab")
-        #expect(shell("grep ' \(mnt) ' /proc/mounts").out.contains("fuse.ubiq"))
+        let options = shell("grep ' \(mnt) ' /proc/mounts").out
+        #expect(options.contains("fuse.ubiq") && options.contains("nosuid,nodev"), "as ubiq mount makes it: \(options)")
         expectOK(shell("echo via-fstab > \(mnt)/f && [ \"$(getfattr -n user.ubiq.cache-limit --only-values \(mnt))\" = 1073741824 ]"))
         #expect(shell("pgrep -af 'state \(base)/state'").out.contains("--sync-on-close"), "sync_on_close reaches the daemon")
         expectOK(shell("umount \(mnt)"), "umount")
