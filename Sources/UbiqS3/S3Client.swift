@@ -244,6 +244,9 @@ public final class S3Client: Sendable {
     }
 
     static func describe(_ error: Error) -> String {
+        // NIO's own text for these is garbled ("connection reset (error set): Connection
+        // refused) (errno: 111)"): the system's words, and the number.
+        if let e = error as? IOError { return "\(String(cString: strerror(e.errnoCode))) (errno \(e.errnoCode))" }
         if let e = error as? HTTPClientError { return "\(e)" }
         return String(describing: error)
     }

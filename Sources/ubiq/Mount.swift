@@ -136,7 +136,8 @@ struct Mount: ParsableCommand {
         }
         let first = line.split(separator: "\n").first.map(String.init) ?? ""
         if first == "ready" {
-            print("Mounted \(plan.storeURL) at \(plan.mountpoint). Unmount with: ubiq unmount \(plan.mountpoint)")
+            let what = plan.container.map { "container \($0)\(plan.scope == "documents" ? " (its Documents)" : "") of \(plan.storeURL)" } ?? plan.storeURL
+            print("Mounted \(what) at \(plan.mountpoint). Unmount with: ubiq unmount \(plan.mountpoint)")
             return
         }
         // Not mounted: what this mount made goes (nothing was acknowledged in it).

@@ -35,6 +35,7 @@ import Testing
 
         // A second device of the notes container gets its files, and its folder levels.
         let docs = try MountFixture(store: root.store, name: "docs", extra: "--container com.example.notes --scope documents")
+        #expect(docs.mountSaid.hasPrefix("Mounted container com.example.notes (its Documents) of dir:\(root.store) at "), "\(docs.mountSaid)")
         defer { docs.cleanup() }
         expectOK(docs.sh("test \"$(cat trip/plan.txt)\" = n && test \"$(ls -A)\" = trip"), "the documents scope")
         let deep = docs.sh("mkdir trip/deeper")

@@ -58,6 +58,9 @@ final class MountFixture: @unchecked Sendable {
     /// Extra mount arguments (e.g. "-o allow_other").
     let extra: String
 
+    /// What `ubiq mount` printed, the last time.
+    private(set) var mountSaid = ""
+
     /// The state directory is a tmpfs of this many MiB (a small disk that fills up).
     let stateDiskMiB: Int?
 
@@ -84,6 +87,7 @@ final class MountFixture: @unchecked Sendable {
     func mount() throws {
         let url = store.hasPrefix("s3://") ? store : "dir:" + store
         let r = ubiq("mount --store \(url) --state \(state) \(extra) \(mnt)")
+        mountSaid = r.out
         if r.status != 0 {
             cleanup()
             throw FixtureError("mount failed: \(r.err)\(r.out)")

@@ -240,6 +240,9 @@ final class S3Server: @unchecked Sendable {
         let r = shell("mkdir -p \(never)/m && \(ubiqBinary) mount --store s3://\(bucket)/drive --s3-endpoint \(dead) --state \(never)/state \(never)/m; rc=$?; [ -e \(never)/state ] && echo \"state left behind: $(ls -A \(never)/state)\" >&2; rm -rf \(never); exit $rc",
                       env: s3.env.merging(a.env) { x, _ in x })
         #expect(r.status != 0 && r.err.contains("unavailable"), "\(r.err)")
+        // In the system's words, with parentheses that close (NIO's own text did not).
+        #expect(r.err.contains("Connection refused (errno 111)"), "\(r.err)")
+        #expect(r.err.filter { $0 == "(" }.count == r.err.filter { $0 == ")" }.count, "\(r.err)")
         #expect(!r.err.contains("state left behind"), "a failed first mount left its state (s3-index.db, state.db): \(r.err)")
         let back = shell("\(ubiqBinary) mount --store s3://\(bucket)/drive --s3-endpoint \(dead) --state \(a.state) \(a.mnt)",
                          env: s3.env.merging(a.env) { x, _ in x })
