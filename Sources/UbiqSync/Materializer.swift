@@ -364,6 +364,7 @@ public final class Materializer: @unchecked Sendable {
         guard !w.answered else { return }
         w.answered = true
         w.timer?.cancel()
+        w.timer = nil  // it holds the waiter
         job.waiters.removeAll { $0 === w }
         for c in w.needed where job.present[c] || job.failed[c] != nil { job.urgent.remove(c) }
         if w.inline { w.done(error) } else {

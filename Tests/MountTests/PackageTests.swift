@@ -1,0 +1,52 @@
+import Foundation
+import Testing
+
+/// `scripts/package` builds a Debian package that installs on this machine with `dpkg -i`: a
+/// binary that needs no Swift on the machine, manual pages, completions, `ubiq` on the system
+/// PATH for mount(8); and `dpkg -r` takes every file of it away again.
+@Suite(.serialized) struct PackageTests {
+    @Test func theDebianPackageInstallsMountsAndGoesAway() throws {
+        guard shell("dpkg -s ubiq").status != 0 else {
+            Issue.record("a ubiq package is installed on this machine already: not touching it")
+            return
+        }
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-pkg-\(UUID().uuidString.prefix(8))").path
+        defer {
+            shell("umount '\(base)/mnt' 2>/dev/null || fusermount3 -u -z '\(base)/mnt' 2>/dev/null; dpkg -r ubiq >/dev/null 2>&1; rm -rf '\(base)'")
+        }
+        // Built by scripts/test beforehand: `swift test` holds the build directory.
+        let built = shell("scripts/package \(base)/out", cwd: packageRoot.path, env: ["UBIQ_PACKAGE_BUILT": "1"], timeout: 600)
+        expectOK(built, "scripts/package: \(built.err.suffix(2000))")
+        let deb = built.out.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(deb.hasSuffix(".deb") && deb.contains("/ubiq_0.1.0_"), "\(deb)")
+        let info = shell("dpkg-deb --field \(deb) Depends").out
+        #expect(info.contains("fuse3") && info.contains("libfuse3-3"), "Depends: \(info)")
+        let files = shell("dpkg-deb --contents \(deb) | awk '{print $6}' | sed 's|^\\./|/|' | grep -v '/$'").out
+            .split(separator: "\n").map(String.init)
+        expectOK(shell("dpkg -i \(deb)"), "dpkg -i")
+
+        // What a user checks first.
+        #expect(shell("/usr/bin/ubiq --version").out == "0.1.0\n")
+        #expect(shell("ldd /usr/bin/ubiq | grep -ci swift").out == "0\n", "needs the Swift runtime: \(shell("ldd /usr/bin/ubiq").out)")
+        #expect(shell("MANWIDTH=80 man ubiq 2>/dev/null").out.contains("Mount a cloud store as a folder"))
+        #expect(shell("MANWIDTH=80 man ubiq.mount 2>/dev/null").out.contains("--cache-size"))
+        let completion = shell("bash -c 'source /usr/share/bash-completion/completions/ubiq && complete -p ubiq'")
+        #expect(completion.out.contains("ubiq"), "\(completion.out)\(completion.err)")
+        #expect(files.contains("/usr/share/zsh/vendor-completions/_ubiq") && files.contains("/usr/share/fish/vendor_completions.d/ubiq.fish"))
+
+        // mount(8) finds it on the system PATH (no /usr/local/bin, where a developer's link may be).
+        try FileManager.default.createDirectory(atPath: base + "/mnt", withIntermediateDirectories: true)
+        let path = ["PATH": "/usr/sbin:/usr/bin:/sbin:/bin"]
+        expectOK(shell("mount -t fuse.ubiq dir:\(base)/store \(base)/mnt -o state=\(base)/state,create_store", env: path), "mount -t fuse.ubiq")
+        #expect(shell("pgrep -af 'state \(base)/state'").out.contains("/usr/bin/ubiq"), "the packaged binary serves the mount")
+        expectOK(shell("echo packaged > \(base)/mnt/f && cat \(base)/mnt/f"))
+        expectOK(shell("umount \(base)/mnt"), "umount")
+        let deadline = Date(timeIntervalSinceNow: 30)
+        while shell("pgrep -f 'state \(base)/state'").status == 0 && Date() < deadline { usleep(100_000) }
+
+        expectOK(shell("dpkg -r ubiq"), "dpkg -r")
+        let left = files.filter { FileManager.default.fileExists(atPath: $0) }
+        #expect(left.isEmpty, "left after dpkg -r: \(left)")
+        #expect(files.count > 30, "\(files)")
+    }
+}
