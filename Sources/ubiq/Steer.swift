@@ -82,6 +82,8 @@ struct Download: ParsableCommand {
 
     func run() throws {
         let all = pathsInMounts(paths).flatMap { files(under: $0) }
+        // Ctrl-C from here on is noted: the queueing goes on (it is quick), then the wait stops.
+        if wait { Interrupt.catchIt() }
         // Queue everything first: an interrupted wait leaves what plain `download` would.
         var failed = 0
         var queued: [(path: String, size: Int64)] = []
@@ -118,7 +120,6 @@ struct Download: ParsableCommand {
         var pending = Array(queued.indices)
         var have = [Int64](repeating: 0, count: queued.count)
         var failed = 0
-        Interrupt.catchIt()
         while !pending.isEmpty {
             if Interrupt.caught {
                 bar.clear()
