@@ -1,4 +1,5 @@
 import Foundation
+import CUbiq
 import UbiqStore
 
 /// Where things live by default (XDG base directories).
@@ -132,5 +133,65 @@ enum Mounts {
         do { try p.run() } catch { return false }
         p.waitUntilExit()
         return p.terminationStatus == 0
+    }
+}
+
+/// A path as the bytes the kernel knows, for names that are not UTF-8 (which a Swift String
+/// cannot hold: the argument parser and FileManager turn their bytes into U+FFFD).
+struct BytePath {
+    var bytes: [UInt8]
+
+    /// The bytes of the argument that `text` was parsed from, made absolute (and resolved, as
+    /// `Paths.absolute` does, when it is valid UTF-8).
+    static func argument(_ text: String) -> BytePath {
+        if !text.contains("\u{FFFD}") { return BytePath(bytes: Array(Paths.absolute(text).utf8)) }
+        var raw = Array(text.utf8)
+        for i in 1 ..< Int(CommandLine.argc) {
+            guard let p = CommandLine.unsafeArgv[i] else { continue }
+            let b = Array(UnsafeBufferPointer(start: UnsafeRawPointer(p).assumingMemoryBound(to: UInt8.self), count: strlen(p)))
+            if String(decoding: b, as: UTF8.self) == text { raw = b; break }
+        }
+        if raw.first != UInt8(ascii: "/") { raw = Array(FileManager.default.currentDirectoryPath.utf8) + [UInt8(ascii: "/")] + raw }
+        return BytePath(bytes: raw)
+    }
+
+    /// For people: the path, with each byte of a name that is not UTF-8 written \xNN.
+    var display: String {
+        if let s = String(validating: bytes, as: UTF8.self) { return s }
+        return bytes.map { $0 < 0x80 ? String(UnicodeScalar($0)) : String(format: "\\x%02x", $0) }.joined()
+    }
+
+    /// Runs `body` with the path as a C string.
+    func withCString<T>(_ body: (UnsafePointer<CChar>) -> T) -> T {
+        (bytes + [0]).withUnsafeBufferPointer { b in b.withMemoryRebound(to: CChar.self) { body($0.baseAddress!) } }
+    }
+
+    func lstat() -> stat? {
+        var st = Glibc.stat()
+        return withCString { Glibc.lstat($0, &st) } == 0 ? st : nil
+    }
+
+    func attribute(_ name: String) -> String? {
+        var buf = [UInt8](repeating: 0, count: 4096)
+        let n = withCString { cubiq_getxattr($0, name, &buf, buf.count) }
+        return n < 0 ? nil : String(decoding: buf[..<n], as: UTF8.self)
+    }
+
+    /// Everything under this folder, depth first, by the names' own bytes.
+    func descendants() -> [BytePath] {
+        guard let dir = withCString({ opendir($0) }) else { return [] }
+        var names: [[UInt8]] = []
+        while let e = readdir(dir) {
+            let name = withUnsafeBytes(of: e.pointee.d_name) { raw in Array(raw.prefix { $0 != 0 }) }
+            if name != [46] && name != [46, 46] { names.append(name) }
+        }
+        closedir(dir)
+        var out: [BytePath] = []
+        for name in names.sorted(by: { $0.lexicographicallyPrecedes($1) }) {
+            let child = BytePath(bytes: bytes + [UInt8(ascii: "/")] + name)
+            out.append(child)
+            if let st = child.lstat(), (st.st_mode & S_IFMT) == S_IFDIR { out += child.descendants() }
+        }
+        return out
     }
 }

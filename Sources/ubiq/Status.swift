@@ -46,17 +46,21 @@ struct Status: ParsableCommand {
     }
 
     func run() throws {
-        let roots = pathsInMounts(paths)
+        // By the bytes of each path: a name that is not UTF-8 is answered like any other.
+        let roots = paths.map { p -> BytePath in
+            let b = BytePath.argument(p)
+            guard b.lstat() != nil else { fail("\(p): no such file or directory") }
+            guard Mounts.ubiqMount(containing: b.display) != nil else { fail("\(p) is not in a ubiq mount") }
+            return b
+        }
         var items: [Item] = []
         for root in roots {
             items.append(item(root))
-            var isDir: ObjCBool = false
-            if recursive, FileManager.default.fileExists(atPath: root, isDirectory: &isDir), isDir.boolValue {
-                let e = FileManager.default.enumerator(atPath: root)
-                while let rel = e?.nextObject() as? String { items.append(item(root + "/" + rel)) }
+            if recursive, let st = root.lstat(), (st.st_mode & S_IFMT) == S_IFDIR {
+                items += root.descendants().map(item)
             }
         }
-        let mounts = Set(roots.compactMap { Mounts.ubiqMount(containing: $0) }).sorted()
+        let mounts = Set(roots.compactMap { Mounts.ubiqMount(containing: $0.display) }).sorted()
         let caches = mounts.map { m in
             (mount: m, used: Int64(getAttribute(m, "user.ubiq.cache-bytes") ?? "") ?? 0,
              limit: Int64(getAttribute(m, "user.ubiq.cache-limit") ?? "") ?? 0)
@@ -120,22 +124,21 @@ struct Status: ParsableCommand {
         }
     }
 
-    private func item(_ path: String) -> Item {
-        var st = stat()
-        _ = lstat(path, &st)
+    private func item(_ path: BytePath) -> Item {
+        let st = path.lstat() ?? stat()
         let isDir = (st.st_mode & S_IFMT) == S_IFDIR
         var attrs: [String: String] = [:]
         let names = isDir
             ? ["status", "pinned", "items", "items-not-downloaded", "items-uploading", "items-conflicts", "items-errors"]
             : ["status", "pinned", "percent-downloaded", "downloading-status", "uploaded", "uploading", "conflicts",
                "version", "downloading-error", "uploading-error"]
-        for n in names { attrs[n] = getAttribute(path, "user.ubiq." + n) }
+        for n in names { attrs[n] = path.attribute("user.ubiq." + n) }
         // Symlinks and special files carry no attributes of their own (xattrs follow links).
         if (st.st_mode & S_IFMT) == S_IFLNK { attrs = ["status": "current"] }
         let isFile = (st.st_mode & S_IFMT) == S_IFREG
         let size = isFile ? Int64(st.st_size) : 0
         let local = isFile ? min(size, Int64(st.st_blocks) * 512) : 0
-        return Item(path: path, isDirectory: isDir, attrs: attrs, size: size, local: local, isFile: isFile)
+        return Item(path: path.display, isDirectory: isDir, attrs: attrs, size: size, local: local, isFile: isFile)
     }
 
     private func camel(_ s: String) -> String {

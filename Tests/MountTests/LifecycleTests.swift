@@ -363,6 +363,12 @@ import Testing
                  "status local: \(m.sh("python3 -c \"import os; print(os.getxattr(b'caf\\\\xe9.txt', 'user.ubiq.status'))\"").out)")
         let sync = m.sh("\(ubiqBinary) sync .")
         #expect(sync.status == 1 && sync.out.contains("1 kept on this device only") && sync.out.contains("  local caf"), "\(sync.out)")
+        // One answer everywhere: `ubiq status` of the name, and of its folder with -r, say local.
+        let one = m.sh("\(ubiqBinary) status \"$(printf 'caf\\351.txt')\"")
+        #expect(one.status == 0 && one.out.hasPrefix("local ") && one.out.contains("caf\\xe9.txt"), "\(one.out)\(one.err)")
+        let all = m.sh("\(ubiqBinary) status -r .")
+        let line = all.out.split(separator: "\n").first { $0.contains("caf\\xe9.txt") } ?? ""
+        #expect(line.hasPrefix("local ") && !all.out.contains("unknown"), "\(all.out)")
         let u = m.unmount()
         expectOK(u)
         #expect(u.out.contains("1 items could not be uploaded"), "\(u.out)")
