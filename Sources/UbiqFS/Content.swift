@@ -11,11 +11,6 @@ public struct ReadBuffer: @unchecked Sendable {
     public init(_ pointer: UnsafeMutableRawPointer) { self.pointer = pointer }
 }
 
-private final class ReadAnswer: @unchecked Sendable {
-    let ready = DispatchSemaphore(value: 0)
-    var result: Result<Int, Error>?
-}
-
 /// Content: open, read, write, flush, fsync, release, setattr, fallocate.
 extension FileSystem {
     /// Opens a file handle on a present regular file (with `lock` held).
@@ -159,13 +154,7 @@ extension FileSystem {
 
     /// Reads up to `count` bytes at `offset` into `buffer`; returns how many (0 at end of file).
     public func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: UnsafeMutableRawPointer) throws -> Int {
-        let answer = ReadAnswer()
-        read(fh, offset: offset, count: count, into: ReadBuffer(buffer)) { r in
-            answer.result = r
-            answer.ready.signal()
-        }
-        answer.ready.wait()
-        return try answer.result!.get()
+        try waitForAnswer { answer in read(fh, offset: offset, count: count, into: ReadBuffer(buffer), reply: answer) }
     }
 
     /// Reads up to `count` bytes at `offset` into `buffer` and calls `reply` with how many (0 at

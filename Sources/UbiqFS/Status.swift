@@ -42,9 +42,6 @@ extension FileSystem {
     static let folderAttributes = ["status", "pinned", "items", "items-not-downloaded", "items-uploading",
                                    "items-conflicts", "items-errors"]
 
-    /// On the mount's root only: the local cache's use and limit (bytes; limit 0: none).
-    static let rootAttributes = ["cache-bytes", "cache-limit"]
-
     /// The value of a read-only status attribute (`name` without "user.ubiq."); nil: not one.
     func statusAttribute(_ ino: UInt64, _ name: String) throws -> [UInt8]? {
         if ino == rootIno && name == "control-socket" {

@@ -23,10 +23,20 @@ final class StoreExecutor: TaskExecutor, @unchecked Sendable {
 /// Runs async store work from a thread that may block (a libfuse thread or
 /// the uploader's thread) and waits for its result.
 public func runBlocking<T>(_ op: @escaping @Sendable () async throws -> T) throws -> T {
+    try waitForAnswer { answer in
+        Task(executorPreference: StoreExecutor.shared) {
+            do { answer(.success(try await op())) } catch { answer(.failure(error)) }
+        }
+    }
+}
+
+/// Starts work that answers through a callback (on this thread or any other, once) and waits
+/// on this thread for the answer. The callback only signals, so it may be called under a lock.
+public func waitForAnswer<T>(_ start: (@escaping @Sendable (Result<T, Error>) -> Void) -> Void) throws -> T {
     let box = ResultBox<T>()
     let done = DispatchSemaphore(value: 0)
-    Task(executorPreference: StoreExecutor.shared) {
-        do { box.result = .success(try await op()) } catch { box.result = .failure(error) }
+    start { r in
+        box.result = r
         done.signal()
     }
     done.wait()

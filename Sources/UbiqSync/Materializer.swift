@@ -221,13 +221,9 @@ public final class Materializer: @unchecked Sendable {
     /// Blocks until bytes `range` of `ino` are local (clamped to the file). Throws what
     /// `whenLocal` would answer.
     public func ensure(_ ino: UInt64, range: Range<Int64>) throws {
-        let answer = Answer()
-        wait(ino, range: range, inline: true) { e in
-            answer.error = e
-            answer.ready.signal()
+        try waitForAnswer { (answer: @escaping @Sendable (Result<Void, Error>) -> Void) in
+            wait(ino, range: range, inline: true) { e in answer(e.map { .failure($0) } ?? .success(())) }
         }
-        answer.ready.wait()
-        if let e = answer.error { throw e }
     }
 
     /// Calls `done` once bytes `range` of `ino` are local (clamped to the file), or with why
@@ -309,11 +305,6 @@ public final class Materializer: @unchecked Sendable {
         init(needed: [Int], strict: Bool, retryUntil: Date, inline: Bool, done: @escaping @Sendable (Error?) -> Void) {
             self.needed = needed; self.strict = strict; self.retryUntil = retryUntil; self.inline = inline; self.done = done
         }
-    }
-
-    private final class Answer: @unchecked Sendable {
-        let ready = DispatchSemaphore(value: 0)
-        var error: Error?
     }
 
     /// Answers the waiters of `job` whose chunks are here, or failed for good; asks again for

@@ -34,9 +34,7 @@ func setAttribute(_ path: String, _ name: String, _ value: String) -> Int32 {
 }
 
 func getAttribute(_ path: String, _ name: String) -> String? {
-    var buf = [UInt8](repeating: 0, count: 4096)
-    let n = cubiq_getxattr(path, name, &buf, buf.count)
-    return n < 0 ? nil : String(decoding: buf[..<n], as: UTF8.self)
+    BytePath(bytes: Array(path.utf8)).attribute(name)
 }
 
 /// Sizes for people: 1.5 GiB, 300 MiB, 12 KiB, 80 B.
