@@ -65,6 +65,8 @@ public final class FileSystem: @unchecked Sendable {
     let state: LocalState
     let coordinator: Coordinator
     let cache: ContentCache
+    /// Where the cache files of dropped inodes go to the pool, off the request and the lock.
+    private let recycling = DispatchQueue(label: "ubiq.fs.recycling")
     let materializer: Materializer
     let uploader: Uploader?
     let logger: Logger
@@ -291,8 +293,16 @@ public final class FileSystem: @unchecked Sendable {
         do { try state.write { tx in try tx.deleteInode(n.rec.ino) } } catch {
             logger.error("could not drop inode \(n.rec.ino): \(error)")
         }
-        if n.isRegular { cache.remove(n.rec.ino) }
+        // Nothing can open this cache file any more (the inode is gone, its number is never
+        // given again in this run): emptying and pooling it need not hold up the next request.
+        if n.isRegular {
+            let ino = n.rec.ino, cache = self.cache
+            recycling.async { cache.recycle(ino) }
+        }
     }
+
+    /// Waits until the cache files of the inodes dropped so far are in the pool (at unmount).
+    public func waitForRecycling() { recycling.sync {} }
 
     /// Inodes under (and including) `ino`, for re-uploading a moved folder.
     func subtree(_ ino: UInt64) -> [UInt64] {

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import UbiqState
 import UbiqStore
 import CUbiq
@@ -9,17 +10,45 @@ import CUbiq
 public final class ContentCache: Sendable {
     public let directory: URL
     public let staging: URL
+    /// Empty cache files of deleted files, kept to be the cache files of new ones (see `recycle`).
+    public let pool: URL
     /// The state database's reserve on the same disk: staging copies may not use its space.
     public let reserve: DiskReserve?
+    private let spare: Mutex<Spare>
 
-    public init(directory: URL, reserve: DiskReserve? = nil) throws {
+    /// The pool's names, and the cache files that downloads hold open (never recycled).
+    private struct Spare {
+        var names: [UInt64] = []
+        var next: UInt64 = 0
+        var held: [UInt64: Int] = [:]
+    }
+
+    /// At most this many empty files wait in the pool (an inode each, no blocks).
+    public let poolLimit: Int
+
+    public init(directory: URL, reserve: DiskReserve? = nil, poolLimit: Int = 16_384) throws {
         self.directory = directory
+        self.poolLimit = poolLimit
         self.staging = directory.appendingPathComponent(".staging")
+        self.pool = directory.appendingPathComponent(".pool")
         self.reserve = reserve
-        try FileManager.default.createDirectory(at: staging, withIntermediateDirectories: true,
-                                                attributes: [.posixPermissions: 0o700])
+        for d in [staging, pool] {
+            try FileManager.default.createDirectory(at: d, withIntermediateDirectories: true,
+                                                    attributes: [.posixPermissions: 0o700])
+        }
         chmod(directory.path, 0o700)
         Self.clearStaging(in: directory)
+        // The pool a previous run left: its files are empty (truncated before they went in).
+        var spare = Spare()
+        for f in (try? FileManager.default.contentsOfDirectory(atPath: pool.path)) ?? [] {
+            if let n = UInt64(f), spare.names.count < poolLimit {
+                spare.names.append(n)
+                spare.next = max(spare.next, n + 1)
+            } else {
+                unlink(pool.path + "/" + f)
+            }
+        }
+        self.spare = Mutex(spare)
     }
 
     /// Staging copies are only for uploads in flight: a new run starts without them. The daemon
@@ -44,10 +73,58 @@ public final class ContentCache: Sendable {
     }
 
     /// Creates an empty cache file for `ino` and returns it open for reading and writing.
+    /// A file from the pool is taken first: a rename, where a new file costs the disk an
+    /// inode (on ext4 without a journal, a search past every inode freed in the last 30 s).
     public func createAndOpen(_ ino: UInt64) throws -> Int32 {
+        if let n = spare.withLock({ $0.names.popLast() }) {
+            if rename(pool.path + "/" + String(n), path(ino)) == 0 {
+                let fd = Glibc.open(path(ino), O_RDWR | O_TRUNC | O_CLOEXEC)
+                if fd >= 0 { return fd }
+            } else {
+                unlink(pool.path + "/" + String(n))
+            }
+        }
         let fd = Glibc.open(path(ino), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         if fd < 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
         return fd
+    }
+
+    /// Drops the cache file of a deleted inode, keeping the file itself, emptied, for a new
+    /// one (`createAndOpen`), unless the pool is full or a download still holds it open: a
+    /// file goes to the pool only when nothing in the daemon can write to it any more. The
+    /// caller makes sure no file handle has it open.
+    public func recycle(_ ino: UInt64) {
+        spare.withLock { s in
+            if s.names.count < poolLimit, s.held[ino] == nil, Glibc.truncate(path(ino), 0) == 0,
+               rename(path(ino), pool.path + "/" + String(s.next)) == 0 {
+                s.names.append(s.next)
+                s.next += 1
+            } else {
+                unlink(path(ino))
+            }
+        }
+    }
+
+    /// How many empty files wait in the pool.
+    public var pooled: Int { spare.withLock { $0.names.count } }
+
+    /// Opens the cache file of `ino` for a download (`flags` as open(2), mode 0600), held
+    /// until `closeHeld`: a held file is never recycled. -1 with errno set on failure.
+    public func openHeld(_ ino: UInt64, flags: Int32) -> Int32 {
+        let (fd, e) = spare.withLock { s in
+            let fd = Glibc.open(path(ino), flags | O_CLOEXEC, 0o600)
+            if fd >= 0 { s.held[ino, default: 0] += 1 }
+            return (fd, errno)
+        }
+        if fd < 0 { errno = e }
+        return fd
+    }
+
+    public func closeHeld(_ ino: UInt64, _ fd: Int32) {
+        close(fd)
+        spare.withLock { s in
+            if let c = s.held[ino] { s.held[ino] = c > 1 ? c - 1 : nil }
+        }
     }
 
     /// Size of the cache file, or nil if there is none.

@@ -196,10 +196,10 @@ public final class Materializer: @unchecked Sendable {
         defer { cond.unlock() }
         if jobs[ino] != nil { return }
         // Without a record of what is in it, what an earlier run left in the cache file is not trusted.
-        let fd = open(cache.path(ino), O_RDWR | O_CREAT | O_CLOEXEC | (resume == nil ? O_TRUNC : 0), 0o600)
+        let fd = cache.openHeld(ino, flags: O_RDWR | O_CREAT | (resume == nil ? O_TRUNC : 0))
         if fd < 0 { throw SyncError.local("cannot create cache file: \(String(cString: strerror(errno)))") }
         if ftruncate(fd, off_t(rec.size)) != 0 {
-            close(fd)
+            cache.closeHeld(ino, fd)
             throw SyncError.local("cannot size cache file: \(String(cString: strerror(errno)))")
         }
         let job = Job(ino: ino, key: key, version: version, size: rec.size, fd: fd, chunks: chunks,
@@ -405,7 +405,7 @@ public final class Materializer: @unchecked Sendable {
         job.cancelled = true
         job.error = SyncError.superseded(ino: ino)
         for c in job.present.indices where !job.present[c] { job.failed[c] = job.error }
-        if job.workers == 0 { close(job.fd) }
+        if job.workers == 0 { cache.closeHeld(job.ino, job.fd) }
         cond.broadcast()
         settleLocked(job)
     }
@@ -416,7 +416,7 @@ public final class Materializer: @unchecked Sendable {
         guard let job = jobs[ino], job.presentCount == 0, job.inFlight.isEmpty, job.workers == 0,
               job.waiters.isEmpty else { return }
         jobs[ino] = nil
-        close(job.fd)
+        cache.closeHeld(job.ino, job.fd)
         cond.broadcast()
     }
 
@@ -538,7 +538,7 @@ public final class Materializer: @unchecked Sendable {
         job.workers -= 1
         workerEndedLocked()
         if job.cancelled {
-            if job.workers == 0 { close(job.fd) }
+            if job.workers == 0 { cache.closeHeld(job.ino, job.fd) }
             cond.broadcast()
             cond.unlock()
             return
@@ -549,7 +549,7 @@ public final class Materializer: @unchecked Sendable {
         cond.unlock()
         if finished {
             _ = fsync(job.fd)
-            close(job.fd)
+            cache.closeHeld(job.ino, job.fd)
             done(job.ino, job.version)  // persists `present` before the job is dropped (see `start`)
             try? state.write { try $0.removeDownload(job.ino, version: job.version) }
             cond.lock()
@@ -662,7 +662,7 @@ public final class Materializer: @unchecked Sendable {
     private func finishLocked(_ job: Job) {
         let done = completion
         DispatchQueue.global().async { [self] in
-            close(job.fd)
+            cache.closeHeld(job.ino, job.fd)
             done(job.ino, job.version)
             cond.lock()
             if jobs[job.ino] === job { jobs[job.ino] = nil }

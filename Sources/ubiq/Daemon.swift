@@ -222,6 +222,7 @@ struct Daemon {
         server.unmount()
         materializer.saveAllProgress()
         fs.writeAccessTimes()
+        fs.waitForRecycling()
         uploader.stop()
         let timeout = Self.requestedDrainTimeout(plan)
         let pending = uploader.pendingCount
