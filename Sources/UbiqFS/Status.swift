@@ -5,9 +5,8 @@ import UbiqSync
 /// The sync state of one item, as the `user.ubiq.*` attributes and `ubiq status` show it.
 /// Read from memory and the state database: never downloads, never waits for a download.
 public struct ItemStatus: Sendable, Equatable {
-    /// One word, the most urgent that applies: conflict, error, uploading, downloading,
-    /// local (not in the store yet), placeholder, current.
-    public var status: String
+    /// The most urgent word that applies.
+    public var status: SyncStatus
     public var isDirectory: Bool
     /// Files: not-downloaded, downloaded (a newer version waits for the file's readers to
     /// close), current.
@@ -56,7 +55,7 @@ extension FileSystem {
         let flag = { (b: Bool) in b ? "1" : "0" }
         let value: String
         switch (s.isDirectory, name) {
-        case (_, "status"): value = s.status
+        case (_, "status"): value = s.status.rawValue
         case (_, "pinned"): value = flag(s.pinned)
         case (true, "items"): value = String(s.items)
         case (true, "items-not-downloaded"): value = String(s.itemsNotDownloaded)
@@ -89,12 +88,11 @@ extension FileSystem {
         }
         let inos = withLock { subtree(ino) }
         let withCopies = itemsWithConflictCopies(inos)
-        var s = ItemStatus(status: "current", isDirectory: true, downloadingStatus: "", downloading: false,
+        var s = ItemStatus(status: .current, isDirectory: true, downloadingStatus: "", downloading: false,
                            percentDownloaded: 0, uploaded: true, uploading: false, conflict: false,
                            pinned: (try? isPinned(ino)) ?? false, version: "", downloadError: "", uploadError: "",
                            localBytes: 0, size: 0, itemsNotDownloaded: 0, itemsUploading: 0, itemsConflicts: 0,
                            itemsErrors: 0, items: 0)
-        var rank = Self.rank("current")
         for i in inos {
             let known = SyncFacts(queued: queued.contains(i), error: errors[i]?.error, conflict: errors[i]?.conflict ?? false,
                                   localOnly: errors[i]?.localOnly ?? false, inStore: !notInStore.contains(i), version: "", hasConflictCopies: withCopies.contains(i))
@@ -103,14 +101,13 @@ extension FileSystem {
             if f.isDirectory == false && f.downloadingStatus == "not-downloaded" { s.itemsNotDownloaded += 1 }
             if f.uploading { s.itemsUploading += 1 }
             if f.conflict { s.itemsConflicts += 1 }
-            if f.status == "error" { s.itemsErrors += 1 }
+            if f.status == .error { s.itemsErrors += 1 }
             s.localBytes += f.localBytes
             s.size += f.size
-            let r = Self.rank(f.status)
-            if r > rank { rank = r; s.status = f.status }
+            s.status = max(s.status, f.status)
         }
         // A folder of placeholders is not "placeholder" itself: it is all there, as names.
-        if s.status == "placeholder" { s.status = "current" }
+        if s.status == .placeholder { s.status = .current }
         let selfQueued = try readState { try $0.isQueued(ino) }
         s.uploaded = s.itemsUploading == 0 && !selfQueued
         s.uploading = s.itemsUploading > 0
@@ -119,12 +116,7 @@ extension FileSystem {
 
     /// The item's own status word (for a folder: the folder itself, not what is under it;
     /// what `ubiq query` reports).
-    public func ownStatus(_ ino: UInt64) throws -> String { try fileStatus(ino).status }
-
-    /// Most urgent last.
-    static func rank(_ status: String) -> Int {
-        ["current", "placeholder", "local", "downloading", "uploading", "error", "conflict"].firstIndex(of: status) ?? 0
-    }
+    public func ownStatus(_ ino: UInt64) throws -> SyncStatus { try fileStatus(ino).status }
 
     func readState<T>(_ body: (StateTransaction) throws -> T) throws -> T {
         // The body's own answers (not found, not uploaded) pass as they are; a failure of the
@@ -174,16 +166,17 @@ extension FileSystem {
         let conflict = (upError != nil && facts.conflict) || facts.hasConflictCopies
         let downloadError = isFile ? (materializer.lastError(ino) ?? "") : ""
         let waiting = waitingForClose.withLock { $0.contains(ino) }
-        let status: String
-        // A queued item whose upload failed waits to be tried again (the store is down, or
-        // full): it is uploading, and `uploading-error` says why it waits.
-        if conflict { status = "conflict" } else if isQueued { status = "uploading" } else if facts.localOnly && downloadError.isEmpty {
-            status = "local"
-        } else if upError != nil || !downloadError.isEmpty {
-            status = "error"
-        } else if downloading { status = "downloading" } else if !inStore && ino != rootIno {
-            status = "local"
-        } else if isFile && !rec.present { status = "placeholder" } else { status = "current" }
+        var known = SyncStatus.Facts()
+        known.conflict = conflict
+        known.queued = isQueued
+        known.localOnly = facts.localOnly
+        known.uploadFailed = upError != nil
+        known.downloadFailed = !downloadError.isEmpty
+        known.downloading = downloading
+        known.inStore = inStore
+        known.isRoot = ino == rootIno
+        known.placeholder = isFile && !rec.present
+        let status = SyncStatus.of(known)
         let percent = isFile ? (rec.present ? 100 : (rec.size == 0 ? 0 : Int(local * 100 / rec.size))) : 100
         let uploaded = !isQueued && inStore && upError == nil
         let percentUploaded = uploaded ? 100 : (uploader?.uploadPercent(ino) ?? 0)
@@ -212,9 +205,9 @@ extension FileSystem {
         let start = try folder(at: scope)
         var rows = try readState { try $0.query(scope: start, spec) }
         let withCopies = itemsWithConflictCopies(withLock { subtree(start) })
-        for i in rows.indices where withCopies.contains(rows[i].ino) { rows[i].status = "conflict" }
-        for i in rows.indices where rows[i].status == "placeholder" && materializer.localBytes(rows[i].ino) != nil {
-            rows[i].status = "downloading"
+        for i in rows.indices where withCopies.contains(rows[i].ino) { rows[i].status = .conflict }
+        for i in rows.indices where rows[i].status == .placeholder && materializer.localBytes(rows[i].ino) != nil {
+            rows[i].status = .downloading
         }
         if let wanted = spec.status { rows = rows.filter { wanted.contains($0.status) } }
         if let limit = spec.limit, rows.count > limit { rows = Array(rows.prefix(max(0, limit))) }

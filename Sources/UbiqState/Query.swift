@@ -9,8 +9,8 @@ public struct QuerySpec: Sendable, Codable, Equatable {
     /// Depth below the scope folder: 1 = its direct children.
     public var minDepth: Int?
     public var maxDepth: Int?
-    /// Status words (see docs/status.md); any of them.
-    public var status: [String]?
+    /// Any of these (docs/status.md).
+    public var status: [SyncStatus]?
     /// `file`, `folder`, `symlink` or `other`.
     public var type: String?
     public var minSize: Int64?
@@ -36,7 +36,7 @@ public struct QueryRow: Sendable, Codable, Equatable {
     public var size: Int64
     public var mtimeNs: Int64
     /// As in docs/status.md, except `downloading`, which only the daemon knows (it adjusts).
-    public var status: String
+    public var status: SyncStatus
     public var pinned: Bool
 }
 
@@ -83,15 +83,7 @@ extension StateTransaction {
             SELECT * FROM (
               SELECT e.ino, dirs.path || CAST(e.name AS TEXT) AS path, CAST(e.name AS TEXT) AS name,
                 dirs.depth + 1 AS depth, i.type, i.size, i.mtime, i.pinned,
-                CASE
-                  WHEN i.upload_conflict = 1 THEN 'conflict'
-                  WHEN EXISTS (SELECT 1 FROM outbox o WHERE o.ino = e.ino) THEN 'uploading'
-                  WHEN i.upload_conflict = 2 THEN 'local'
-                  WHEN i.upload_error IS NOT NULL THEN 'error'
-                  WHEN e.remote_key IS NULL THEN 'local'
-                  WHEN i.type = \(S_IFREG) AND i.present = 0 THEN 'placeholder'
-                  ELSE 'current'
-                END AS status
+                \(SyncStatus.sqlCase) AS status
               FROM dirs JOIN entries e ON e.parent = dirs.ino JOIN inodes i ON i.ino = e.ino
               WHERE ?2 IS NULL OR dirs.depth < ?2
             )
@@ -109,7 +101,8 @@ extension StateTransaction {
             default: t = "other"
             }
             return QueryRow(ino: UInt64(bitPattern: r["ino"]), path: r["path"], name: r["name"], depth: r["depth"], type: t,
-                            size: t == "file" ? r["size"] : 0, mtimeNs: r["mtime"], status: r["status"], pinned: r["pinned"])
+                            size: t == "file" ? r["size"] : 0, mtimeNs: r["mtime"],
+                            status: SyncStatus(rawValue: r["status"]) ?? .current, pinned: r["pinned"])
         }
     }
 }

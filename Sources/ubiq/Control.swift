@@ -147,7 +147,7 @@ final class ControlServer: @unchecked Sendable {
                     if i > 0 { out += "," }
                     out += "{\"ino\":\(r.ino),\"path\":" + jsonString(r.path) + ",\"name\":" + jsonString(r.name)
                     out += ",\"depth\":\(r.depth),\"type\":\"\(r.type)\",\"size\":\(r.size),\"mtimeNs\":\(r.mtimeNs)"
-                    out += ",\"status\":\"\(r.status)\",\"pinned\":\(r.pinned)}"
+                    out += ",\"status\":\"\(r.status.rawValue)\",\"pinned\":\(r.pinned)}"
                 }
                 out += "]}\n"
                 if !Self.sendRaw(c, out) { return false }

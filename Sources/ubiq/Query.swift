@@ -22,7 +22,7 @@ struct Query: ParsableCommand {
     @Option(help: ArgumentHelp("Shell glob on the name (case-sensitive).", valueName: "GLOB"))
     var name: String?
 
-    @Option(help: ArgumentHelp("Status words, comma-separated: current, placeholder, downloading, uploading, local, error, conflict.", valueName: "S,..."))
+    @Option(help: ArgumentHelp("Status words, comma-separated: \(SyncStatus.allCases.map(\.rawValue).joined(separator: ", ")).", valueName: "S,..."))
     var status: String?
 
     @Option(help: ArgumentHelp("file, folder, symlink or other.", valueName: "TYPE"))
@@ -72,8 +72,9 @@ struct Query: ParsableCommand {
         if let type, !["file", "folder", "symlink", "other"].contains(type) {
             throw ValidationError("--type must be one of file, folder, symlink, other")
         }
-        let words = ["current", "placeholder", "downloading", "uploading", "local", "error", "conflict"]
-        for s in statusList where !words.contains(s) { throw ValidationError("unknown status \(s); one of \(words.joined(separator: ", "))") }
+        for s in statusList where SyncStatus(rawValue: s) == nil {
+            throw ValidationError("unknown status \(s); one of \(SyncStatus.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
         if let m = minDepth, m < 0 { throw ValidationError("--min-depth must not be negative") }
         if let m = maxDepth, m < 1 { throw ValidationError("--max-depth must be at least 1") }
         if interval <= 0 { throw ValidationError("--interval must be positive") }
@@ -85,7 +86,7 @@ struct Query: ParsableCommand {
     func spec() throws -> QuerySpec {
         var q = QuerySpec()
         q.name = name
-        q.status = status == nil ? nil : statusList
+        q.status = status == nil ? nil : statusList.compactMap(SyncStatus.init(rawValue:))
         q.type = type
         q.minDepth = minDepth
         q.maxDepth = maxDepth
@@ -141,7 +142,7 @@ struct Query: ParsableCommand {
             } else {
                 for r in rows {
                     let size = r.type == "file" ? humanBytes(r.size) : "-"
-                    out += pad(r.status, 11) + " " + pad(size, 9) + " " + timeText(r.mtimeNs, minutes: true) + "  " + join(abs, r.path) + "\n"
+                    out += pad(r.status.rawValue, 11) + " " + pad(size, 9) + " " + timeText(r.mtimeNs, minutes: true) + "  " + join(abs, r.path) + "\n"
                 }
             }
             FileHandle.standardOutput.write(Data(out.utf8))
@@ -182,7 +183,7 @@ struct Query: ParsableCommand {
         if let change { o += "\"change\":\"\(change)\"," }
         o += "\"depth\":\(r.depth),\"modified\":\"\(timeText(r.mtimeNs, minutes: false))\",\"name\":" + jsonString(r.name)
         o += ",\"path\":" + jsonString(join(base, r.path)) + ",\"pinned\":\(r.pinned),\"size\":\(r.size)"
-        o += ",\"status\":\"\(r.status)\",\"type\":\"\(r.type)\"}"
+        o += ",\"status\":\"\(r.status.rawValue)\",\"type\":\"\(r.type)\"}"
         return o
     }
 

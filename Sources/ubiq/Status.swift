@@ -1,6 +1,7 @@
 import ArgumentParser
 import CUbiq
 import Foundation
+import UbiqState
 
 struct Status: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -149,11 +150,11 @@ struct Status: ParsableCommand {
     private func paint(_ text: String, _ status: String, _ on: Bool) -> String {
         guard on else { return text }
         let code: String
-        switch status {
-        case "conflict", "error": code = "31"
-        case "uploading", "downloading": code = "33"
-        case "local", "placeholder": code = "36"
-        default: code = "32"
+        switch SyncStatus(rawValue: status) {
+        case .conflict, .error: code = "31"
+        case .uploading, .downloading: code = "33"
+        case .local, .placeholder: code = "36"
+        case .current, nil: code = "32"
         }
         return "\u{1B}[\(code)m\(text)\u{1B}[0m"
     }

@@ -228,8 +228,8 @@ struct Sync: ParsableCommand {
         let failed = Int(getAttribute(mount, "user.ubiq.items-errors") ?? "0") ?? 0
         // Files kept on this device only (a name the store cannot hold) count too: the root's
         // status says when there may be some (only a download outranks them there).
-        let rootStatus = getAttribute(mount, "user.ubiq.status") ?? ""
-        if waiting + failed == 0 && ["current", "placeholder"].contains(rootStatus) {
+        let rootStatus = SyncStatus(rawValue: getAttribute(mount, "user.ubiq.status") ?? "")
+        if waiting + failed == 0, let s = rootStatus, s <= .placeholder {
             print("synced \(mount)")
             return
         }
@@ -237,7 +237,7 @@ struct Sync: ParsableCommand {
         if let c = ControlClient.reach(mount: mount) {
             defer { c.close() }
             var spec = QuerySpec()
-            spec.status = ["uploading", "error", "local"]
+            spec.status = [.uploading, .error, .local]
             spec.limit = 50
             if let reply = c.ask(["op": "query", "scope": "", "spec": (try? JSONSerialization.jsonObject(with: JSONEncoder().encode(spec))) ?? [:]]),
                let items = reply["items"] as? [[String: Any]] {

@@ -456,13 +456,13 @@ import UbiqStore
         let a = try Device(store: store)
         try a.mkdir("dir")
         try a.write("dir/doc", "base")
-        #expect(try a.fs.itemStatus(try a.ino("dir/doc")).status == "uploading")
+        #expect(try a.fs.itemStatus(try a.ino("dir/doc")).status == .uploading)
         #expect(try a.fs.itemStatus(try a.ino("dir")).itemsUploading == 2)
         a.sync()
-        #expect(try a.fs.itemStatus(try a.ino("dir/doc")).status == "current")
+        #expect(try a.fs.itemStatus(try a.ino("dir/doc")).status == .current)
         let b = try Device(store: store)
         let s = try b.fs.itemStatus(try b.ino("dir/doc"))
-        #expect(s.status == "placeholder" && s.downloadingStatus == "not-downloaded" && s.localBytes == 0 && s.uploaded)
+        #expect(s.status == .placeholder && s.downloadingStatus == "not-downloaded" && s.localBytes == 0 && s.uploaded)
         #expect(try b.fs.itemStatus(try b.ino("dir")).itemsNotDownloaded == 1)
         #expect(try b.read("dir/doc") == "base")
         // The read returns with its bytes; the download is recorded complete just after, on its own thread.
@@ -474,15 +474,15 @@ import UbiqStore
         a.sync()
         a.pull()  // the conflict copy of B's version arrives
         let c = try a.fs.itemStatus(try a.ino("dir/doc"))
-        #expect(c.status == "conflict" && c.conflict && c.uploadError.isEmpty)
+        #expect(c.status == .conflict && c.conflict && c.uploadError.isEmpty)
         let root = try a.fs.itemStatus(rootIno)
-        #expect(root.status == "conflict" && root.itemsConflicts == 1)
+        #expect(root.status == .conflict && root.itemsConflicts == 1)
     }
 }
 
 /// `ubiq query` against a reference: the same predicates applied by walking the tree.
 @Suite struct QueryTests {
-    struct Item { var path: String; var name: String; var depth: Int; var type: String; var size: Int64; var mtime: Int64; var status: String }
+    struct Item { var path: String; var name: String; var depth: Int; var type: String; var size: Int64; var mtime: Int64; var status: SyncStatus }
 
     func walk(_ d: Device, _ ino: UInt64, _ prefix: String, _ depth: Int, into out: inout [Item]) throws {
         let fh = try d.fs.opendir(ino)
@@ -529,7 +529,7 @@ import UbiqStore
             if Bool.random(using: &rng) { q.minSize = Int64.random(in: 0 ..< 2000, using: &rng) }
             if Bool.random(using: &rng) { q.maxSize = Int64.random(in: 1000 ..< 3000, using: &rng) }
             if Bool.random(using: &rng) { q.modifiedAfter = midTime }
-            if Bool.random(using: &rng) { q.status = [["current"], ["uploading"], ["current", "uploading"]].randomElement(using: &rng)! }
+            if Bool.random(using: &rng) { q.status = [[.current], [.uploading], [.current, .uploading]].randomElement(using: &rng)! }
             q.sort = StateTransaction.sortKeys.randomElement(using: &rng)!
             q.descending = Bool.random(using: &rng)
             let got = try d.fs.query(scope: scope, q)

@@ -71,8 +71,8 @@ import UbiqStore
             #expect(copy.first?.contains("(conflict \(a.name) ") == true)
             #expect(try d.read("docs/" + copy[0]) == "from A")
             let s = try status(d, "docs/plan.txt")
-            #expect(s.status == "conflict" && s.conflict && s.uploadError.isEmpty)
-            #expect(try status(d, "docs/" + copy[0]).status != "conflict")
+            #expect(s.status == .conflict && s.conflict && s.uploadError.isEmpty)
+            #expect(try status(d, "docs/" + copy[0]).status != .conflict)
             #expect(try d.fs.itemStatus(rootIno).itemsConflicts == 1)
         }
         // Nothing else happens: no more uploads, no more copies.
@@ -88,7 +88,7 @@ import UbiqStore
         b.pull()
         for d in [a, b] {
             #expect(try d.names("docs") == ["plan.txt"])
-            #expect(try status(d, "docs/plan.txt").status == "current" || (try status(d, "docs/plan.txt").status) == "placeholder")
+            #expect(try status(d, "docs/plan.txt").status == .current || (try status(d, "docs/plan.txt").status) == .placeholder)
         }
     }
 
@@ -184,7 +184,7 @@ import UbiqStore
         for d in [a, b] {
             #expect(try d.names("") == ["folder", "moved.txt"])
             #expect(try d.read("moved.txt") == "second")
-            #expect(try d.fs.itemStatus(try d.ino("moved.txt")).status != "conflict")
+            #expect(try d.fs.itemStatus(try d.ino("moved.txt")).status != .conflict)
         }
         #expect(try runBlocking { try await store.versions(of: "new.txt") }.count == 2)  // first, second: once each
         try lost([.delete]) { try a.fs.unlink(rootIno, n("moved.txt")) }
@@ -366,7 +366,7 @@ import UbiqStore
         #expect(keys == ["d/", "d/a/", "d/z/"])
         _ = try a.fs.setattr(try a.ino("d/a"), AttributeChanges(mode: 0o750), caller: .root)
         a.sync()
-        #expect(try status(a, "d/a").status == "current")
+        #expect(try status(a, "d/a").status == .current)
         b.pull()
         #expect(try b.fs.getattr(try b.ino("d/a")).mode & 0o7777 == 0o750)
     }

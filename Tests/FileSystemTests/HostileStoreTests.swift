@@ -294,7 +294,7 @@ import Testing
         #expect(try attr("uploading-error").contains("not valid UTF-8"), "says why it stays here")
         #expect(try attr("uploaded") == "0")
         #expect(String(decoding: try a.fs.getxattr(rootIno, Array("user.ubiq.items-errors".utf8)), as: UTF8.self) == "0")
-        #expect(try a.fs.query(scope: "", QuerySpec()).first?.status == "local")
+        #expect(try a.fs.query(scope: "", QuerySpec()).first?.status == .local)
         #expect(try runBlocking { try await store.list(prefix: "") }.isEmpty)
         // Renamed to a name the store can hold, it goes up.
         try a.fs.rename(rootIno, name, rootIno, Array("fine.t".utf8))
