@@ -177,6 +177,32 @@ struct BytePath {
         return n < 0 ? nil : String(decoding: buf[..<n], as: UTF8.self)
     }
 
+    func setAttribute(_ name: String, _ value: String) -> Int32 {
+        let r = withCString { p in value.withCString { v in cubiq_setxattr(p, name, v, strlen(v)) } }
+        return r == 0 ? 0 : cubiq_errno()
+    }
+
+    /// Every regular file at or under this path, by the names' own bytes.
+    func regularFiles() -> [BytePath] {
+        guard let st = lstat() else { return [] }
+        switch st.st_mode & S_IFMT {
+        case S_IFREG: return [self]
+        case S_IFDIR: return descendants().filter { $0.lstat().map { ($0.st_mode & S_IFMT) == S_IFREG } ?? false }
+        default: return []
+        }
+    }
+
+    /// The paths given on the command line, by their own bytes, each checked to be inside a
+    /// ubiq mount (a name that is not UTF-8 is an item like any other).
+    static func inMounts(_ paths: [String]) -> [BytePath] {
+        paths.map { p in
+            let b = argument(p)
+            guard b.lstat() != nil else { fail("\(p): no such file or directory") }
+            guard Mounts.ubiqMount(containing: b.display) != nil else { fail("\(p) is not in a ubiq mount") }
+            return b
+        }
+    }
+
     /// Everything under this folder, depth first, by the names' own bytes.
     func descendants() -> [BytePath] {
         guard let dir = withCString({ opendir($0) }) else { return [] }

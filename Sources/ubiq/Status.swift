@@ -48,12 +48,7 @@ struct Status: ParsableCommand {
 
     func run() throws {
         // By the bytes of each path: a name that is not UTF-8 is answered like any other.
-        let roots = paths.map { p -> BytePath in
-            let b = BytePath.argument(p)
-            guard b.lstat() != nil else { fail("\(p): no such file or directory") }
-            guard Mounts.ubiqMount(containing: b.display) != nil else { fail("\(p) is not in a ubiq mount") }
-            return b
-        }
+        let roots = BytePath.inMounts(paths)
         var items: [Item] = []
         for root in roots {
             items.append(item(root))

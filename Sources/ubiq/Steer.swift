@@ -13,24 +13,8 @@ func pathsInMounts(_ paths: [String]) -> [String] {
     }
 }
 
-/// Every regular file at or under `path`.
-func files(under path: String) -> [String] {
-    var isDir: ObjCBool = false
-    guard FileManager.default.fileExists(atPath: path, isDirectory: &isDir) else { return [] }
-    if !isDir.boolValue { return [path] }
-    var out: [String] = []
-    let e = FileManager.default.enumerator(atPath: path)
-    while let rel = e?.nextObject() as? String {
-        let full = path + "/" + rel
-        var st = stat()
-        if lstat(full, &st) == 0 && (st.st_mode & S_IFMT) == S_IFREG { out.append(full) }
-    }
-    return out.sorted()
-}
-
 func setAttribute(_ path: String, _ name: String, _ value: String) -> Int32 {
-    let r = value.withCString { v in cubiq_setxattr(path, name, v, strlen(v)) }
-    return r == 0 ? 0 : cubiq_errno()
+    BytePath(bytes: Array(path.utf8)).setAttribute(name, value)
 }
 
 func getAttribute(_ path: String, _ name: String) -> String? {
@@ -79,22 +63,21 @@ struct Download: ParsableCommand {
     var paths: [String]
 
     func run() throws {
-        let all = pathsInMounts(paths).flatMap { files(under: $0) }
+        let all = BytePath.inMounts(paths).flatMap { $0.regularFiles() }
         // Ctrl-C from here on is noted: the queueing goes on (it is quick), then the wait stops.
         if wait { Interrupt.catchIt() }
         // Queue everything first: an interrupted wait leaves what plain `download` would.
         var failed = 0
-        var queued: [(path: String, size: Int64)] = []
+        var queued: [(path: BytePath, size: Int64)] = []
         for f in all {
-            let e = setAttribute(f, "user.ubiq.action", "download")
+            let e = f.setAttribute("user.ubiq.action", "download")
             if e != 0 {
-                report(f, error: String(cString: strerror(e)))
+                report(f.display, error: String(cString: strerror(e)))
                 failed += 1
                 continue
             }
-            var st = stat()
-            queued.append((f, stat(f, &st) == 0 ? Int64(st.st_size) : 0))
-            if !wait { json ? say(jsonLine(["path": f, "status": "queued"])) : say("downloading \(f)") }
+            queued.append((f, f.lstat().map { Int64($0.st_size) } ?? 0))
+            if !wait { json ? say(jsonLine(["path": f.display, "status": "queued"])) : say("downloading \(f.display)") }
         }
         if wait { failed += waitForAll(queued) }
         if failed > 0 { throw ExitCode.failure }
@@ -111,7 +94,7 @@ struct Download: ParsableCommand {
     }
 
     /// Waits for every queued file, looking at all of them each round; returns how many failed.
-    private func waitForAll(_ queued: [(path: String, size: Int64)]) -> Int {
+    private func waitForAll(_ queued: [(path: BytePath, size: Int64)]) -> Int {
         let total = queued.reduce(0) { $0 + $1.size }
         let bar = ProgressBar(total: total, files: queued.count, enabled: !json && isatty(1) != 0)
         let started = Date()
@@ -126,18 +109,19 @@ struct Download: ParsableCommand {
             }
             var still: [Int] = []
             for i in pending {
-                let (f, size) = queued[i]
+                let (item, size) = queued[i]
+                let f = item.display
                 var error: String?
-                let state = getAttribute(f, "user.ubiq.downloading-status")
+                let state = item.attribute("user.ubiq.downloading-status")
                 if state == nil {
                     error = "no such file any more"
                 } else if state != "not-downloaded" {
                     have[i] = size
-                } else if let why = getAttribute(f, "user.ubiq.downloading-error"), !why.isEmpty,
-                          getAttribute(f, "user.ubiq.downloading") == "1" {
+                } else if let why = item.attribute("user.ubiq.downloading-error"), !why.isEmpty,
+                          item.attribute("user.ubiq.downloading") == "1" {
                     error = why  // halted by a failure (retried 3 times already)
                 } else {
-                    have[i] = size * (Int64(getAttribute(f, "user.ubiq.percent-downloaded") ?? "0") ?? 0) / 100
+                    have[i] = size * (Int64(item.attribute("user.ubiq.percent-downloaded") ?? "0") ?? 0) / 100
                     still.append(i)
                     continue
                 }
@@ -153,7 +137,7 @@ struct Download: ParsableCommand {
                 }
             }
             pending = still
-            bar.update(done: have.reduce(0, +), file: pending.first.map { queued[$0].path } ?? "")
+            bar.update(done: have.reduce(0, +), file: pending.first.map { queued[$0].path.display } ?? "")
             if !pending.isEmpty { usleep(100_000) }
         }
         bar.finish()
@@ -279,9 +263,10 @@ struct Evict: ParsableCommand {
     func run() throws {
         var refused = 0
         var evicted = 0
-        for root in pathsInMounts(paths) {
-            for f in files(under: root) {
-                let e = setAttribute(f, "user.ubiq.action", "evict")
+        for root in BytePath.inMounts(paths) {
+            for item in root.regularFiles() {
+                let f = item.display
+                let e = item.setAttribute("user.ubiq.action", "evict")
                 switch e {
                 case 0: evicted += 1
                 case EBUSY: print("ubiq: not evicted: \(f): open, or still downloading"); refused += 1
@@ -325,8 +310,9 @@ struct Unpin: ParsableCommand {
 
 func setPinned(_ paths: [String], _ on: Bool) throws {
     var failed = 0
-    for p in pathsInMounts(paths) {
-        let e = setAttribute(p, "user.ubiq.pinned", on ? "1" : "0")
+    for item in BytePath.inMounts(paths) {
+        let p = item.display
+        let e = item.setAttribute("user.ubiq.pinned", on ? "1" : "0")
         if e != 0 {
             FileHandle.standardError.write(Data("ubiq: cannot \(on ? "pin" : "unpin") \(p): \(String(cString: strerror(e)))\n".utf8))
             failed += 1

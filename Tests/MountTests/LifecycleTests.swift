@@ -369,6 +369,15 @@ import Testing
         let all = m.sh("\(ubiqBinary) status -r .")
         let line = all.out.split(separator: "\n").first { $0.contains("caf\\xe9.txt") } ?? ""
         #expect(line.hasPrefix("local ") && !all.out.contains("unknown"), "\(all.out)")
+        // The commands that walk folders find it by its bytes too (they said "no such file").
+        expectOK(m.sh("mkdir d && mv \"$(printf 'caf\\351.txt')\" d/"))
+        let down = m.sh("\(ubiqBinary) download --wait d")
+        #expect(down.status == 0 && down.out.contains("downloaded ") && down.out.contains("caf\\xe9.txt"), "\(down.out)\(down.err)")
+        let pin = m.sh("f=\"d/$(printf 'caf\\351.txt')\"; \(ubiqBinary) pin \"$f\" && \(ubiqBinary) unpin \"$f\"")
+        #expect(pin.status == 0 && pin.out.contains("pinned ") && pin.out.contains("caf\\xe9.txt"), "\(pin.out)\(pin.err)")
+        let evict = m.sh("\(ubiqBinary) evict d")
+        #expect(evict.out.contains("caf\\xe9.txt: changes not yet uploaded") && !evict.out.contains("No such file"), "\(evict.out)\(evict.err)")
+        expectOK(m.sh("mv d/* . && rmdir d"))
         let u = m.unmount()
         expectOK(u)
         #expect(u.out.contains("1 items could not be uploaded"), "\(u.out)")
