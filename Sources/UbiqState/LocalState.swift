@@ -248,11 +248,6 @@ public final class LocalState: Sendable {
     /// How many times `syncToDisk` ran (what tests of the durability contract count).
     public var syncCount: Int { syncs.withLock { $0 } }
     private let syncs = Mutex(0)
-
-    /// Checks the database file's integrity (PRAGMA integrity_check).
-    public func integrityCheck() throws -> Bool {
-        try read { tx in try String.fetchOne(tx.db, sql: "PRAGMA integrity_check") == "ok" }
-    }
 }
 
 /// The statements of one transaction.

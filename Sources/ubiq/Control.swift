@@ -241,8 +241,6 @@ final class ControlServer: @unchecked Sendable {
         return made
     }
 
-    static func readLine(_ c: Int32, limit: Int = 1 << 20) -> String? { LineReader(c).next(limit: limit) }
-
     @discardableResult
     static func send(_ c: Int32, _ object: [String: Any]) -> Bool {
         guard let d = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]) else {
