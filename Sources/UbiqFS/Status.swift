@@ -97,11 +97,15 @@ extension FileSystem {
             let known = SyncFacts(queued: queued.contains(i), error: errors[i]?.error, conflict: errors[i]?.conflict ?? false,
                                   localOnly: errors[i]?.localOnly ?? false, inStore: !notInStore.contains(i), version: "", hasConflictCopies: withCopies.contains(i))
             let f = try fileStatus(i, known: known, ownPinOnly: i != ino)
-            if i != ino { s.items += 1 }
-            if f.isDirectory == false && f.downloadingStatus == "not-downloaded" { s.itemsNotDownloaded += 1 }
-            if f.uploading { s.itemsUploading += 1 }
-            if f.conflict { s.itemsConflicts += 1 }
-            if f.status == .error { s.itemsErrors += 1 }
+            // The counts are of what is under the folder, as `items` (docs/status.md); the
+            // folder's own state shows in its status word and its uploading/uploaded.
+            if i != ino {
+                s.items += 1
+                if f.isDirectory == false && f.downloadingStatus == "not-downloaded" { s.itemsNotDownloaded += 1 }
+                if f.uploading { s.itemsUploading += 1 }
+                if f.conflict { s.itemsConflicts += 1 }
+                if f.status == .error { s.itemsErrors += 1 }
+            }
             s.localBytes += f.localBytes
             s.size += f.size
             s.status = max(s.status, f.status)
@@ -110,7 +114,7 @@ extension FileSystem {
         if s.status == .placeholder { s.status = .current }
         let selfQueued = try readState { try $0.isQueued(ino) }
         s.uploaded = s.itemsUploading == 0 && !selfQueued
-        s.uploading = s.itemsUploading > 0
+        s.uploading = s.itemsUploading > 0 || selfQueued
         return s
     }
 
