@@ -3,14 +3,10 @@ import CUbiq
 import Foundation
 import UbiqState
 
-/// The paths given, resolved, each checked to be inside a ubiq mount.
+/// The paths given, resolved, each checked to be inside a ubiq mount, as Strings (for the
+/// commands on one file or a whole mount; `BytePath.inMounts` keeps names that are not UTF-8).
 func pathsInMounts(_ paths: [String]) -> [String] {
-    paths.map { p in
-        let abs = Paths.absolute(p)
-        guard FileManager.default.fileExists(atPath: abs) else { fail("\(p): no such file or directory") }
-        guard Mounts.ubiqMount(containing: abs) != nil else { fail("\(p) is not in a ubiq mount") }
-        return abs
-    }
+    BytePath.inMounts(paths).map { String(decoding: $0.bytes, as: UTF8.self) }
 }
 
 func setAttribute(_ path: String, _ name: String, _ value: String) -> Int32 {
