@@ -53,6 +53,7 @@ extension FileSystem {
                 return
             }
             n.rec.present = true
+            noteContentGrowth(n.rec.size)
             let rec = n.rec
             do { try persist { tx in try tx.upsert(rec) } } catch {
                 logger.error("could not record the download of inode \(ino): \(error)")
@@ -281,6 +282,7 @@ extension FileSystem {
             }
             done += n
         }
+        noteContentGrowth(Int64(done))
         withLock {
             guard let n = nodes[ino] else { return }
             let now = nowNanos()
@@ -400,6 +402,7 @@ extension FileSystem {
             let n = try node(ino)
             let now = nowNanos()
             if let size = ch.size {
+                noteContentGrowth(size - n.rec.size)
                 n.rec.size = size
                 n.rec.mtimeNs = now
                 n.rec.contentGen += 1
@@ -444,6 +447,7 @@ extension FileSystem {
         withLock {
             guard let n = nodes[ino] else { return }
             let now = nowNanos()
+            noteContentGrowth(Int64(st.st_size) - n.rec.size)
             n.rec.size = Int64(st.st_size)
             n.rec.mtimeNs = now
             n.rec.ctimeNs = now

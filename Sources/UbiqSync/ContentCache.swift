@@ -15,6 +15,10 @@ public final class ContentCache: Sendable {
     /// The state database's reserve on the same disk: staging copies may not use its space.
     public let reserve: DiskReserve?
     private let spare: Mutex<Spare>
+    /// `directory` and `pool` as paths ending in "/", made once: `URL.path` computes its
+    /// answer anew on each call, which was most of the cost of a new file's cache file.
+    private let prefix: String
+    private let poolPrefix: String
 
     /// The pool's names, and the cache files that downloads hold open (never recycled).
     private struct Spare {
@@ -32,6 +36,8 @@ public final class ContentCache: Sendable {
         self.staging = directory.appendingPathComponent(".staging")
         self.pool = directory.appendingPathComponent(".pool")
         self.reserve = reserve
+        self.prefix = directory.path + "/"
+        self.poolPrefix = directory.path + "/.pool/"
         for d in [staging, pool] {
             try FileManager.default.createDirectory(at: d, withIntermediateDirectories: true,
                                                     attributes: [.posixPermissions: 0o700])
@@ -61,7 +67,9 @@ public final class ContentCache: Sendable {
         }
     }
 
-    public func path(_ ino: UInt64) -> String { directory.path + "/" + String(ino) }
+    public func path(_ ino: UInt64) -> String { prefix + String(ino) }
+
+    private func pooled(_ n: UInt64) -> String { poolPrefix + String(n) }
 
     /// Opens the cache file of `ino`; returns the fd or -1 with errno set.
     public func open(_ ino: UInt64, writable: Bool) -> Int32 {
@@ -77,11 +85,11 @@ public final class ContentCache: Sendable {
     /// inode (on ext4 without a journal, a search past every inode freed in the last 30 s).
     public func createAndOpen(_ ino: UInt64) throws -> Int32 {
         if let n = spare.withLock({ $0.names.popLast() }) {
-            if rename(pool.path + "/" + String(n), path(ino)) == 0 {
+            if rename(pooled(n), path(ino)) == 0 {
                 let fd = Glibc.open(path(ino), O_RDWR | O_TRUNC | O_CLOEXEC)
                 if fd >= 0 { return fd }
             } else {
-                unlink(pool.path + "/" + String(n))
+                unlink(pooled(n))
             }
         }
         let fd = Glibc.open(path(ino), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
@@ -96,7 +104,7 @@ public final class ContentCache: Sendable {
     public func recycle(_ ino: UInt64) {
         spare.withLock { s in
             if s.names.count < poolLimit, s.held[ino] == nil, Glibc.truncate(path(ino), 0) == 0,
-               rename(path(ino), pool.path + "/" + String(s.next)) == 0 {
+               rename(path(ino), pooled(s.next)) == 0 {
                 s.names.append(s.next)
                 s.next += 1
             } else {

@@ -48,6 +48,11 @@ public final class Uploader: @unchecked Sendable {
     private let cond = NSCondition()
     private var running = false
     private var kicked = false
+    /// Whether the loop waits with nothing to do: only then does a kick wake it (a broadcast:
+    /// `hurryAndWait` waits on the same condition). In a burst of changes (a `tar x`: several
+    /// kicks a file) the loop looks again every 50 ms instead: it was woken 38,000 times for
+    /// 10,000 new files, a context switch each.
+    private var idle = false
     /// The next round uploads what is queued without waiting out the delay that gathers saves.
     private var hurried = false
     /// Rounds run for `hurry` that are over, and whether one is under way (for `hurryAndWait`).
@@ -131,12 +136,12 @@ public final class Uploader: @unchecked Sendable {
 
     /// Something was queued: look now rather than at the next tick.
     public func kick() {
-        cond.lock(); kicked = true; cond.signal(); cond.unlock()
+        cond.lock(); kicked = true; if idle { cond.broadcast() }; cond.unlock()
     }
 
     /// The user asked for it (`ubiq sync`): upload everything queued now, not after the delay.
     public func hurry() {
-        cond.lock(); kicked = true; hurried = true; cond.signal(); cond.unlock()
+        cond.lock(); kicked = true; hurried = true; cond.broadcast(); cond.unlock()
     }
 
     /// Hurries, and waits (at most `timeout`) until a round that began after this call is
@@ -191,7 +196,11 @@ public final class Uploader: @unchecked Sendable {
             let n = !now && shouldYield() ? 0 : processRound(ignoringDelay: now)
             cond.lock()
             if now { hurriedRoundRunning = false; hurriedRoundsDone += 1; cond.broadcast() }
-            if n == 0 && running && !kicked { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.25)) }
+            if n == 0 && running && !kicked {
+                idle = true
+                _ = cond.wait(until: Date(timeIntervalSinceNow: 0.25))
+                idle = false
+            }
             if n == 0 && kicked { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.05)) }
             kicked = false
             cond.unlock()
