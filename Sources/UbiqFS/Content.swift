@@ -414,6 +414,11 @@ extension FileSystem {
             switch ch.mtime { case .now: n.rec.mtimeNs = now; case .at(let t): n.rec.mtimeNs = t; case nil: break }
             n.rec.ctimeNs = now
             n.rec.metaGen += 1
+            // Mode, owner and times of a file whose writes a close has yet to commit go with
+            // that commit (tar x and cp -p set them on the file they are writing, just before
+            // its close: three transactions a file fewer). A killed daemon loses them only
+            // with the writes, which no close had returned for.
+            if ch.size == nil && n.unpersisted && n.writers > 0 { return attributes(n) }
             let rec = n.rec
             let named = n.nlink > 0 || ino == rootIno
             try persist { tx in

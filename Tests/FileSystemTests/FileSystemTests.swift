@@ -1026,6 +1026,33 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         for i in 0 ..< 3 { #expect(try a.read("f\(i)") == String(repeating: Character(String(i)), count: 1 << 20)) }
     }
 
+    /// tar x and cp -p set times, owner and mode on the file they write, then close it: those
+    /// changes are committed with the writes, at the close, not one transaction each. Without
+    /// writes waiting for a close, a chmod commits when it returns, as before.
+    @Test func metadataSetOnAFileBeingWrittenIsCommittedAtItsClose() throws {
+        let d = try Device(store: try newStore())
+        let (a, fh) = try d.fs.create(rootIno, n("t.txt"), mode: 0o600, flags: O_CREAT | O_WRONLY, caller: .root)
+        let bytes = Array("tar".utf8)
+        _ = try bytes.withUnsafeBytes { try d.fs.write(fh, offset: 0, count: 3, from: $0.baseAddress!) }
+        _ = try d.fs.setattr(a.ino, AttributeChanges(mtime: .at(1_000_000_000)), caller: .root)
+        _ = try d.fs.setattr(a.ino, AttributeChanges(mode: 0o644), caller: .root)
+        #expect(try d.fs.getattr(a.ino).mode & 0o7777 == 0o644, "seen at once")
+        let before = try #require(try d.state.read { try $0.inode(a.ino) })
+        #expect(before.perm == 0o600 && before.size == 0, "not committed before the close")
+        try d.fs.flush(fh)
+        d.fs.release(fh)
+        let after = try #require(try d.state.read { try $0.inode(a.ino) })
+        #expect(after.perm == 0o644 && after.mtimeNs == 1_000_000_000 && after.size == 3)
+        // Nothing waits for a close now: a chmod commits before it returns.
+        _ = try d.fs.setattr(a.ino, AttributeChanges(mode: 0o640), caller: .root)
+        #expect(try d.state.read { try $0.inode(a.ino) }?.perm == 0o640)
+        // Open for writing with nothing written since the last commit: the same.
+        let fh2 = try d.fs.open(a.ino, flags: O_WRONLY)
+        defer { d.fs.release(fh2) }
+        _ = try d.fs.setattr(a.ino, AttributeChanges(mode: 0o600), caller: .root)
+        #expect(try d.state.read { try $0.inode(a.ino) }?.perm == 0o600)
+    }
+
     /// The check after each close sums every node's bytes only when what it last found plus
     /// what was written since could be over the limit (a `tar x` of a large tree closed
     /// thousands of files a second, each walking every node under the lock).
