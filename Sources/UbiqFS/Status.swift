@@ -35,10 +35,12 @@ public struct ItemStatus: Sendable, Equatable {
 }
 
 extension FileSystem {
-    static let statusAttributes = ["status", "downloading-status", "downloading", "percent-downloaded", "uploaded",
+    /// The read-only attributes of a file, and of a folder (names after "user.ubiq."), as
+    /// `ubiq status` reads them and its help lists them.
+    public static let statusAttributes = ["status", "downloading-status", "downloading", "percent-downloaded", "uploaded",
                                    "uploading", "percent-uploaded", "conflicts", "pinned", "version",
                                    "downloading-error", "uploading-error"]
-    static let folderAttributes = ["status", "pinned", "items", "items-not-downloaded", "items-uploading",
+    public static let folderAttributes = ["status", "pinned", "items", "items-not-downloaded", "items-uploading",
                                    "items-conflicts", "items-errors"]
 
     /// The value of a read-only status attribute (`name` without "user.ubiq."); nil: not one.

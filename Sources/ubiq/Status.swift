@@ -1,6 +1,7 @@
 import ArgumentParser
 import CUbiq
 import Foundation
+import UbiqFS
 import UbiqState
 
 struct Status: ParsableCommand {
@@ -15,11 +16,8 @@ struct Status: ParsableCommand {
 
             The same is in read-only extended attributes, answered by name and never listed (so
             copies and backups do not carry them): getfattr -n user.ubiq.NAME PATH, where NAME is
-              files:   status, downloading-status, downloading, percent-downloaded,
-                       uploaded, uploading, percent-uploaded, conflicts, pinned,
-                       version, downloading-error, uploading-error
-              folders: status, pinned, items, items-not-downloaded, items-uploading,
-                       items-conflicts, items-errors
+            \(attributeList("files:", FileSystem.statusAttributes))
+            \(attributeList("folders:", FileSystem.folderAttributes))
               the mount's root also: cache-bytes, cache-limit
 
             Examples:
@@ -124,11 +122,9 @@ struct Status: ParsableCommand {
         let st = path.lstat() ?? stat()
         let isDir = (st.st_mode & S_IFMT) == S_IFDIR
         var attrs: [String: String] = [:]
-        let names = isDir
-            ? ["status", "pinned", "items", "items-not-downloaded", "items-uploading", "items-conflicts", "items-errors"]
-            : ["status", "pinned", "percent-downloaded", "downloading-status", "uploaded", "uploading", "conflicts",
-               "version", "downloading-error", "uploading-error"]
-        for n in names { attrs[n] = path.attribute("user.ubiq." + n) }
+        for n in isDir ? FileSystem.folderAttributes : FileSystem.statusAttributes {
+            attrs[n] = path.attribute("user.ubiq." + n)
+        }
         // Symlinks and special files carry no attributes of their own (xattrs follow links).
         if (st.st_mode & S_IFMT) == S_IFLNK { attrs = ["status": "current"] }
         let isFile = (st.st_mode & S_IFMT) == S_IFREG
@@ -153,4 +149,24 @@ struct Status: ParsableCommand {
         }
         return "\u{1B}[\(code)m\(text)\u{1B}[0m"
     }
+}
+
+/// "  files:   a, b, c," for the help: names wrapped before column 78, aligned under the first.
+private func attributeList(_ label: String, _ names: [String]) -> String {
+    let head = "  " + label.padding(toLength: 9, withPad: " ", startingAt: 0)
+    var lines: [String] = []
+    var line = head
+    for (i, name) in names.enumerated() {
+        let word = name + (i < names.count - 1 ? "," : "")
+        if line == head {
+            line += word
+        } else if line.count + 1 + word.count > 78 {
+            lines.append(line)
+            line = String(repeating: " ", count: head.count) + word
+        } else {
+            line += " " + word
+        }
+    }
+    lines.append(line)
+    return lines.joined(separator: "\n")
 }
