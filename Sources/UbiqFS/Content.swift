@@ -222,7 +222,7 @@ extension FileSystem {
     /// Writes access times kept in memory (at unmount).
     public func writeAccessTimes() {
         withLock {
-            let dirty = nodes.values.filter { $0.atimeDirty }
+            let dirty = nodes.values.filter { $0.atimeDirty && !$0.rowsDeleted }
             guard !dirty.isEmpty else { return }
             do {
                 try persist { tx in for n in dirty { try tx.upsert(n.rec) } }

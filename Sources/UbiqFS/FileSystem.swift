@@ -24,6 +24,9 @@ final class Node {
     var xattrs: [[UInt8]: [UInt8]] = [:]
     /// Content or size changed in memory and not yet committed (close/fsync commit).
     var unpersisted = false
+    /// Its rows are gone from the state database already: its last name was removed while
+    /// nothing had it open (the kernel may still hold it until `forget`, from memory).
+    var rowsDeleted = false
     /// When the content was last opened (a counter, for least-recently-used eviction).
     var lastUsed: UInt64 = 0
     /// atime changed by a read and not written yet (see `writeAccessTimes`).
@@ -291,8 +294,10 @@ public final class FileSystem: @unchecked Sendable {
     func reapIfUnreferenced(_ n: Node) {
         guard n.nlink == 0, n.lookups == 0, n.opens == 0, n.rec.ino != rootIno else { return }
         nodes[n.rec.ino] = nil
-        do { try state.write { tx in try tx.deleteInode(n.rec.ino) } } catch {
-            logger.error("could not drop inode \(n.rec.ino): \(error)")
+        if !n.rowsDeleted {
+            do { try state.write { tx in try tx.deleteInode(n.rec.ino) } } catch {
+                logger.error("could not drop inode \(n.rec.ino): \(error)")
+            }
         }
         // Nothing can open this cache file any more (the inode is gone, its number is never
         // given again in this run): emptying and pooling it need not hold up the next request.

@@ -208,11 +208,17 @@ extension FileSystem {
                 dir.rec.mtimeNs = now
                 dir.rec.ctimeNs = now
                 n.rec.ctimeNs = now
+                // Its last name, and nothing has it open: its rows go in the same transaction,
+                // not in one of their own at the kernel's `forget` (rm -rf: one commit a file).
+                let last = n.isDirectory || n.nlink <= 1
+                let dropRows = last && n.opens == 0
                 try persist { tx in
                     try tx.removeEntry(parent: parent, name: name)
                     try tx.upsert(dir.rec)
-                    if n.nlink > 1 && !n.isDirectory { try tx.upsert(n.rec) }
+                    if !last { try tx.upsert(n.rec) }
+                    if dropRows { try tx.deleteInode(target) }
                 }
+                n.rowsDeleted = dropRows
                 dir.children[name] = nil
                 if n.isDirectory {
                     n.nlink = 0
@@ -331,6 +337,8 @@ extension FileSystem {
         toDir.rec.ctimeNs = now
         if let r = replaced { r.rec.ctimeNs = now }
         let moved = subtree(src)
+        // A replaced file's last name, and nothing has it open: its rows go now (see removeName).
+        let dropReplaced = replaced.map { ($0.isDirectory || $0.nlink <= 1) && $0.opens == 0 } ?? false
         try persist { tx in
             if replaced != nil { try tx.removeEntry(parent: newParent, name: newName) }
             try tx.moveEntry(parent: parent, name: name, toParent: newParent, toName: newName)
@@ -338,8 +346,10 @@ extension FileSystem {
             try tx.upsert(fromDir.rec)
             if newParent != parent { try tx.upsert(toDir.rec) }
             if let r = replaced, !r.isDirectory, r.nlink > 1 { try tx.upsert(r.rec) }
+            if let r = replaced, dropReplaced { try tx.deleteInode(r.rec.ino) }
             for i in moved { try tx.enqueue(i) }
         }
+        replaced?.rowsDeleted = dropReplaced
         fromDir.children[name] = nil
         toDir.children[newName] = src
         if let r = replaced {

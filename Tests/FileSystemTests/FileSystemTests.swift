@@ -1053,6 +1053,32 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(try d.state.read { try $0.inode(a.ino) }?.perm == 0o600)
     }
 
+    /// rm and a rename over a file drop the inode's rows in the same transaction as its last
+    /// name when nothing has it open, not in one of their own at the kernel's forget; a file
+    /// still open keeps them until its last close and forget.
+    @Test func aFilesLastNameTakesItsRowsAlongWhenNothingHasItOpen() throws {
+        let d = try Device(store: try newStore())
+        try d.write("a", "1")
+        try d.write("b", "2")
+        try d.write("c", "3")
+        let (a, b, c) = (try d.ino("a"), try d.ino("b"), try d.ino("c"))
+        try d.fs.unlink(rootIno, n("a"))
+        #expect(try d.state.read { try $0.inode(a) } == nil, "gone with its name")
+        #expect(try d.fs.getattr(a).ino == a, "the kernel may still ask until it forgets")
+        try d.fs.rename(rootIno, n("b"), rootIno, n("c"))
+        #expect(try d.state.read { try $0.inode(c) } == nil, "replaced: gone with its name")
+        #expect(try d.state.read { try $0.inode(b) } != nil)
+        let fh = try d.fs.open(b, flags: O_RDONLY)
+        try d.fs.unlink(rootIno, n("c"))
+        #expect(try d.state.read { try $0.inode(b) } != nil, "open: kept until the last close")
+        d.fs.release(fh)
+        d.fs.forget(b, 2)
+        #expect(try d.state.read { try $0.inode(b) } == nil)
+        d.fs.forget(a, 2)  // (create and lookup)
+        d.fs.forget(c, 2)
+        #expect(throws: FSError.self) { try d.fs.getattr(a) }
+    }
+
     /// The check after each close sums every node's bytes only when what it last found plus
     /// what was written since could be over the limit (a `tar x` of a large tree closed
     /// thousands of files a second, each walking every node under the lock).
