@@ -30,6 +30,9 @@ extension FileSystem {
         handles[fh] = handle
         n.opens += 1
         if handle.canWrite { n.writers += 1 }
+        // An open that was under way when the last name went: its close may write the rows
+        // again, so they are dropped at `forget` after all.
+        n.rowsDeleted = false
         return fh
     }
 
