@@ -16,37 +16,12 @@ extension FileSystem {
         }
     }
 
-    /// How many times the cache limit's check summed every node's bytes (for tests).
-    public var cacheUsageWalks: Int { usageSinceWalk.withLock { $0.walks } }
-
-    /// Local content grew by up to `bytes` (a write, a truncation up, a download).
-    func noteContentGrowth(_ bytes: Int64) {
-        if bytes > 0 { usageSinceWalk.withLock { $0.grown += bytes } }
-    }
-
     /// Evicts least recently used files until local content is at most `target` bytes
     /// (default: the cache limit). Returns the bytes freed.
     @discardableResult
     public func enforceCacheLimit(target: Int64? = nil) -> Int64 {
         guard let limit = target ?? cacheLimit else { return 0 }
-        let now = DispatchTime.now().uptimeNanoseconds
-        // Summing every node's bytes holds the lock for a walk over all of them: after a close,
-        // not while what the last walk found plus what grew since cannot be over the limit.
-        let (skip, grownBefore) = usageSinceWalk.withLock { u -> (Bool, Int64) in
-            guard target == nil, let measured = u.measured, now - u.walkedAt < CacheUsageSinceWalk.maxAge else { return (false, u.grown) }
-            return (measured + u.grown <= limit, u.grown)
-        }
-        if skip { return 0 }
         var usage = localContentBytes
-        defer {
-            let found = usage
-            usageSinceWalk.withLock { u in
-                u.measured = found
-                u.grown -= grownBefore
-                u.walkedAt = now
-                u.walks += 1
-            }
-        }
         if usage <= limit { return 0 }
         let candidates = withLock {
             nodes.values.filter { $0.isRegular && $0.rec.present && $0.opens == 0 && !$0.unpersisted && !$0.rec.pinned }
@@ -84,16 +59,4 @@ extension FileSystem {
         useClock += 1
         n.lastUsed = useClock
     }
-}
-
-/// What the last walk over every node found local content to be, and how much writes and
-/// downloads may have added since (counted high: an overwrite counts as growth). A growth not
-/// counted is caught by the next walk, at most `maxAge` later.
-struct CacheUsageSinceWalk {
-    var measured: Int64?
-    var grown: Int64 = 0
-    var walkedAt: UInt64 = 0
-    /// Walks since start (what a test counts).
-    var walks = 0
-    static let maxAge: UInt64 = 30_000_000_000
 }

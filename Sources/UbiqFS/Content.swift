@@ -56,7 +56,6 @@ extension FileSystem {
                 return
             }
             n.rec.present = true
-            noteContentGrowth(n.rec.size)
             let rec = n.rec
             do { try persist { tx in try tx.upsert(rec) } } catch {
                 logger.error("could not record the download of inode \(ino): \(error)")
@@ -285,7 +284,6 @@ extension FileSystem {
             }
             done += n
         }
-        noteContentGrowth(Int64(done))
         withLock {
             guard let n = nodes[ino] else { return }
             let now = nowNanos()
@@ -405,7 +403,6 @@ extension FileSystem {
             let n = try node(ino)
             let now = nowNanos()
             if let size = ch.size {
-                noteContentGrowth(size - n.rec.size)
                 n.rec.size = size
                 n.rec.mtimeNs = now
                 n.rec.contentGen += 1
@@ -455,7 +452,6 @@ extension FileSystem {
         withLock {
             guard let n = nodes[ino] else { return }
             let now = nowNanos()
-            noteContentGrowth(Int64(st.st_size) - n.rec.size)
             n.rec.size = Int64(st.st_size)
             n.rec.mtimeNs = now
             n.rec.ctimeNs = now

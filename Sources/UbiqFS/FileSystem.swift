@@ -84,7 +84,6 @@ public final class FileSystem: @unchecked Sendable {
     /// fsync is the promise against power loss, as on ext4.
     let syncOnClose: Bool
     let limitCheckPending = Mutex<Bool>(false)
-    let usageSinceWalk = Mutex(CacheUsageSinceWalk())
 
     /// Tells the kernel to drop its cached pages of an inode (set by the FUSE binding).
     /// (ino, pages): false drops only the kernel's cached attributes.

@@ -1079,30 +1079,6 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(throws: FSError.self) { try d.fs.getattr(a) }
     }
 
-    /// The check after each close sums every node's bytes only when what it last found plus
-    /// what was written since could be over the limit (a `tar x` of a large tree closed
-    /// thousands of files a second, each walking every node under the lock).
-    @Test func theCacheLimitCheckWalksOnlyWhenItCouldBeOver() throws {
-        let store = try newStore()
-        let a = try Device(store: store, cacheLimit: 1 << 20)
-        a.fs.enforceCacheLimit()
-        #expect(a.fs.cacheUsageWalks == 1)
-        for i in 0 ..< 20 {
-            try a.write("f\(i)", String(repeating: "x", count: 1000))
-            a.fs.enforceCacheLimit()
-        }
-        #expect(a.fs.cacheUsageWalks == 1, "20,000 bytes written under a 1 MiB limit")
-        // (The check a close schedules may walk too, from here on.)
-        try a.write("big", String(repeating: "y", count: 1 << 20))
-        var walks = a.fs.cacheUsageWalks
-        a.fs.enforceCacheLimit()
-        #expect(a.fs.cacheUsageWalks > walks, "over the limit now: the check walks")
-        #expect(a.fs.localContentBytes == 20_000 + (1 << 20), "nothing uploaded: nothing may go")
-        walks = a.fs.cacheUsageWalks
-        a.fs.enforceCacheLimit()
-        #expect(a.fs.cacheUsageWalks > walks, "still over: each check walks, as uploads may have made files evictable")
-    }
-
     @Test func metadataChangesMovesAndDeletesNeverDownload() throws {
         let (d, counting, ino) = try uploadedDevice(8 << 20)
         try d.mkdir("dir")
