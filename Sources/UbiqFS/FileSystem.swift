@@ -27,6 +27,9 @@ final class Node {
     /// Its rows are gone from the state database already: its last name was removed while
     /// nothing had it open (the kernel may still hold it until `forget`, from memory).
     var rowsDeleted = false
+    /// Removing the name it is being removed by leaves it with none, and nothing has it open:
+    /// its rows can go in the same transaction (`rowsDeleted`).
+    var losesRowsWithThisName: Bool { (isDirectory || nlink <= 1) && opens == 0 }
     /// When the content was last opened (a counter, for least-recently-used eviction).
     var lastUsed: UInt64 = 0
     /// atime changed by a read and not written yet (see `writeAccessTimes`).

@@ -210,12 +210,11 @@ extension FileSystem {
                 n.rec.ctimeNs = now
                 // Its last name, and nothing has it open: its rows go in the same transaction,
                 // not in one of their own at the kernel's `forget` (rm -rf: one commit a file).
-                let last = n.isDirectory || n.nlink <= 1
-                let dropRows = last && n.opens == 0
+                let dropRows = n.losesRowsWithThisName
                 try persist { tx in
                     try tx.removeEntry(parent: parent, name: name)
                     try tx.upsert(dir.rec)
-                    if !last { try tx.upsert(n.rec) }
+                    if n.nlink > 1 && !n.isDirectory { try tx.upsert(n.rec) }
                     if dropRows { try tx.deleteInode(target) }
                 }
                 n.rowsDeleted = dropRows
@@ -338,7 +337,7 @@ extension FileSystem {
         if let r = replaced { r.rec.ctimeNs = now }
         let moved = subtree(src)
         // A replaced file's last name, and nothing has it open: its rows go now (see removeName).
-        let dropReplaced = replaced.map { ($0.isDirectory || $0.nlink <= 1) && $0.opens == 0 } ?? false
+        let dropReplaced = replaced?.losesRowsWithThisName ?? false
         try persist { tx in
             if replaced != nil { try tx.removeEntry(parent: newParent, name: newName) }
             try tx.moveEntry(parent: parent, name: name, toParent: newParent, toName: newName)

@@ -37,7 +37,7 @@ public final class ContentCache: Sendable {
         self.pool = directory.appendingPathComponent(".pool")
         self.reserve = reserve
         self.prefix = directory.path + "/"
-        self.poolPrefix = directory.path + "/.pool/"
+        self.poolPrefix = pool.path + "/"
         for d in [staging, pool] {
             try FileManager.default.createDirectory(at: d, withIntermediateDirectories: true,
                                                     attributes: [.posixPermissions: 0o700])
@@ -51,7 +51,7 @@ public final class ContentCache: Sendable {
                 spare.names.append(n)
                 spare.next = max(spare.next, n + 1)
             } else {
-                unlink(pool.path + "/" + f)
+                unlink(poolPrefix + f)
             }
         }
         self.spare = Mutex(spare)
