@@ -11,14 +11,15 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.0.0"),
-        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.0"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.100.0"),
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
     ],
     targets: [
         .systemLibrary(name: "CFuse", path: "Modules/CFuse", pkgConfig: "fuse3",
                        providers: [.apt(["libfuse3-dev"])]),
-        .target(name: "CUbiq"),
+        // SHA-256 and HMAC from the system's libcrypto (libssl-dev): swift-crypto built a second
+        // BoringSSL (async-http-client's swift-nio-ssl has one), minutes of every cold build.
+        .target(name: "CUbiq", linkerSettings: [.linkedLibrary("crypto")]),
         .target(name: "UbiqStore", dependencies: [
             "CUbiq",
             .product(name: "GRDB", package: "GRDB.swift"),
@@ -27,7 +28,6 @@ let package = Package(
         .target(name: "UbiqS3", dependencies: [
             "UbiqStore",
             .product(name: "GRDB", package: "GRDB.swift"),
-            .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "AsyncHTTPClient", package: "async-http-client"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -39,7 +39,6 @@ let package = Package(
         .target(name: "UbiqCoordinator"),
         .target(name: "UbiqSync", dependencies: [
             "UbiqStore", "UbiqState", "UbiqCoordinator", "CUbiq",
-            .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "UbiqFS", dependencies: [

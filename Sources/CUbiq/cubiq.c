@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <sys/xattr.h>
 #include <sys/socket.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 int cubiq_syncfs(int fd) {
     return syncfs(fd);
@@ -38,4 +40,30 @@ int64_t cubiq_peer_uid(int fd) {
     socklen_t len = sizeof cred;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return -1;
     return (int64_t)cred.uid;
+}
+
+void *cubiq_sha256_new(void) {
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) { EVP_MD_CTX_free(ctx); return NULL; }
+    return ctx;
+}
+
+void *cubiq_sha256_copy(const void *ctx) {
+    EVP_MD_CTX *copy = EVP_MD_CTX_new();
+    if (copy && EVP_MD_CTX_copy_ex(copy, ctx) != 1) { EVP_MD_CTX_free(copy); return NULL; }
+    return copy;
+}
+
+int cubiq_sha256_update(void *ctx, const void *data, size_t len) { return EVP_DigestUpdate(ctx, data, len); }
+
+int cubiq_sha256_final(void *ctx, uint8_t *out) {
+    unsigned int n = 0;
+    return EVP_DigestFinal_ex(ctx, out, &n) == 1 && n == 32;
+}
+
+void cubiq_sha256_free(void *ctx) { EVP_MD_CTX_free(ctx); }
+
+int cubiq_hmac_sha256(const void *key, size_t key_len, const void *data, size_t len, uint8_t *out) {
+    unsigned int n = 0;
+    return HMAC(EVP_sha256(), key, (int)key_len, data, len, out, &n) != NULL && n == 32;
 }

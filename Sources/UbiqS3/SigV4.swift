@@ -1,5 +1,5 @@
-import Crypto
 import Foundation
+import UbiqStore
 
 /// AWS Signature Version 4 for S3 requests (header-based, one signed payload hash).
 /// https://docs.aws.amazon.com/AmazonS3/latest/API/sig-v4-header-based-auth.html
@@ -20,7 +20,7 @@ public struct SigV4: Sendable {
     /// The SHA-256 of no bytes: the payload hash of a request without a body.
     public static let emptyPayloadHash = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
-    public static func sha256Hex(_ data: some DataProtocol) -> String { hex(SHA256.hash(data: data)) }
+    public static func sha256Hex(_ data: some DataProtocol) -> String { SHA256.hex(SHA256.hash(data)) }
 
     /// Signs a request. `path` is the request's path as sent, already URI-encoded (see
     /// `encodePath`); `query` the decoded query parameters; `headers` those to sign (Host
@@ -48,11 +48,11 @@ public struct SigV4: Sendable {
         ].joined(separator: "\n")
         let scope = "\(day)/\(region)/\(service)/aws4_request"
         let stringToSign = "AWS4-HMAC-SHA256\n\(amzDate)\n\(scope)\n\(Self.sha256Hex(Data(request.utf8)))"
-        var key = SymmetricKey(data: Data("AWS4\(secretKey)".utf8))
+        var key = Array("AWS4\(secretKey)".utf8)
         for part in [day, region, service, "aws4_request"] {
-            key = SymmetricKey(data: Data(HMAC<SHA256>.authenticationCode(for: Data(part.utf8), using: key)))
+            key = SHA256.hmac(key: key, Array(part.utf8))
         }
-        let signature = Self.hex(HMAC<SHA256>.authenticationCode(for: Data(stringToSign.utf8), using: key))
+        let signature = SHA256.hex(SHA256.hmac(key: key, Array(stringToSign.utf8)))
         added["Authorization"] = "AWS4-HMAC-SHA256 Credential=\(accessKey)/\(scope), SignedHeaders=\(signedHeaders), Signature=\(signature)"
         return added
     }
@@ -98,9 +98,5 @@ public struct SigV4: Sendable {
     /// Leading and trailing spaces dropped, runs of spaces made one.
     static func trimmed(_ value: String) -> String {
         value.split(separator: " ", omittingEmptySubsequences: true).joined(separator: " ")
-    }
-
-    static func hex(_ bytes: some Sequence<UInt8>) -> String {
-        bytes.map { String(format: "%02x", $0) }.joined()
     }
 }

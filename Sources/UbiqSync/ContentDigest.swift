@@ -1,8 +1,8 @@
-import Crypto
 import Foundation
+import UbiqStore
 
 /// SHA-256 of a file's content, the digest a device writes beside the bytes it uploads
-/// (`ObjectMetadata.sha256`) and checks a download against.
+/// (`ObjectMetadata.sha256`) and checks a download against. A value: a copy hashes on its own.
 public struct ContentDigest {
     private var hasher = SHA256()
     private var buffer: [UInt8] = []
@@ -12,13 +12,14 @@ public struct ContentDigest {
     /// Adds bytes `range` of the file `fd` (false: the file could not be read, or ended first).
     public mutating func add(_ fd: Int32, _ range: Range<Int64>) -> Bool {
         if buffer.isEmpty { buffer = [UInt8](repeating: 0, count: 1 << 20) }
+        if !isKnownUniquelyReferenced(&hasher) { hasher = hasher.copy() }
         var at = range.lowerBound
         while at < range.upperBound {
             let want = Int(min(Int64(buffer.count), range.upperBound - at))
             let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, want, off_t(at)) }
             if n < 0 && errno == EINTR { continue }
             if n <= 0 { return false }
-            buffer.withUnsafeBytes { hasher.update(bufferPointer: UnsafeRawBufferPointer(rebasing: $0[..<n])) }
+            buffer.withUnsafeBytes { hasher.update(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
             at += Int64(n)
         }
         return true
@@ -26,7 +27,7 @@ public struct ContentDigest {
 
     /// The digest, in lowercase hex.
     public func hex() -> String {
-        hasher.finalize().map { String(format: "%02x", $0) }.joined()
+        SHA256.hex(hasher.digest())
     }
 
     /// The digest of the whole file at `path`.

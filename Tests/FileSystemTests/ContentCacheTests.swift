@@ -96,3 +96,27 @@ import UbiqSync
         #expect(try d.fs.getattr(fresh).size == 3)
     }
 }
+
+/// The content digest (SHA-256, from libcrypto) against FIPS 180-2's examples, over reads of a
+/// file in pieces; a copy of a digest under way goes on on its own.
+@Suite struct ContentDigestTests {
+    @Test func knownAnswersInPiecesAndCopies() throws {
+        let path = TempPaths.make("ubiq-digest").path
+        let text = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
+        try Data(text.utf8).write(to: URL(fileURLWithPath: path))
+        #expect(try ContentDigest.of(path: path) == "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1")
+        let fd = open(path, O_RDONLY)
+        defer { close(fd) }
+        var d = ContentDigest()
+        #expect(d.hex() == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "no bytes")
+        let first = d.add(fd, 0 ..< 3)
+        #expect(first)
+        let abc = d
+        let rest = d.add(fd, 3 ..< Int64(text.utf8.count))
+        #expect(rest)
+        #expect(d.hex() == "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1")
+        #expect(abc.hex() == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", "the copy saw only abc")
+        let past = d.add(fd, 0 ..< 1000)
+        #expect(!past, "past the end")
+    }
+}

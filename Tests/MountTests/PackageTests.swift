@@ -20,7 +20,7 @@ import Testing
         let deb = built.out.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(deb.hasSuffix(".deb") && deb.contains("/ubiq_0.1.0_"), "\(deb)")
         let info = shell("dpkg-deb --field \(deb) Depends").out
-        #expect(info.contains("fuse3") && info.contains("libfuse3-3"), "Depends: \(info)")
+        #expect(info.contains("fuse3") && info.contains("libfuse3-3") && info.contains("libssl3"), "Depends: \(info)")
         let files = shell("dpkg-deb --contents \(deb) | awk '{print $6}' | sed 's|^\\./|/|' | grep -v '/$'").out
             .split(separator: "\n").map(String.init)
         expectOK(shell("dpkg -i \(deb)"), "dpkg -i")

@@ -16,4 +16,16 @@ int64_t cubiq_peer_uid(int fd);
 ssize_t cubiq_getxattr(const char *path, const char *name, void *value, size_t size);
 int cubiq_setxattr(const char *path, const char *name, const void *value, size_t size);
 
+/* SHA-256 and HMAC-SHA-256 from the system's libcrypto (OpenSSL 3; Debian's libssl-dev). */
+/// A new SHA-256 context (NULL when out of memory); free it with cubiq_sha256_free.
+void *cubiq_sha256_new(void);
+/// A copy of `ctx` as it stands (NULL when out of memory).
+void *cubiq_sha256_copy(const void *ctx);
+int cubiq_sha256_update(void *ctx, const void *data, size_t len);
+/// Writes the 32-byte digest to `out`; `ctx` takes no more bytes afterwards.
+int cubiq_sha256_final(void *ctx, uint8_t *out);
+void cubiq_sha256_free(void *ctx);
+/// HMAC-SHA-256 of `data` under `key` into `out` (32 bytes); 1 on success.
+int cubiq_hmac_sha256(const void *key, size_t key_len, const void *data, size_t len, uint8_t *out);
+
 #endif
