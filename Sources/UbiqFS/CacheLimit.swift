@@ -17,9 +17,10 @@ extension FileSystem {
     }
 
     /// Evicts least recently used files until local content is at most `target` bytes
-    /// (default: the cache limit). Returns the bytes freed.
+    /// (default: the cache limit). Returns the bytes freed. `waiting` false: the caller holds a
+    /// claim (a write making room), so files that are claimed or open now are passed over.
     @discardableResult
-    public func enforceCacheLimit(target: Int64? = nil) -> Int64 {
+    public func enforceCacheLimit(target: Int64? = nil, waiting: Bool = true) -> Int64 {
         guard let limit = target ?? cacheLimit else { return 0 }
         var usage = localContentBytes
         if usage <= limit { return 0 }
@@ -31,7 +32,7 @@ extension FileSystem {
         var freed: Int64 = 0
         for (ino, size) in candidates where usage > limit {
             // evictFile refuses, losing nothing, whatever must stay (pinned folder, not uploaded, opened meanwhile).
-            guard (try? evict(ino)) != nil else { continue }
+            guard (try? evictFile(ino, waiting: waiting)) != nil else { continue }
             usage -= size
             freed += size
         }

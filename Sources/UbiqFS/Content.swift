@@ -266,7 +266,7 @@ extension FileSystem {
             // The disk filled up and the state database took its reserve: content may not use
             // that space (an rm, a close must still commit). Make room from evictable files once.
             freedForThis = true
-            if enforceCacheLimit(target: max(0, localContentBytes - Int64(count) - (64 << 20))) > 0 { state.reserve.restore() }
+            if enforceCacheLimit(target: max(0, localContentBytes - Int64(count) - (64 << 20)), waiting: false) > 0 { state.reserve.restore() }
             if !state.reserve.contentHasRoom(for: Int64(count)) { throw FSError.noSpace }
         }
         var done = 0
@@ -277,7 +277,7 @@ extension FileSystem {
                 // The cache's disk is full: make room from evictable files once, then retry.
                 if (errno == ENOSPC || errno == EDQUOT) && !freedForThis {
                     freedForThis = true
-                    if enforceCacheLimit(target: max(0, localContentBytes - Int64(count - done) - (64 << 20))) > 0 { continue }
+                    if enforceCacheLimit(target: max(0, localContentBytes - Int64(count - done) - (64 << 20)), waiting: false) > 0 { continue }
                 }
                 if done > 0 { break }
                 throw FSError.fromErrno(errno)

@@ -268,10 +268,11 @@ public final class FileSystem: @unchecked Sendable {
         }
     }
 
-    /// Claims `inos` through the Coordinator (call without `lock`).
-    func claim(_ inos: [UInt64], _ intent: Intent) throws -> Claim {
-        do { return try coordinator.claim(inos, intent) } catch {
-            logger.warning("\(error)")
+    /// Claims `inos` through the Coordinator (call without `lock`). `timeout` 0: only if
+    /// nobody holds them now (what may be claimed while holding another claim: it never waits).
+    func claim(_ inos: [UInt64], _ intent: Intent, timeout: TimeInterval? = nil) throws -> Claim {
+        do { return try coordinator.claim(inos, intent, timeout: timeout) } catch {
+            if timeout != 0 { logger.warning("\(error)") }
             throw FSError.timedOut
         }
     }

@@ -75,22 +75,25 @@ extension FileSystem {
     /// whose changes are not all in the store (EINPROGRESS), a pinned one (EPERM).
     public func evict(_ ino: UInt64) throws {
         let isDir = try withLock { try node(ino).isDirectory }
-        if !isDir { return try evictFile(ino) }
+        if !isDir { return try evictFile(ino, waiting: true) }
         let files = withLock { subtree(ino).filter { nodes[$0]?.isRegular ?? false } }
         var refusal: Error?
         for f in files {
-            do { try evictFile(f) } catch { refusal = refusal ?? error }
+            do { try evictFile(f, waiting: true) } catch { refusal = refusal ?? error }
         }
         if let refusal { throw refusal }
     }
 
-    private func evictFile(_ ino: UInt64) throws {
+    /// `waiting` false: for a caller that holds a claim of its own (a write making room), so
+    /// it must not wait for another (claims are taken in ascending order, all at once): a file
+    /// claimed by anybody else, or open, is refused at once.
+    func evictFile(_ ino: UInt64, waiting: Bool) throws {
         // close(2) returns before the kernel's RELEASE reaches us: a file closed a moment
         // ago still counts as open. Give pending releases a moment (before claiming: a
         // writer's release takes a claim of its own).
-        let deadline = Date(timeIntervalSinceNow: 1)
+        let deadline = Date(timeIntervalSinceNow: waiting ? 1 : 0)
         while withLock({ (nodes[ino]?.opens ?? 0) > 0 }) && Date() < deadline { usleep(5_000) }
-        let c = try claim([ino], .evict)
+        let c = try claim([ino], .evict, timeout: waiting ? nil : 0)
         defer { coordinator.release(c) }
         materializer.cancelIfIdle(ino)
         let downloading = materializer.settle(ino)

@@ -94,10 +94,12 @@ public final class LocalState: Sendable {
     private let walFD: Int32
 
     /// Opens (creating and migrating) the database at `path`. `exclusive`: this
-    /// process is the only one to open it until it closes it (the daemon).
-    public init(path: String, exclusive: Bool = false) throws {
+    /// process is the only one to open it until it closes it (the daemon). `freeBytes`: the
+    /// free space of its disk, for the reserve (tests give a disk of their own).
+    public init(path: String, exclusive: Bool = false,
+                freeBytes: @escaping @Sendable (String) -> Int64? = DiskReserve.freeBytes(at:)) throws {
         self.path = path
-        reserve = DiskReserve(path: path + ".reserve", bytes: Self.reserveBytes)
+        reserve = DiskReserve(path: path + ".reserve", bytes: Self.reserveBytes, freeBytes: freeBytes)
         var config = Configuration()
         config.busyMode = .timeout(5)
         config.prepareDatabase { db in

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Logging
 import Testing
 @testable import UbiqCoordinator
@@ -18,6 +19,8 @@ final class Device: @unchecked Sendable {
     let hydration: HydrationPolicy
     let cacheLimit: Int64?
     let syncOnClose: Bool
+    /// The free space of the state's disk (nil: the real disk's).
+    let freeBytes: (@Sendable (String) -> Int64?)?
     var state: LocalState!
     var fs: FileSystem!
     var uploader: Uploader!
@@ -30,8 +33,10 @@ final class Device: @unchecked Sendable {
     var name: String { "dev" + String(dir.lastPathComponent.suffix(4)) }
 
     init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true,
-         hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil, syncOnClose: Bool = false) throws {
+         hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil, syncOnClose: Bool = false,
+         freeBytes: (@Sendable (String) -> Int64?)? = nil) throws {
         self.store = store
+        self.freeBytes = freeBytes
         self.syncOnClose = syncOnClose
         self.hydration = hydration
         self.cacheLimit = cacheLimit
@@ -44,7 +49,7 @@ final class Device: @unchecked Sendable {
 
     /// (Re)starts the device from its state directory, as a new daemon would.
     func open() throws {
-        state = try LocalState(path: dir.appendingPathComponent("state.db").path)
+        state = try LocalState(path: dir.appendingPathComponent("state.db").path, freeBytes: freeBytes ?? DiskReserve.freeBytes(at:))
         let cache = try ContentCache(directory: dir.appendingPathComponent("cache"), reserve: state.reserve)
         try ChangeFeed.prepare(store: remote, state: state)
         materializer = Materializer(store: remote, state: state, cache: cache, logger: logger,
@@ -1024,6 +1029,58 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(a.fs.localContentBytes <= limit, "\(a.fs.localContentBytes) bytes local after the uploads")
         // (read() reads the first MiB.)
         for i in 0 ..< 3 { #expect(try a.read("f\(i)") == String(repeating: Character(String(i)), count: 1 << 20)) }
+    }
+
+    /// A write that finds the disk full makes room by evicting files while it holds the claim
+    /// on its own file. It passes over a file that another claim holds (an upload, a read): a
+    /// claim waited for while holding another breaks the order claims are taken in, and the
+    /// write stalled behind the upload until the claim's 30 s deadline.
+    @Test func aWriteMakingRoomPassesOverFilesClaimedByOthers() throws {
+        let store = try newStore()
+        // The disk: 9.5 MiB, of which the cache folder's files take what they take.
+        final class Disk: Sendable {
+            let cache = Mutex<String?>(nil)
+            let written = Mutex<String?>(nil)
+            func free(_: String) -> Int64? {
+                guard let dir = cache.withLock({ $0 }) else { return 1 << 40 }
+                var used: Int64 = 0
+                for case let f as String in FileManager.default.enumerator(atPath: dir) ?? FileManager.DirectoryEnumerator() {
+                    var st = stat()
+                    if lstat(dir + "/" + f, &st) == 0 && (st.st_mode & S_IFMT) == S_IFREG { used += Int64(st.st_size) }
+                }
+                return (19 << 20) / 2 - used
+            }
+        }
+        let disk = Disk()
+        let d = try Device(store: store, freeBytes: { disk.free($0) })
+        for i in 0 ..< 2 { try d.write("f\(i)", String(repeating: Character(String(i)), count: 1 << 20)) }
+        d.sync()
+        let (f0, f1) = (try d.ino("f0"), try d.ino("f1"))
+        // The disk filled up and the database took its reserve: 7.5 MiB free, under the 8 MiB
+        // that content must leave it. Evicting one file is room enough.
+        disk.cache.withLock { $0 = d.dir.appendingPathComponent("cache").path }
+        _ = d.state.reserve.release()
+        #expect(!d.state.reserve.contentHasRoom(for: 4096))
+        // f0, the least recently used, is being uploaded (say).
+        let upload = try d.fs.coordinator.claim(f0, .upload)
+        let done = DispatchSemaphore(value: 0)
+        let (_, fh) = try d.fs.create(rootIno, n("new"), mode: 0o644, flags: O_CREAT | O_WRONLY, caller: .root)
+        Thread.detachNewThread {
+            let bytes = [UInt8](repeating: 7, count: 4096)
+            let r: String
+            do { r = "\(try bytes.withUnsafeBytes { try d.fs.write(fh, offset: 0, count: 4096, from: $0.baseAddress!) })" } catch { r = "\(error)" }
+            disk.written.withLock { $0 = r }
+            done.signal()
+        }
+        let finished = done.wait(timeout: .now() + 10) == .success
+        d.fs.coordinator.release(upload)
+        if !finished { _ = done.wait(timeout: .now() + 60) }
+        #expect(finished, "the write waited for the upload's claim")
+        #expect(disk.written.withLock { $0 } == "4096")
+        try d.fs.flush(fh)
+        d.fs.release(fh)
+        #expect(try d.state.read { try $0.inode(f0)?.present } == true, "claimed: passed over")
+        #expect(try d.state.read { try $0.inode(f1)?.present } == false, "evicted to make room")
     }
 
     /// tar x and cp -p set times, owner and mode on the file they write, then close it: those
