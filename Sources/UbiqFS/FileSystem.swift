@@ -60,7 +60,9 @@ final class Handle {
 /// STATE: every inode lives in `nodes` (loaded from LocalState at start) and is
 /// written through to LocalState on every change, in one transaction per
 /// operation, while `lock` is held — so memory and database change in the
-/// same order. Content lives in cache files (`ContentCache`).
+/// same order. One exception: a new file's rows wait for the next transaction,
+/// which is at the latest its first close (`pendingCreates`). Content lives in
+/// cache files (`ContentCache`).
 ///
 /// LOCK ORDERING: Coordinator claims first, then `lock`. Never wait for a
 /// claim while holding `lock`. Pure metadata reads (lookup, getattr, readdir,
@@ -87,6 +89,16 @@ public final class FileSystem: @unchecked Sendable {
     /// fsync is the promise against power loss, as on ext4.
     let syncOnClose: Bool
     let limitCheckPending = Mutex<Bool>(false)
+    /// The rows of files made by `create` that no transaction has written yet, oldest first.
+    /// The next transaction writes them before its own (`persist`): the file's first close,
+    /// or anything else (a rename, an rm, a remote change, a status read), or a commit half a
+    /// second on. A create thus costs no transaction of its own (tar x, cp -r: one a file, at
+    /// the close, not two). A killed daemon loses such a file only if no close returned for it.
+    /// Its own lock, held across the transaction that writes them (inside `lock` when that is
+    /// held: claims, `lock`, this, the database).
+    let pendingCreates = Mutex<[(ino: UInt64, write: @Sendable (StateTransaction) throws -> Void)]>([])
+    /// How long a new file's rows may wait for a transaction (tests make it long).
+    var pendingCreatesDelay: TimeInterval = 0.5
 
     /// Tells the kernel to drop its cached pages of an inode (set by the FUSE binding).
     /// (ino, pages): false drops only the kernel's cached attributes.
@@ -223,6 +235,10 @@ public final class FileSystem: @unchecked Sendable {
             nextIno = (nodes.keys.max() ?? 1) + 1
         }
         for ino in dropped { cache.remove(ino) }
+        // Cache files of inodes without rows: a new file whose create returned but no close
+        // did before a crash (its rows wait for a transaction: `pendingCreates`).
+        let orphans = cache.sweep(keeping: Set(nodes.keys))
+        if orphans > 0 { logger.info("recycled \(orphans) cache files of items the state database does not have (a crash left them)") }
         for r in repairs { logger.warning("recovered size of inode \(r.ino) from its cache file: \(r.size) bytes") }
         for ino in lost { logger.warning("the cache file of inode \(ino) is gone; its content is in the store: a placeholder again") }
         for ino in damaged {
@@ -258,7 +274,15 @@ public final class FileSystem: @unchecked Sendable {
     /// Runs `body` in one state transaction, mapping a full disk to ENOSPC and other database
     /// failures to EIO.
     func persist(_ body: (StateTransaction) throws -> Void) throws {
-        do { try state.write(body) } catch let e as FSError { throw e } catch let e as StateError {
+        do {
+            try pendingCreates.withLock { pending in
+                try state.write { tx in
+                    for p in pending { try p.write(tx) }
+                    try body(tx)
+                }
+                pending.removeAll()
+            }
+        } catch let e as FSError { throw e } catch let e as StateError {
             logger.error("state write failed: \(e)")
             if case .full = e { throw FSError.noSpace }
             throw FSError.io("\(e)")
@@ -293,10 +317,32 @@ public final class FileSystem: @unchecked Sendable {
         if name.contains(UInt8(ascii: "/")) || name.contains(0) { throw FSError.invalid }
     }
 
+    /// Writes the rows of new files that wait for a transaction (`pendingCreates`) now.
+    public func commitPendingCreates() throws {
+        if pendingCreates.withLock({ $0.isEmpty }) { return }
+        try persist { _ in }
+    }
+
+    /// Keeps a new file's rows for the next transaction, which comes half a second on at the
+    /// latest. Call with `lock` held.
+    func deferCreate(_ ino: UInt64, _ write: @escaping @Sendable (StateTransaction) throws -> Void) {
+        let first = pendingCreates.withLock { pending in
+            pending.append((ino, write))
+            return pending.count == 1
+        }
+        guard first else { return }
+        DispatchQueue.global().asyncAfter(deadline: .now() + pendingCreatesDelay) { [weak self] in
+            do { try self?.commitPendingCreates() } catch {
+                self?.logger.error("could not write new files' rows: \(error)")
+            }
+        }
+    }
+
     /// Drops an inode that has no name, no kernel reference and no open handle.
     func reapIfUnreferenced(_ n: Node) {
         guard n.nlink == 0, n.lookups == 0, n.opens == 0, n.rec.ino != rootIno else { return }
         nodes[n.rec.ino] = nil
+        pendingCreates.withLock { pending in pending.removeAll { $0.ino == n.rec.ino } }
         if !n.rowsDeleted {
             do { try state.write { tx in try tx.deleteInode(n.rec.ino) } } catch {
                 logger.error("could not drop inode \(n.rec.ino): \(error)")
@@ -452,8 +498,11 @@ public final class FileSystem: @unchecked Sendable {
 
     // MARK: - For tests and the daemon
 
-    /// Makes every committed change durable on disk (fsyncdir, sync).
-    public func syncState() { state.syncToDisk() }
+    /// Makes every change durable on disk, new files' rows included (fsyncdir, sync).
+    public func syncState() throws {
+        try commitPendingCreates()
+        state.syncToDisk()
+    }
 
     /// Number of inodes in memory.
     public var inodeCount: Int { withLock { nodes.count } }

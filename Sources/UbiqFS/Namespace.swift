@@ -6,8 +6,10 @@ import UbiqState
 extension FileSystem {
     /// Creates a node named `name` in `parent` (with `lock` held and the parent claimed).
     /// For a regular file, `openFD` receives its new cache file, open read-write.
+    /// `deferRows`: the rows wait for the next transaction (`deferCreate`; a file from `create`).
     private func makeNode(in dir: Node, name: [UInt8], type: UInt32, perm: UInt32, caller: Caller,
-                          rdev: UInt64 = 0, target: [UInt8]? = nil, openFD: UnsafeMutablePointer<Int32>? = nil) throws -> Node {
+                          rdev: UInt64 = 0, target: [UInt8]? = nil, openFD: UnsafeMutablePointer<Int32>? = nil,
+                          deferRows: Bool = false) throws -> Node {
         try Self.validate(name: name)
         try Self.checkNotReserved(parent: dir.rec.ino, name: name)
         if dir.children[name] != nil { throw FSError.exists }
@@ -29,13 +31,14 @@ extension FileSystem {
         defer { if let openFD { openFD.pointee = fd } else if fd >= 0 { close(fd) } }
         dir.rec.mtimeNs = now
         dir.rec.ctimeNs = now
-        let delay = uploadDelay
-        try persist { tx in
+        let delay = uploadDelay, dirRec = dir.rec
+        let write: @Sendable (StateTransaction) throws -> Void = { tx in
             try tx.upsert(rec)
-            try tx.insertEntry(parent: dir.rec.ino, name: name, ino: ino)
-            try tx.upsert(dir.rec)
+            try tx.insertEntry(parent: dirRec.ino, name: name, ino: ino)
+            try tx.upsert(dirRec)
             try tx.enqueue(ino, delay: delay)
         }
+        if deferRows { deferCreate(ino, write) } else { try persist(write) }
         let n = attachLocked(rec, in: dir, name: name)
         n.lookups = 1
         return n
@@ -115,13 +118,14 @@ extension FileSystem {
                     return nil
                 }
                 var fd: Int32 = -1
-                let n = try makeNode(in: dir, name: name, type: UInt32(S_IFREG), perm: mode, caller: caller, openFD: &fd)
+                let n = try makeNode(in: dir, name: name, type: UInt32(S_IFREG), perm: mode, caller: caller, openFD: &fd,
+                                     deferRows: true)
                 n.unpersisted = true  // the first close makes the new file durable
                 return (attributes(n), adoptHandle(n, fd: fd, flags: flags & ~(O_TRUNC | O_CREAT | O_EXCL)))
             }
         }()
         if let made {
-            kickUploader()
+            // (Nothing queued yet: the close queues the upload and kicks the uploader.)
             emit(.changed, made.0.ino)
             return made
         }

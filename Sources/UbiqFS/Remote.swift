@@ -31,6 +31,11 @@ extension FileSystem {
 
     /// Applies `changes`; returns the keys to try again later.
     public func applyRemote(_ changes: [RemoteChange]) -> [String] {
+        // What the store says is weighed against this device's rows: new files' rows first.
+        do { try commitPendingCreates() } catch {
+            logger.warning("remote changes wait: \(error)")
+            return changes.map(\.key)
+        }
         func depth(_ k: String) -> Int { k.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } - (k.hasSuffix("/") ? 1 : 0) }
         // Parents before children for additions; children before parents for removals.
         let puts = changes.filter { $0.info != nil }.sorted { (depth($0.key), $0.key) < (depth($1.key), $1.key) }

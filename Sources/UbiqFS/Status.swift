@@ -125,6 +125,8 @@ extension FileSystem {
     public func ownStatus(_ ino: UInt64) throws -> SyncStatus { try fileStatus(ino).status }
 
     func readState<T>(_ body: (StateTransaction) throws -> T) throws -> T {
+        // New files' rows first, so that what it reads has them.
+        try commitPendingCreates()
         // The body's own answers (not found, not uploaded) pass as they are; a failure of the
         // database itself is an I/O error.
         do { return try state.read(body) } catch let e as FSError { throw e } catch { throw FSError.io("state database: \(error)") }

@@ -217,8 +217,7 @@ enum FuseOps {
         ops.fsyncdir = { req, _, _, _ in
             OpStats.measure("fsyncdir") {
                 let s = FuseServer.from(req)
-                s.fs.syncState()
-                fuse_reply_err(req, 0)
+                s.replyOK(req) { try s.fs.syncState() }
             }
         }
         ops.statfs = { req, _ in

@@ -113,6 +113,19 @@ public final class ContentCache: Sendable {
         }
     }
 
+    /// Recycles the cache files of inodes not in `keeping` (at start, before any file is
+    /// made: a crash can leave the cache file of a new file that no transaction recorded).
+    /// Returns how many there were.
+    public func sweep(keeping: Set<UInt64>) -> Int {
+        var swept = 0
+        for f in (try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? [] {
+            guard let ino = UInt64(f), String(ino) == f, !keeping.contains(ino) else { continue }
+            recycle(ino)
+            swept += 1
+        }
+        return swept
+    }
+
     /// How many empty files wait in the pool.
     public var pooled: Int { spare.withLock { $0.names.count } }
 

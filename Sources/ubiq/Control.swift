@@ -125,6 +125,7 @@ final class ControlServer: @unchecked Sendable {
         do {
             switch op {
             case "status":
+                try fs.commitPendingCreates()  // (so that pendingUploads counts new files)
                 var o: [String: Any] = ["ok": true, "items": fs.inodeCount, "cacheBytes": fs.localContentBytes,
                                         "pendingUploads": uploader.pendingCount]
                 for (k, v) in info { o[k] = v }
@@ -134,6 +135,7 @@ final class ControlServer: @unchecked Sendable {
                 }
                 _ = Self.send(c, o)
             case "sync":
+                try fs.commitPendingCreates()
                 try feed.poll()
                 uploader.kick()
                 _ = Self.send(c, ["ok": true])

@@ -221,6 +221,7 @@ struct Daemon {
         materializer.answerAllWaiting(SyncError.local("the mount is ending"))
         server.unmount()
         materializer.saveAllProgress()
+        do { try fs.commitPendingCreates() } catch { logger.error("could not write new files' rows: \(error)") }
         fs.writeAccessTimes()
         fs.waitForRecycling()
         uploader.stop()
