@@ -128,6 +128,10 @@ public final class Materializer: @unchecked Sendable {
         var hashing = false
         /// Whole downloads whose bytes did not match `expected`.
         var mismatches = 0
+        /// Once a download was thrown away: the SHA-256 of each fetch of each chunk since. A
+        /// chunk is kept only when two fetches of it agree (`confirmLocked`), so one wrong
+        /// answer in a file of many chunks no longer costs the whole download again.
+        var fetchedSums: [Int: [String]] = [:]
         var done: Bool { presentCount == present.count }
         init(ino: UInt64, key: String, version: String, size: Int64, fd: Int32, chunks: Int, expected: String?) {
             self.ino = ino; self.key = key; self.version = version; self.size = size; self.fd = fd
@@ -515,10 +519,17 @@ public final class Materializer: @unchecked Sendable {
     private func work(_ job: Job) {
         cond.lock()
         while let chunk = takeChunk(job) {
+            let confirming = job.mismatches > 0
             cond.unlock()
             let result = fetchChunk(job, chunk)
+            var sum: String?
+            if confirming, case .success = result { sum = chunkDigest(job, chunk) }
             cond.lock()
             job.inFlight.remove(chunk)
+            if let sum, !confirmLocked(job, chunk, sum) {
+                job.wanted.insert(chunk, at: 0)  // fetched again before anything else
+                continue
+            }
             switch result {
             case .success where job.expected != nil && job.presentCount + 1 == job.present.count:
                 // The chunk that completes the file: the whole is checked before a reader
@@ -669,6 +680,30 @@ public final class Materializer: @unchecked Sendable {
             cond.broadcast()
             cond.unlock()
         }
+    }
+
+    /// At most this many fetches of one chunk to find two that agree (`confirmLocked`).
+    static let confirmFetches = 12
+
+    /// The SHA-256 of `chunk` as the cache file holds it now (no lock held); nil if unreadable.
+    private func chunkDigest(_ job: Job, _ chunk: Int) -> String? {
+        let lower = Int64(chunk) * chunkSize
+        var d = ContentDigest()
+        return d.add(job.fd, lower ..< min(job.size, lower + chunkSize)) ? d.hex() : nil
+    }
+
+    /// After a download was thrown away, a chunk just fetched (its digest `sum`) is kept only
+    /// when an earlier fetch of it since had the same bytes: a store that now and then sends
+    /// other bytes than asked for (a stale cache, a flipped bit) rarely sends the same wrong
+    /// ones twice, so the next whole download passes its digest instead of failing again at
+    /// the same odds. After `confirmFetches` fetches without two alike, the last is kept and the
+    /// whole file's digest decides, as always. Called with `cond` held.
+    private func confirmLocked(_ job: Job, _ chunk: Int, _ sum: String) -> Bool {
+        var sums = job.fetchedSums[chunk, default: []]
+        defer { job.fetchedSums[chunk] = sums }
+        if sums.contains(sum) { return true }
+        sums.append(sum)
+        return sums.count >= Self.confirmFetches || job.cancelled
     }
 
     /// Fetches one chunk and writes it whole (no lock held).

@@ -263,6 +263,29 @@ import UbiqStore
         #expect(try b.read("big2") == String(big2.prefix(1 << 20)))
     }
 
+    /// Once a download was thrown away, a chunk is kept only when two fetches of it agree: a
+    /// file of 16 chunks from a store that sends other bytes for three reads in ten passes its
+    /// digest at the second whole download, where at the first one's odds (0.7^16: one in 300)
+    /// the job's three downloads would nearly always all fail.
+    @Test func aDownloadThrownAwayComesRightTheNextTime() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let text = (0 ..< 16).map { String(repeating: String(UnicodeScalar(UInt8(65 + $0))), count: 1 << 20) }.joined() + "end"
+        try a.write("big", text)
+        a.sync()
+        let faulty = FaultyStore(store)
+        var chaos = FaultyStore.Chaos(seed: 11)
+        chaos.wrong = 0.3
+        faulty.setChaos(chaos)
+        let b = try Device(store: store, remote: faulty)
+        let ino = try b.ino("big")
+        #expect(throws: Never.self) { try b.materializer.fetch(ino) }
+        #expect(b.materializer.digestMismatches <= 1)
+        #expect(faulty.faultsInjected["wrong", default: 0] > 0)
+        faulty.setChaos(nil)
+        #expect(try Data(contentsOf: b.dir.appendingPathComponent("cache/\(ino)")) == Data(text.utf8))
+    }
+
     /// A download an earlier run fetched whole but never finished (a crash just before): its
     /// chunks are not taken on trust. Damaged on disk meanwhile, it is checked, thrown away and
     /// fetched again.
