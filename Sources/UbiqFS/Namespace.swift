@@ -125,8 +125,9 @@ extension FileSystem {
             }
         }()
         if let made {
-            // (Nothing queued yet: the close queues the upload and kicks the uploader.)
-            emit(.changed, made.0.ino)
+            // (Nothing queued yet: the close queues the upload and kicks the uploader.) The path
+            // from the folder's: the file's own rows wait for a transaction (`deferCreate`).
+            if events.hasSubscribers, let dir = path(of: parent) { emit(.changed, made.0.ino, path: Self.join(dir, name)) }
             return made
         }
         // Opening an existing file through create: count the lookup as the kernel will.

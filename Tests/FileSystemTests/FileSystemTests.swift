@@ -458,8 +458,11 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
     @Test func aNewFilesRowsWaitForItsCloseOrTheNextTransaction() throws {
         let d = try Device(store: try newStore())
         func recorded(_ name: String) throws -> Bool { try d.state.read { try $0.entry(parent: rootIno, name: n(name)) } != nil }
+        let watch = d.fs.events.subscribe()
         let (a, ah) = try d.fs.create(rootIno, n("a"), mode: 0o644, flags: O_CREAT | O_WRONLY, caller: .root)
         #expect(try !recorded("a"), "the create committed")
+        #expect(watch.next(timeout: 5)?.events.map(\.path) == ["a"], "ubiq watch did not hear of the new file")
+        d.fs.events.unsubscribe(watch)
         #expect(try d.fs.getattr(a.ino).size == 0, "the file is there for everyone at once")
         try d.write("b", "closed")  // b's close commits a's rows first, then its own
         #expect(try recorded("a") && recorded("b"))
