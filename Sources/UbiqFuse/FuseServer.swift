@@ -20,6 +20,8 @@ public struct FuseOptions: Sendable {
     /// Extra `-o` mount options (e.g. allow_other).
     public var mountOptions: [String] = []
     public var maxThreads: UInt32 = 16
+    /// Count and time every operation, for the log at unmount (`operationStats`).
+    public var operationStats = false
     public init() {}
 }
 
@@ -55,6 +57,7 @@ public final class FuseServer: @unchecked Sendable {
 
     /// Creates the session and mounts it at `path`.
     public func mount(at path: String, fsname: String) throws {
+        OpStats.enabled = options.operationStats
         var ops = fuse_lowlevel_ops()
         FuseOps.install(&ops)
         var opts = ["default_permissions", "fsname=\(fsname.replacingOccurrences(of: ",", with: "_"))", "subtype=ubiq"]
@@ -200,7 +203,7 @@ public final class FuseServer: @unchecked Sendable {
         owed.withLock { $0 -= 1 }
     }
 
-    /// Per-operation counts and times, when UBIQ_OP_STATS=1.
+    /// Per-operation counts and times, when `options.operationStats` is on.
     public var operationStats: String? { OpStats.enabled ? OpStats.shared.report() : nil }
 
     static func from(_ req: fuse_req_t?) -> FuseServer {

@@ -1,9 +1,11 @@
 import Foundation
 
-/// Per-operation counts and time spent in the daemon, when UBIQ_OP_STATS=1:
-/// written to the log at unmount. For profiling; off by default (one branch per request).
+/// Per-operation counts and time spent in the daemon, when `FuseOptions.operationStats` is on
+/// (the CLI's UBIQ_OP_STATS=1): written to the log at unmount. For profiling; off by default
+/// (one branch per request).
 final class OpStats: @unchecked Sendable {
-    static let enabled = ProcessInfo.processInfo.environment["UBIQ_OP_STATS"] == "1"
+    /// Set once, by `FuseServer.mount`, before any request is taken.
+    nonisolated(unsafe) static var enabled = false
     static let shared = OpStats()
     private let lock = NSLock()
     private var table: [String: (count: Int, nanos: UInt64)] = [:]

@@ -22,8 +22,8 @@ public struct S3Credentials: Sendable, CustomStringConvertible {
     /// The standard AWS places, in the standard order: AWS_ACCESS_KEY_ID and
     /// AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN); then the shared credentials file
     /// (AWS_SHARED_CREDENTIALS_FILE, default ~/.aws/credentials), profile AWS_PROFILE or `default`.
-    public static func resolve(environment env: [String: String] = ProcessInfo.processInfo.environment,
-                               home: String = NSHomeDirectory()) throws -> S3Credentials {
+    /// `environment` and `home` are the caller's (the CLI passes the process's).
+    public static func resolve(environment env: [String: String], home: String) throws -> S3Credentials {
         if let key = env["AWS_ACCESS_KEY_ID"], !key.isEmpty {
             guard let secret = env["AWS_SECRET_ACCESS_KEY"], !secret.isEmpty else {
                 throw Missing(description: "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not")

@@ -81,10 +81,13 @@ public final class Uploader: @unchecked Sendable {
     public var quietPeriod: TimeInterval = 0.5
     public var maxDeferral: TimeInterval = 30
 
+    /// Each store write goes to the log (the CLI's UBIQ_TRACE_UPLOADS=1: to follow a crash test's history).
+    let tracing: Bool
+
     public init(state: LocalState, store: any CloudStore, coordinator: Coordinator, cache: ContentCache,
-                deviceID: String, logger: Logger) {
+                deviceID: String, logger: Logger, tracing: Bool = false) {
         self.state = state; self.store = store; self.coordinator = coordinator; self.cache = cache
-        self.deviceID = deviceID; self.logger = logger
+        self.deviceID = deviceID; self.logger = logger; self.tracing = tracing
         self.deviceName = String(deviceID.prefix(8))
     }
 
@@ -460,10 +463,8 @@ public final class Uploader: @unchecked Sendable {
         }
     }
 
-    /// Each store write, in the log, when UBIQ_TRACE_UPLOADS=1 (to follow a crash test's history).
-    private static let tracing = ProcessInfo.processInfo.environment["UBIQ_TRACE_UPLOADS"] == "1"
     private func trace(_ what: @autoclosure () -> String) {
-        if Self.tracing { logger.info("upload trace: \(what())") }
+        if tracing { logger.info("upload trace: \(what())") }
     }
 
     private func upload(_ ino: UInt64) throws -> Outcome {

@@ -133,7 +133,8 @@ struct Daemon {
         }
         let coordinator = Coordinator()
         let uploader = Uploader(state: state, store: store, coordinator: coordinator, cache: cache,
-                                deviceID: deviceID, logger: logger)
+                                deviceID: deviceID, logger: logger,
+                                tracing: ProcessInfo.processInfo.environment["UBIQ_TRACE_UPLOADS"] == "1")
         // The name conflict copies of this device's versions carry: the host, and enough of
         // the device's id to tell two mounts on one host apart.
         uploader.deviceName = ConflictName.deviceLabel(ProcessInfo.processInfo.hostName.split(separator: ".").first

@@ -282,6 +282,7 @@ struct MountPlan {
         }
         var fo = FuseOptions()
         fo.writebackCache = m.writebackCache
+        fo.operationStats = ProcessInfo.processInfo.environment["UBIQ_OP_STATS"] == "1"
         fo.mountOptions = m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" }
         let storeURL: String
         switch store {
@@ -311,7 +312,7 @@ struct MountPlan {
                   endpoint.path.isEmpty || endpoint.path == "/" else {
                 throw UserError("invalid S3 endpoint \(text): use http(s)://HOST[:PORT]")
             }
-            do { _ = try S3Credentials.resolve() } catch { throw UserError("\(error)") }
+            do { _ = try S3Credentials.resolve(environment: ProcessInfo.processInfo.environment, home: NSHomeDirectory()) } catch { throw UserError("\(error)") }
             return .s3(location, endpoint: endpoint, region: region)
         }
         if url.hasPrefix("dir:") || !url.contains("://") {
@@ -329,7 +330,7 @@ struct MountPlan {
         case .directory(let path):
             return try DirectoryStore(root: URL(fileURLWithPath: path))
         case .s3(let location, let endpoint, let region):
-            let credentials = try S3Credentials.resolve()
+            let credentials = try S3Credentials.resolve(environment: ProcessInfo.processInfo.environment, home: NSHomeDirectory())
             return try runBlocking {
                 try await S3Store.open(location, endpoint: endpoint, region: region, credentials: credentials,
                                        indexPath: indexPath, logger: logger)
