@@ -37,10 +37,12 @@ public final class ChangeFeed: @unchecked Sendable {
 
     static let cursorKey = "feed_cursor"
 
-    private let cond = NSCondition()
-    private var running = false
-    private var stopped = true
-    private var kicked = false
+    /// The polling thread.
+    private let loop = BackgroundLoop()
+    /// Guards `apply`, `kvApply` and `lastPoll`.
+    private var cond: NSCondition { loop.cond }
+    /// Polls in a row that failed (the thread's own).
+    private var failures = 0
     private var apply: @Sendable ([RemoteChange]) -> [String] = { _ in [] }
     /// One poll at a time (the thread's, or a caller's `poll()`).
     private let pollLock = NSLock()
@@ -76,26 +78,14 @@ public final class ChangeFeed: @unchecked Sendable {
     }
 
     public func start() {
-        cond.lock(); defer { cond.unlock() }
-        guard !running else { return }
-        running = true
-        stopped = false
-        let t = Thread { [self] in loop() }
-        t.name = "ubiq-changefeed"
-        t.start()
+        loop.start(name: "ubiq-changefeed") { [self] in round() }
     }
 
-    public func stop() {
-        cond.lock()
-        running = false
-        cond.broadcast()
-        while !stopped { cond.wait() }
-        cond.unlock()
-    }
+    public func stop() { loop.stop() }
 
     /// Poll now rather than at the next interval.
     public func kick() {
-        cond.lock(); kicked = true; cond.broadcast(); cond.unlock()
+        cond.lock(); loop.kickLocked(wake: true); cond.unlock()
     }
 
     /// The time and outcome of the last poll.
@@ -104,27 +94,17 @@ public final class ChangeFeed: @unchecked Sendable {
         return lastPoll
     }
 
-    private func loop() {
-        var failures = 0
-        while true {
-            cond.lock()
-            if !running { stopped = true; cond.broadcast(); cond.unlock(); return }
-            cond.unlock()
-            do {
-                try poll()
-                failures = 0
-            } catch {
-                failures += 1
-                if failures == 1 || failures % 20 == 0 { logger.warning("could not follow the store's changes: \(error)") }
-            }
-            cond.lock()
-            // A store that is down is asked less often (up to a minute apart).
-            let wait = failures == 0 ? interval : min(60, interval * pow(2, Double(min(failures, 5))))
-            let deadline = Date(timeIntervalSinceNow: wait)
-            while running && !kicked && Date() < deadline { _ = cond.wait(until: deadline) }
-            kicked = false
-            cond.unlock()
+    /// One turn of the polling thread: a poll, then a wait for the next (or a kick).
+    private func round() -> BackgroundLoop.Pause {
+        do {
+            try poll()
+            failures = 0
+        } catch {
+            failures += 1
+            if failures == 1 || failures % 20 == 0 { logger.warning("could not follow the store's changes: \(error)") }
         }
+        // A store that is down is asked less often (up to a minute apart).
+        return BackgroundLoop.Pause(upTo: failures == 0 ? interval : min(60, interval * pow(2, Double(min(failures, 5)))))
     }
 
     /// Reads every change since the saved cursor and applies it. Returns the number of

@@ -44,15 +44,13 @@ public final class Uploader: @unchecked Sendable {
     /// How far the upload of `ino` has got, while one is under way (nil: none is).
     public func uploadPercent(_ ino: UInt64) -> Int? { progress.get(ino) }
 
+    /// The uploading thread. Only a loop that waits with nothing to do is woken by a kick (a
+    /// broadcast: `hurryAndWait` waits on the same condition). In a burst of changes (a `tar x`:
+    /// several kicks a file) the loop looks again every 50 ms instead: it was woken 38,000 times
+    /// for 10,000 new files, a context switch each.
+    private let loop = BackgroundLoop()
     // Guarded by `cond`.
-    private let cond = NSCondition()
-    private var running = false
-    private var kicked = false
-    /// Whether the loop waits with nothing to do: only then does a kick wake it (a broadcast:
-    /// `hurryAndWait` waits on the same condition). In a burst of changes (a `tar x`: several
-    /// kicks a file) the loop looks again every 50 ms instead: it was woken 38,000 times for
-    /// 10,000 new files, a context switch each.
-    private var idle = false
+    private var cond: NSCondition { loop.cond }
     /// The next round uploads what is queued without waiting out the delay that gathers saves.
     private var hurried = false
     /// Rounds run for `hurry` that are over, and whether one is under way (for `hurryAndWait`).
@@ -61,8 +59,6 @@ public final class Uploader: @unchecked Sendable {
     /// key to write anew), since start: `flush` waits on while this grows.
     private var requeued = 0
     private var hurriedRoundRunning = false
-    private var thread: Thread?
-    private var stopped = true
     private var busyCheck: @Sendable (UInt64) -> Bool = { _ in false }
     private var quietCheck: @Sendable () -> TimeInterval = { .infinity }
     private var waitingSince: Date?
@@ -117,34 +113,20 @@ public final class Uploader: @unchecked Sendable {
     }
 
     public func start() {
-        cond.lock()
-        defer { cond.unlock() }
-        guard !running else { return }
-        running = true
-        stopped = false
-        let t = Thread { [self] in loop() }
-        t.name = "ubiq-uploader"
-        thread = t
-        t.start()
+        loop.start(name: "ubiq-uploader") { [self] in round() }
     }
 
     /// Stops the background thread (after the round in progress).
-    public func stop() {
-        cond.lock()
-        running = false
-        cond.broadcast()
-        while !stopped { cond.wait() }
-        cond.unlock()
-    }
+    public func stop() { loop.stop() }
 
     /// Something was queued: look now rather than at the next tick.
     public func kick() {
-        cond.lock(); kicked = true; if idle { cond.broadcast() }; cond.unlock()
+        cond.lock(); loop.kickLocked(wake: false); cond.unlock()
     }
 
     /// The user asked for it (`ubiq sync`): upload everything queued now, not after the delay.
     public func hurry() {
-        cond.lock(); kicked = true; hurried = true; cond.broadcast(); cond.unlock()
+        cond.lock(); hurried = true; loop.kickLocked(wake: true); cond.unlock()
     }
 
     /// Hurries, and waits (at most `timeout`) until a round that began after this call is
@@ -152,12 +134,12 @@ public final class Uploader: @unchecked Sendable {
     public func hurryAndWait(timeout: TimeInterval) -> Bool {
         cond.lock()
         defer { cond.unlock() }
-        guard running else { return false }
+        guard loop.running else { return false }
         let target = hurriedRoundsDone + (hurriedRoundRunning ? 2 : 1)
-        kicked = true; hurried = true
-        cond.broadcast()
+        hurried = true
+        loop.kickLocked(wake: true)
         let deadline = Date(timeIntervalSinceNow: timeout)
-        while hurriedRoundsDone < target && running && Date() < deadline { _ = cond.wait(until: deadline) }
+        while hurriedRoundsDone < target && loop.running && Date() < deadline { _ = cond.wait(until: deadline) }
         return hurriedRoundsDone >= target
     }
 
@@ -187,27 +169,20 @@ public final class Uploader: @unchecked Sendable {
         }
     }
 
-    private func loop() {
-        while true {
-            cond.lock()
-            if !running { stopped = true; cond.broadcast(); cond.unlock(); return }
-            let now = hurried
-            hurried = false
-            if now { hurriedRoundRunning = true }
-            cond.unlock()
-            refreshUsage()
-            let n = !now && shouldYield() ? 0 : processRound(ignoringDelay: now)
-            cond.lock()
-            if now { hurriedRoundRunning = false; hurriedRoundsDone += 1; cond.broadcast() }
-            if n == 0 && running && !kicked {
-                idle = true
-                _ = cond.wait(until: Date(timeIntervalSinceNow: 0.25))
-                idle = false
-            }
-            if n == 0 && kicked { _ = cond.wait(until: Date(timeIntervalSinceNow: 0.05)) }
-            kicked = false
-            cond.unlock()
-        }
+    /// One turn of the uploading thread: a round, then (when it sent nothing) a wait of up to
+    /// 0.25 s for a kick, or 50 ms after one.
+    private func round() -> BackgroundLoop.Pause {
+        cond.lock()
+        let now = hurried
+        hurried = false
+        if now { hurriedRoundRunning = true }
+        cond.unlock()
+        refreshUsage()
+        let n = !now && shouldYield() ? 0 : processRound(ignoringDelay: now)
+        cond.lock()
+        if now { hurriedRoundRunning = false; hurriedRoundsDone += 1; cond.broadcast() }
+        cond.unlock()
+        return n == 0 ? BackgroundLoop.Pause(upTo: 0.25, atLeast: 0.05) : .none
     }
 
     /// Asks the store for its usage every 30 s (on the uploader's thread).

@@ -1,0 +1,43 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import UbiqSync
+
+/// The loop the Uploader and the ChangeFeed run on.
+@Suite struct BackgroundLoopTests {
+    /// A kick wakes a loop that waits with nothing to do (here, for up to a minute); a burst of
+    /// kicks while it works is taken in a few rounds (each round waits `atLeast` after one),
+    /// not one round a kick; stop waits for the round under way and ends the thread.
+    @Test func kicksWakeAnIdleLoopAndABurstIsTakenInFewRounds() throws {
+        let loop = BackgroundLoop()
+        let rounds = Atomic<Int>(0)
+        loop.start(name: "test-loop") {
+            rounds.add(1, ordering: .relaxed)
+            return BackgroundLoop.Pause(upTo: 60, atLeast: 0.05)
+        }
+        defer { loop.stop() }
+        func waitFor(_ n: Int) -> Bool {
+            let deadline = Date(timeIntervalSinceNow: 30)
+            while rounds.load(ordering: .relaxed) < n && Date() < deadline { usleep(1000) }
+            return rounds.load(ordering: .relaxed) >= n
+        }
+        #expect(waitFor(1), "the first round never ran")
+        usleep(200_000)
+        #expect(rounds.load(ordering: .relaxed) == 1, "a round ran without a kick, long before its wait was over")
+        loop.cond.lock(); loop.kickLocked(wake: false); loop.cond.unlock()
+        #expect(waitFor(2), "a kick did not wake the idle loop")
+
+        // 100,000 kicks as fast as they come: a handful of rounds, not one each.
+        let before = rounds.load(ordering: .relaxed)
+        for _ in 0 ..< 100_000 { loop.cond.lock(); loop.kickLocked(wake: false); loop.cond.unlock() }
+        usleep(200_000)
+        let burst = rounds.load(ordering: .relaxed) - before
+        #expect(burst >= 1 && burst < 1000, "\(burst) rounds for a burst of kicks")
+
+        loop.stop()
+        let stopped = rounds.load(ordering: .relaxed)
+        loop.cond.lock(); loop.kickLocked(wake: true); loop.cond.unlock()
+        usleep(100_000)
+        #expect(rounds.load(ordering: .relaxed) == stopped, "a round ran after stop returned")
+    }
+}
