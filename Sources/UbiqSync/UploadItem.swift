@@ -1,0 +1,300 @@
+import Foundation
+import Synchronization
+import Logging
+import UbiqCoordinator
+import UbiqState
+import UbiqStore
+
+// One item's upload: its bytes, a move or a metadata change, each conditional on the version
+// the edit started from; metadata merged onto a newer version; rename cycles broken.
+extension Uploader {
+    func metadata(_ s: Snapshot, generation: Int64) -> ObjectMetadata {
+        var x: [String: Data] = [:]
+        for (k, v) in s.xattrs {
+            if let name = String(validating: k, as: UTF8.self) { x[name] = Data(v) }
+        }
+        return ObjectMetadata(kind: Self.kind(s.rec.type), mode: s.rec.perm, uid: s.rec.uid, gid: s.rec.gid,
+                              mtimeNs: s.rec.mtimeNs, rdev: s.rec.rdev, target: s.rec.target.map { Data($0) },
+                              xattrs: x, origin: origin(s.rec.ino, generation), device: deviceName)
+    }
+
+    func origin(_ ino: UInt64, _ generation: Int64) -> String { "\(deviceID):\(ino):\(generation)" }
+
+    static func kind(_ type: UInt32) -> ObjectKind {
+        switch type {
+        case S_IFDIR: return .directory
+        case S_IFLNK: return .symlink
+        case S_IFIFO: return .fifo
+        case S_IFSOCK: return .socket
+        case S_IFCHR: return .charDevice
+        case S_IFBLK: return .blockDevice
+        default: return .file
+        }
+    }
+
+    func trace(_ what: @autoclosure () -> String) {
+        if tracing { logger.info("upload trace: \(what())") }
+    }
+
+    func upload(_ ino: UInt64) throws -> Outcome {
+        guard var s = try snapshot(ino) else { return .done }
+        if s.entries.isEmpty { return .done }  // removed: its tombstones do the rest
+        let isDir = s.rec.type == UInt32(S_IFDIR)
+        let isRegular = s.rec.type == UInt32(S_IFREG)
+        let contentDirty = s.rec.contentGen > s.upload.uploadedContentGen
+        let metaDirty = s.rec.metaGen > s.upload.uploadedMetaGen
+        var staged: URL?
+        var stagedIsCopy = true
+        // Held through the put when there was no room to stage a copy (see below).
+        var heldClaim: Claim?
+        // Other devices' versions kept as conflict copies on the way.
+        var setAside: [String] = []
+        defer {
+            if let staged, stagedIsCopy { unlink(staged.path) }
+            if let heldClaim { coordinator.release(heldClaim) }
+            // Kept until the upload is recorded (else the percent would read 0 in between).
+            progress.set(ino, nil)
+        }
+        let store = self.store
+
+        for (entry, path) in s.entries {
+            guard let path else {
+                return .localOnly("a name on the way to inode \(ino) is not valid UTF-8: kept on this device only")
+            }
+            let key = isDir ? path + "/" : path
+            let needsPut = entry.remoteKey == nil || (!isDir && contentDirty)
+            if needsPut {
+                if isRegular && staged == nil && s.rec.present {
+                    // Snapshot under an upload claim: writers wait, readers go on.
+                    let claim: Claim
+                    do { claim = try coordinator.claim(ino, .upload) } catch { return .retry("\(error)") }
+                    var keep = false
+                    defer { if !keep { coordinator.release(claim) } }
+                    guard let fresh = try snapshot(ino) else { return .done }
+                    s = fresh
+                    // The store gets only bytes this device cannot lose: a close commits without
+                    // syncing, so what it committed is made durable first (the record of it too).
+                    do { try cache.sync(ino) } catch { return .retry("\(error)") }
+                    state.syncToDisk()
+                    do {
+                        staged = try cache.stage(ino, generation: s.rec.contentGen)
+                    } catch let e as LocalWriteError where e.errno == ENOSPC || e.errno == EDQUOT {
+                        // No room for a copy: send the cache file itself, and keep writers
+                        // out until it is sent (readers go on).
+                        logger.info("no room to stage inode \(ino) for upload; uploading it in place")
+                        staged = URL(fileURLWithPath: cache.path(ino))
+                        stagedIsCopy = false
+                        heldClaim = claim
+                        keep = true
+                    }
+                }
+                if isRegular && !s.rec.present && entry.remoteKey != nil {
+                    // A placeholder whose content is in the store already: a move/metadata case, below.
+                } else {
+                    let condition: WriteCondition = (entry.remoteKey?.sameBytes(key) == true && entry.remoteVersion != nil)
+                        ? .ifMatch(entry.remoteVersion!) : .ifAbsent
+                    // The digest of the staged bytes goes with them (checked by every download).
+                    var described = metadata(s, generation: s.rec.contentGen)
+                    if let staged {
+                        do { described.sha256 = try ContentDigest.of(path: staged.path) } catch { return .retry("\(error)") }
+                    }
+                    let meta = described
+                    let source = staged
+                    let total = max(1, s.rec.size)
+                    let progress = self.progress
+                    func send(_ condition: WriteCondition) throws -> ObjectInfo {
+                        progress.set(ino, 0)
+                        let report: @Sendable (Int64) -> Void = { sent in progress.set(ino, Int(min(99, sent * 100 / total))) }
+                        trace("put \(key) \(condition) ino \(ino) gen \(s.rec.contentGen)")
+                        return try runBlocking {
+                            try await store.put(key, contentsOf: source, metadata: meta, condition: condition, progress: report)
+                        }
+                    }
+                    // Should the answer never come and the item be removed, the key is checked then.
+                    if entry.remoteKey?.sameBytes(key) != true { try state.write { try $0.markSent(ino, key: key) } }
+                    let info: ObjectInfo
+                    do {
+                        info = try send(condition)
+                    } catch StoreError.preconditionFailed(_, let current) {
+                        switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
+                                                 condition: condition, current: current) {
+                        case .adopt(let found):
+                            try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, found))
+                            continue
+                        case .wait:
+                            try breakRenameCycle(entry, to: key, s)
+                            return .deferred
+                        case .conflict(let why): return .conflict(why)
+                        case .over(let theirs, let copy):
+                            do { info = try send(theirs.map { .ifMatch($0) } ?? .ifAbsent) } catch StoreError.preconditionFailed {
+                                undoSetAside(copy)
+                                return .deferred  // changed again meanwhile: start over
+                            }
+                            if let copy { setAside.append(copy.key) }
+                        }
+                    }
+                    try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, info))
+                    continue
+                }
+            }
+            guard let oldKey = entry.remoteKey, let oldVersion = entry.remoteVersion else { continue }
+            if !oldKey.sameBytes(key) {
+                // Moved: server-side copy, then drop the old key. No content leaves the store.
+                let meta = metadata(s, generation: s.rec.contentGen)
+                func copy(_ condition: WriteCondition) throws -> ObjectInfo {
+                    trace("copy \(oldKey)@\(oldVersion) to \(key) \(condition) ino \(ino)")
+                    return try runBlocking {
+                        try await store.copy(from: oldKey, version: oldVersion, to: key, metadata: meta, condition: condition)
+                    }
+                }
+                try state.write { try $0.markSent(ino, key: key) }
+                let info: ObjectInfo
+                do {
+                    info = try copy(.ifAbsent)
+                } catch StoreError.notFound where !isRegular || s.rec.present {
+                    // What it moved from is gone from the store (deleted, or written over, on
+                    // another device meanwhile; a store without old versions cannot copy it):
+                    // what is here goes up anew under the new name, and the old key is left alone.
+                    logger.info("\(oldKey) is gone from the store: inode \(ino) goes up anew as \(key)")
+                    try state.write { try $0.setRemote(entryID: entry.id, key: nil, version: nil) }
+                    return .deferred
+                } catch StoreError.preconditionFailed(_, let current) {
+                    switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
+                                             condition: .ifAbsent, current: current) {
+                    case .adopt(let found):
+                        try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, found))
+                        continue
+                    case .wait:
+                        try breakRenameCycle(entry, to: key, s)
+                        return .deferred
+                    case .conflict(let why): return .conflict(why)
+                    case .over(let theirs, let aside):
+                        do { info = try copy(theirs.map { .ifMatch($0) } ?? .ifAbsent) } catch StoreError.preconditionFailed, StoreError.notFound {
+                            undoSetAside(aside)
+                            return .deferred
+                        }
+                        if let aside { setAside.append(aside.key) }
+                    }
+                }
+                try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, info))
+            } else if metaDirty {
+                let meta = metadata(s, generation: s.rec.contentGen)
+                do {
+                    trace("copy \(key)@\(oldVersion) onto itself (metadata) ino \(ino)")
+                    let info = try runBlocking {
+                        try await store.copy(from: key, version: oldVersion, to: key, metadata: meta, condition: .ifMatch(oldVersion))
+                    }
+                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, info) }
+                } catch let e as StoreError where e.isPreconditionFailed || e.isNotFound {
+                    trace("\(key): \(e)")
+                    // Changed in the store, or gone (a store without old versions cannot copy
+                    // the version this device knows): merged, or written again.
+                    switch try mergeMetadata(key: key, entry: entry, meta: meta, isPlaceholder: isRegular && !s.rec.present) {
+                    case .merged: break
+                    case .again: return .deferred
+                    case .dropped: return .done
+                    }
+                }
+            }
+        }
+        try state.write { try $0.markUploaded(ino, contentGen: s.rec.contentGen, metaGen: s.rec.metaGen) }
+        return setAside.isEmpty ? .done : .setAside(setAside.joined(separator: ", "))
+    }
+
+    enum Merge { case merged, again, dropped }
+
+    /// A metadata change (chmod, chown, xattrs, times) met a newer version in the store.
+    /// Metadata merges: this device's goes on top of the store's version, whatever its bytes.
+    /// When those bytes are new to this device, the entry is left at its old version, and the
+    /// merged version is not marked as this device's own, so the ChangeFeed brings the bytes.
+    func mergeMetadata(key: String, entry: EntryRecord, meta: ObjectMetadata, isPlaceholder: Bool) throws -> Merge {
+        let store = self.store
+        let current: ObjectInfo
+        do { current = try runBlocking { try await store.head(key) } } catch StoreError.notFound {
+            // Deleted in the store. What is here in full is written again (an edit beats a
+            // delete); a placeholder goes with the delete (the ChangeFeed removes it).
+            if isPlaceholder { return .dropped }
+            try state.write { try $0.setRemote(entryID: entry.id, key: nil, version: nil) }
+            return .again
+        }
+        let sameBytes = current.contentTag != nil && current.contentTag == entry.remoteTag
+        var merged = meta
+        if !sameBytes {
+            merged.origin = "merge:\(deviceID)"
+            merged.mtimeNs = current.metadata.mtimeNs
+        }
+        let final = merged
+        let info: ObjectInfo
+        do {
+            info = try runBlocking {
+                try await store.copy(from: key, version: current.version, to: key, metadata: final, condition: .ifMatch(current.version))
+            }
+        } catch StoreError.preconditionFailed { return .again } catch StoreError.notFound { return .again }
+        if sameBytes { try state.write { try $0.recordRemote(entryID: entry.id, key: key, info) } }
+        return .merged
+    }
+
+
+    /// Names swapped (`mv a t; mv b a; mv t b`), or rotated: each item's new key is held by
+    /// another of ours that is itself waiting to move, so none can go first. The one whose
+    /// bytes are here (or that has none: a folder, a link) breaks the cycle: its old key is
+    /// deleted (left alone if another device wrote there since) and it goes up again as a new
+    /// item once its new key is free.
+    func breakRenameCycle(_ entry: EntryRecord, to key: String, _ s: Snapshot) throws {
+        guard let oldKey = entry.remoteKey, !oldKey.sameBytes(key), s.rec.type != UInt32(S_IFREG) || s.rec.present else { return }
+        let cycle = try state.read { tx -> Bool in
+            var target = key
+            var seen: Set<KeyBytes> = []
+            for _ in 0 ..< 64 {
+                guard let holder = try tx.entries(remoteKey: target).first(where: { $0.id != entry.id }),
+                      let path = try Self.path(of: holder, tx), let rec = try tx.inode(holder.ino) else { return false }
+                let wanted = rec.type == UInt32(S_IFDIR) ? path + "/" : path
+                if wanted.sameBytes(oldKey) { return true }
+                if wanted.sameBytes(target) || !seen.insert(KeyBytes(wanted)).inserted { return false }
+                target = wanted
+            }
+            return false
+        }
+        guard cycle else { return }
+        let store = self.store
+        do {
+            trace("delete \(oldKey) \(entry.remoteVersion ?? "always") (rename cycle)")
+            try runBlocking { try await store.delete(oldKey, condition: entry.remoteVersion.map { .ifMatch($0) } ?? .always) }
+        } catch StoreError.notFound {
+        } catch StoreError.preconditionFailed {
+            // Another device wrote there since: its version stays (an edit beats the delete
+            // a rename implies), and this item still goes up anew under its new name.
+            logger.info("left \(oldKey) in the store: it changed there since")
+        }
+        try state.write { try $0.setRemote(entryID: entry.id, key: nil, version: nil) }
+        logger.info("names swapped: \(oldKey) is sent again as \(key) once that name is free")
+    }
+
+    /// Records that `entry` now stands for `key` at `version`. Where it stood before (another
+    /// key) gets a tombstone in the same transaction: the old object is deleted even when the
+    /// delete fails now or this device stops before it (else it would come back as a file).
+    /// Returns the tombstone's id.
+    func recordAt(_ entry: EntryRecord, key: String, _ info: ObjectInfo) throws -> Int64? {
+        try state.write { tx -> Int64? in
+            try tx.recordRemote(entryID: entry.id, key: key, info)
+            guard let old = entry.remoteKey, !old.sameBytes(key) else { return nil }
+            return try tx.addTombstone(key: old, version: entry.remoteVersion)
+        }
+    }
+
+    /// After an entry's object was written at `newKey`, delete where it was before, and drop
+    /// the tombstone `recordAt` left for it (which, should this fail, deletes it later).
+    func removeOld(_ entry: EntryRecord, newKey: String, tombstone: Int64?) throws {
+        guard let old = entry.remoteKey, old != newKey else { return }
+        let version = entry.remoteVersion
+        let store = self.store
+        do {
+            trace("delete \(old) \(version ?? "always") (moved to \(newKey))")
+            try runBlocking { try await store.delete(old, condition: version.map { .ifMatch($0) } ?? .always) }
+        } catch StoreError.notFound {
+        } catch StoreError.preconditionFailed {
+            logger.info("left \(old) in the store: it changed there since")
+        }
+        if let tombstone { try state.write { try $0.removeTombstone(tombstone) } }
+    }
+}

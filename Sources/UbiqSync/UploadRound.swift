@@ -1,0 +1,213 @@
+import Foundation
+import Synchronization
+import Logging
+import UbiqCoordinator
+import UbiqState
+import UbiqStore
+
+// One round of the outbox: what is due, each item uploaded under its claim, the outcome
+// recorded; tombstones; pausing when the state database cannot record outcomes.
+extension Uploader {
+    /// `setAside`: uploaded, after keeping the store's other version as a conflict copy.
+    /// `localOnly`: kept on this device only by design (a name the store cannot hold): no error.
+    /// `busy`: still being written here (it goes once the writer is done); `deferred`: sent back
+    /// to the queue to go again at once.
+    enum Outcome { case done, retry(String), busy, deferred, setAside(String), conflict(String), permanent(String), localOnly(String) }
+
+    /// Processes what is due; returns how many items were handled.
+    @discardableResult
+    public func processRound(ignoringDelay: Bool) -> Int {
+        var handled = 0
+        cond.lock(); let paused = Date() < pausedUntil; cond.unlock()
+        if paused { return 0 }
+        // Deletes first: a key freed by a delete may be taken by a new upload.
+        let graves = (try? state.read { try $0.tombstones(limit: 256) }) ?? []
+        for t in graves {
+            do {
+                if t.isLeftover {
+                    // Where an upload went whose answer never came, from an item removed since:
+                    // deleted if it is there and no item here records it.
+                    if let leftover = try leftoverOfOurs(t.key) {
+                        let store = self.store
+                        trace("delete \(t.key) ifMatch(\(leftover)) (tombstone for an unanswered upload)")
+                        try runBlocking { try await store.delete(t.key, condition: .ifMatch(leftover)) }
+                    }
+                    guard recordDone(tombstone: t.id) else { return handled }
+                    handled += 1
+                    continue
+                }
+                let cond: WriteCondition = t.version.map { .ifMatch($0) } ?? .always
+                let store = self.store
+                trace("delete \(t.key) \(cond) (tombstone)")
+                try runBlocking { try await store.delete(t.key, condition: cond) }
+            } catch StoreError.notFound {
+            } catch StoreError.preconditionFailed {
+                if let leftover = try? leftoverOfOurs(t.key) {
+                    // This device's own later upload, whose answer it never had (a lost reply, a
+                    // crash): the item it came from is gone here, so the delete covers it too.
+                    let store = self.store
+                    trace("delete \(t.key) ifMatch(\(leftover)) (tombstone, our unrecorded upload)")
+                    do { try runBlocking { try await store.delete(t.key, condition: .ifMatch(leftover)) } } catch StoreError.notFound {
+                    } catch StoreError.preconditionFailed {
+                        logger.info("not deleting \(t.key): it changed in the store")
+                    } catch {
+                        logger.warning("delete of \(t.key) failed, will retry: \(error)")
+                        return handled
+                    }
+                } else {
+                    // Changed in the store since we last saw it: an edit elsewhere beats our delete.
+                    logger.info("not deleting \(t.key): it changed in the store")
+                }
+            } catch {
+                logger.warning("delete of \(t.key) failed, will retry: \(error)")
+                return handled
+            }
+            guard recordDone(tombstone: t.id) else { return handled }
+            handled += 1
+        }
+        let asOf = ignoringDelay ? Date.distantFuture : Date()
+        let due = (try? state.read { try $0.dueOutbox(limit: 64, asOf: asOf) }) ?? []
+        for item in due {
+            let outcome: Outcome
+            var diskFull = false
+            cond.lock(); let busy = busyCheck; cond.unlock()
+            if busy(item.ino) {
+                outcome = .busy
+            } else {
+                do { outcome = try upload(item.ino) } catch let e as StoreError where e.isTransient {
+                    outcome = .retry("\(e)")
+                } catch StoreError.quotaExceeded(let key) {
+                    // Kept here and tried again: space may free up in the store.
+                    outcome = .retry("store quota exceeded writing \(key)")
+                } catch let e as StoreError {
+                    outcome = .permanent("\(e)")
+                } catch let e as StateError {
+                    // This device's disk, not the store: tried again soon, as space may free up.
+                    if case .full = e { diskFull = true }
+                    outcome = .retry("\(e)")
+                } catch {
+                    outcome = .retry("\(error)")
+                }
+            }
+            do {
+                try state.write { tx in
+                    switch outcome {
+                    case .done, .setAside:
+                        try tx.completeOutbox(item.ino, seq: item.seq)
+                    case .busy:
+                        // Not tried: a file open for long does not make its later tries back off.
+                        try tx.retryOutbox(item.ino, after: 0.5, attempt: false)
+                    case .deferred:
+                        // Sent back again and again (a store that refuses what it just said it has):
+                        // backs off as a failure does, rather than asking the store twice a second.
+                        try tx.retryOutbox(item.ino, after: item.attempts < 10 ? 0.5 : min(60, 0.5 * pow(2, Double(min(item.attempts - 10, 7)))))
+                    case .retry(let why):
+                        try tx.setUploadError(item.ino, why)
+                        try tx.retryOutbox(item.ino, after: diskFull ? 2 : min(60, 0.5 * pow(2, Double(min(item.attempts, 7)))))
+                    case .conflict(let why):
+                        try tx.setUploadError(item.ino, why, conflict: true)
+                        try tx.completeOutbox(item.ino, seq: item.seq)
+                    case .permanent(let why):
+                        try tx.setUploadError(item.ino, why)
+                        try tx.completeOutbox(item.ino, seq: item.seq)
+                    case .localOnly(let why):
+                        try tx.setUploadError(item.ino, why, localOnly: true)
+                        try tx.completeOutbox(item.ino, seq: item.seq)
+                    }
+                }
+                cond.lock(); let said = pauseSaid; pauseSaid = false; cond.unlock()
+                if said { logger.notice("uploads go on: outcomes are recorded again") }
+            } catch {
+                // Not recorded: the item stays due. Pause rather than send it again at once.
+                pause(because: "outbox update failed: \(error)")
+                return handled
+            }
+            cond.lock(); let hook = outcomeHook; cond.unlock()
+            switch outcome {
+            case .done, .permanent, .retry, .localOnly: hook(item.ino, false)
+            case .conflict, .setAside: hook(item.ino, true)
+            case .busy, .deferred: break
+            }
+            cond.lock()
+            if case .deferred = outcome { requeued += 1 }
+            let sayRetry: Bool
+            if case .retry(let why) = outcome {
+                sayRetry = retrySaid[item.ino] != why
+                retrySaid[item.ino] = why
+            } else {
+                sayRetry = false
+                switch outcome {
+                case .busy, .deferred: break
+                default: retrySaid[item.ino] = nil
+                }
+            }
+            cond.unlock()
+            switch outcome {
+            case .retry(let why): if sayRetry { logger.warning("upload of inode \(item.ino) failed, will retry (said once while the reason stays): \(why)") }
+            case .setAside(let copy): logger.notice("upload of inode \(item.ino): the store had another device's version; kept it as \(copy)")
+            case .conflict(let why), .permanent(let why): logger.error("upload of inode \(item.ino): \(why)")
+            case .localOnly(let why): logger.info("\(why)")
+            default: break
+            }
+            handled += 1
+        }
+        return handled
+    }
+
+    /// Removes a tombstone whose delete was done; false (and a pause) when that could not be
+    /// recorded.
+    func recordDone(tombstone id: Int64) -> Bool {
+        do {
+            try state.write { try $0.removeTombstone(id) }
+            return true
+        } catch {
+            pause(because: "tombstone update failed: \(error)")
+            return false
+        }
+    }
+
+    /// Pauses uploads 2 s: the state database could not record what was done (a full disk).
+    /// Said once, until outcomes are recorded again.
+    func pause(because why: String) {
+        cond.lock()
+        pausedUntil = Date(timeIntervalSinceNow: 2)
+        let said = pauseSaid
+        pauseSaid = true
+        cond.unlock()
+        if !said { logger.error("\(why); uploads pause, and are tried again every 2 s") }
+    }
+
+    struct Snapshot {
+        var rec: InodeRecord
+        var upload: UploadState
+        var entries: [(EntryRecord, String?)]
+        var xattrs: [[UInt8]: [UInt8]]
+    }
+
+    func snapshot(_ ino: UInt64) throws -> Snapshot? {
+        try state.read { tx in
+            guard let rec = try tx.inode(ino), let up = try tx.uploadState(ino) else { return nil }
+            let entries = try tx.entries(of: ino).map { ($0, try Self.path(of: $0, tx)) }
+            return Snapshot(rec: rec, upload: up, entries: entries, xattrs: try tx.xattrs(ino))
+        }
+    }
+
+    /// The store key of an entry (nil when a name is not valid UTF-8 or the entry is detached).
+    static func path(of entry: EntryRecord, _ tx: StateTransaction) throws -> String? {
+        var names = [entry.name]
+        var parent = entry.parent
+        var depth = 0
+        while parent != 1 {
+            guard let up = try tx.entries(of: parent).first, depth < 4096 else { return nil }
+            names.append(up.name)
+            parent = up.parent
+            depth += 1
+        }
+        var parts: [String] = []
+        for n in names.reversed() {
+            guard let s = String(validating: n, as: UTF8.self) else { return nil }
+            parts.append(s)
+        }
+        return parts.joined(separator: "/")
+    }
+}
