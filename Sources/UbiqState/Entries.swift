@@ -1,0 +1,120 @@
+import Foundation
+import GRDB
+
+// Names (entries) and where each is in the store.
+extension StateTransaction {
+    // MARK: entries
+
+    public func insertEntry(parent: UInt64, name: [UInt8], ino: UInt64,
+                            remoteKey: String? = nil, remoteVersion: String? = nil, remoteTag: String? = nil,
+                            remoteDigest: String? = nil) throws {
+        try db.cachedStatement(sql: """
+            INSERT INTO entries (parent, name, ino, remote_key, remote_version, remote_tag, remote_digest)
+            VALUES (?, ?, ?, ?, ?, ?, ?)
+            """).execute(arguments: [Int64(bitPattern: parent), Data(name), Int64(bitPattern: ino), remoteKey,
+                                     remoteVersion, remoteTag, remoteDigest])
+    }
+
+    /// Removes an entry; if its object is in the store, records a tombstone so
+    /// the uploader deletes it there. Where an upload of it went without an answer (`markSent`)
+    /// gets a tombstone too, which deletes only an object of this device that no item records
+    /// (`Tombstone.leftover`).
+    public func removeEntry(parent: UInt64, name: [UInt8]) throws {
+        let args: StatementArguments = [Int64(bitPattern: parent), Data(name)]
+        try db.cachedStatement(sql: """
+            INSERT INTO tombstones (remote_key, remote_version)
+            SELECT remote_key, remote_version FROM entries WHERE parent = ? AND name = ? AND remote_key IS NOT NULL
+            """).execute(arguments: args)
+        try db.cachedStatement(sql: """
+            INSERT INTO tombstones (remote_key, remote_version)
+            SELECT o.sent_key, '\(Tombstone.leftover)' FROM entries e JOIN outbox o ON o.ino = e.ino
+            WHERE e.parent = ? AND e.name = ? AND o.sent_key IS NOT NULL AND o.sent_key IS NOT e.remote_key
+            """).execute(arguments: args)
+        try db.cachedStatement(sql: "DELETE FROM entries WHERE parent = ? AND name = ?").execute(arguments: args)
+    }
+
+    public func moveEntry(parent: UInt64, name: [UInt8], toParent: UInt64, toName: [UInt8]) throws {
+        try db.cachedStatement(sql: "UPDATE entries SET parent = ?, name = ? WHERE parent = ? AND name = ?")
+            .execute(arguments: [Int64(bitPattern: toParent), Data(toName), Int64(bitPattern: parent), Data(name)])
+    }
+
+    /// Swaps the inodes (and store mappings) of two entries, for RENAME_EXCHANGE.
+    public func exchangeEntries(_ a: (UInt64, [UInt8]), _ b: (UInt64, [UInt8])) throws {
+        // Move a out of the way through a name no real entry can have (contains '/').
+        let tmp: [UInt8] = Array("/exchange".utf8)
+        try moveEntry(parent: a.0, name: a.1, toParent: a.0, toName: tmp)
+        try moveEntry(parent: b.0, name: b.1, toParent: a.0, toName: a.1)
+        try moveEntry(parent: a.0, name: tmp, toParent: b.0, toName: b.1)
+    }
+
+    public func allEntries() throws -> [EntryRecord] {
+        try Row.fetchAll(db, cached: "SELECT * FROM entries").map(Self.entryRecord)
+    }
+
+    public func entries(of ino: UInt64) throws -> [EntryRecord] {
+        try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
+            .map(Self.entryRecord)
+    }
+
+    public func entry(parent: UInt64, name: [UInt8]) throws -> EntryRecord? {
+        try Row.fetchOne(db, cached: "SELECT * FROM entries WHERE parent = ? AND name = ?",
+                         arguments: [Int64(bitPattern: parent), Data(name)]).map(Self.entryRecord)
+    }
+
+    /// The entry (if any) whose object sits at `key` in the store.
+    public func entries(remoteKey key: String) throws -> [EntryRecord] {
+        try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE remote_key = ?", arguments: [key]).map(Self.entryRecord)
+    }
+
+    public func children(of parent: UInt64) throws -> [EntryRecord] {
+        try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE parent = ?", arguments: [Int64(bitPattern: parent)])
+            .map(Self.entryRecord)
+    }
+
+    public func setRemote(entryID: Int64, key: String?, version: String?, tag: String? = nil, digest: String? = nil) throws {
+        try db.execute(cached: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ?, remote_digest = ? WHERE id = ?",
+                       arguments: [key, version, tag, digest, entryID])
+    }
+
+    /// Records that entry `entryID`'s object now sits at `key`@`version`. If the
+    /// entry was removed meanwhile, the object is an orphan: a tombstone deletes it.
+    public func recordRemote(entryID: Int64, key: String, version: String, tag: String? = nil, digest: String? = nil) throws {
+        try db.execute(cached: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ?, remote_digest = ? WHERE id = ?",
+                       arguments: [key, version, tag, digest, entryID])
+        if db.changesCount == 0 { try addTombstone(key: key, version: version) }
+    }
+
+    /// Returns the tombstone's id.
+    @discardableResult
+    public func addTombstone(key: String, version: String?) throws -> Int64 {
+        try db.execute(cached: "INSERT INTO tombstones (remote_key, remote_version) VALUES (?, ?)", arguments: [key, version])
+        return db.lastInsertedRowID
+    }
+
+    public func hasTombstone(key: String) throws -> Bool {
+        try Bool.fetchOne(db, cached: "SELECT EXISTS (SELECT 1 FROM tombstones WHERE remote_key = ?)", arguments: [key]) ?? false
+    }
+
+    // Keys come out as lists, not String sets or dictionaries: a String compares by canonical
+    // equivalence, and NFC and NFD spellings of one name are two keys (callers use KeyBytes).
+
+    public func tombstoneKeys() throws -> [String] {
+        try String.fetchAll(db, cached: "SELECT remote_key FROM tombstones")
+    }
+
+    public func remoteKeys() throws -> [String] {
+        try String.fetchAll(db, cached: "SELECT remote_key FROM entries WHERE remote_key IS NOT NULL")
+    }
+
+    /// Every store key an entry stands for, with the version recorded for it.
+    public func remoteVersions() throws -> [(key: String, version: String)] {
+        try Row.fetchAll(db, cached: "SELECT remote_key, remote_version FROM entries WHERE remote_key IS NOT NULL AND remote_version IS NOT NULL")
+            .map { ($0[0], $0[1]) }
+    }
+
+    static func entryRecord(_ r: Row) -> EntryRecord {
+        EntryRecord(id: r["id"], parent: UInt64(bitPattern: r["parent"]), name: [UInt8](r["name"] as Data),
+                    ino: UInt64(bitPattern: r["ino"]), remoteKey: r["remote_key"], remoteVersion: r["remote_version"],
+                    remoteTag: r["remote_tag"], remoteDigest: r["remote_digest"])
+    }
+}
