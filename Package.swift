@@ -54,14 +54,16 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // Helpers the test targets share (temporary paths).
+        .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "CoordinatorTests", dependencies: ["UbiqCoordinator"]),
         .testTarget(name: "StoreTests", dependencies: [
-            "UbiqStore", "UbiqS3",
+            "UbiqStore", "UbiqS3", "TestSupport",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "NIOCore", package: "swift-nio"),
         ]),
         .testTarget(name: "FileSystemTests", dependencies: [
-            "UbiqFS", "UbiqStore", "UbiqState", "UbiqSync", "UbiqCoordinator",
+            "UbiqFS", "UbiqStore", "UbiqState", "UbiqSync", "UbiqCoordinator", "TestSupport",
             .product(name: "GRDB", package: "GRDB.swift"),
         ]),
         .testTarget(name: "MountTests", dependencies: []),

@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
+import TestSupport
 @testable import UbiqState
 @testable import UbiqStore
 @testable import UbiqSync

@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import Logging
 import Testing
+import TestSupport
 @testable import UbiqCoordinator
 @testable import UbiqFS
 @testable import UbiqState
@@ -152,27 +153,6 @@ func newStore() throws -> DirectoryStore {
     try DirectoryStore(root: TempPaths.make("ubiq-store"))
 }
 
-/// Folders the tests make under the temporary directory, removed when the test process exits.
-enum TempPaths {
-    private static let lock = NSLock()
-    nonisolated(unsafe) private static var made: [URL] = []
-
-    static func make(_ prefix: String) -> URL {
-        let url = FileManager.default.temporaryDirectory.appendingPathComponent("\(prefix)-\(UUID().uuidString)")
-        lock.lock()
-        defer { lock.unlock() }
-        if made.isEmpty { atexit { TempPaths.removeAll() } }
-        made.append(url)
-        return url
-    }
-
-    private static func removeAll() {
-        lock.lock()
-        defer { lock.unlock() }
-        for url in made { try? FileManager.default.removeItem(at: url) }
-        made.removeAll()
-    }
-}
 
 func n(_ s: String) -> [UInt8] { Array(s.utf8) }
 

@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import Testing
+import TestSupport
 @testable import UbiqFS
 @testable import UbiqState
 @testable import UbiqStore

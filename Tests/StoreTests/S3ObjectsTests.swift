@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 import UbiqStore
 @testable import UbiqS3
 
@@ -24,7 +25,7 @@ import UbiqStore
                               xattrs: ["user.color": Data("blue".utf8)])
 
     func file(_ bytes: [UInt8]) throws -> URL {
-        let url = TempFiles.make("ubiq-s3src")
+        let url = TempPaths.make("ubiq-s3src")
         try Data(bytes).write(to: url)
         return url
     }

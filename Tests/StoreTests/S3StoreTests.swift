@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 import UbiqStore
 @testable import UbiqS3
 
@@ -9,7 +10,7 @@ import UbiqStore
     let meta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mtimeNs: 1_700_000_000_123_456_789, origin: "dev:7:1")
 
     func file(_ bytes: [UInt8]) throws -> URL {
-        let url = TempFiles.make("ubiq-s3src")
+        let url = TempPaths.make("ubiq-s3src")
         try Data(bytes).write(to: url)
         return url
     }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 @testable import UbiqS3
 @testable import UbiqStore
 
@@ -28,30 +29,9 @@ enum StoreKind: String, CaseIterable, CustomTestStringConvertible {
     }
 }
 
-/// Temporary files of this test process, removed when it exits (the tests make hundreds).
-enum TempFiles {
-    private static let lock = NSLock()
-    nonisolated(unsafe) private static var made: [URL] = []
-
-    static func make(_ prefix: String) -> URL {
-        let url = FileManager.default.temporaryDirectory.appendingPathComponent("\(prefix)-\(UUID().uuidString)")
-        lock.lock()
-        defer { lock.unlock() }
-        if made.isEmpty { atexit { TempFiles.removeAll() } }
-        made.append(url)
-        return url
-    }
-
-    private static func removeAll() {
-        lock.lock()
-        defer { lock.unlock() }
-        for u in made { unlink(u.path) }
-        made = []
-    }
-}
 
 func tempFile(_ bytes: [UInt8]) throws -> URL {
-    let url = TempFiles.make("ubiq-src")
+    let url = TempPaths.make("ubiq-src")
     try Data(bytes).write(to: url)
     return url
 }
