@@ -131,36 +131,29 @@ struct Daemon {
         } catch {
             logger.warning("could not list the store (\(error)); showing what this device knew")
         }
-        let coordinator = Coordinator()
-        let uploader = Uploader(state: state, store: store, coordinator: coordinator, cache: cache,
-                                deviceID: deviceID, logger: logger,
-                                tracing: ProcessInfo.processInfo.environment["UBIQ_TRACE_UPLOADS"] == "1")
         // The name conflict copies of this device's versions carry: the host, and enough of
         // the device's id to tell two mounts on one host apart.
-        uploader.deviceName = ConflictName.deviceLabel(ProcessInfo.processInfo.hostName.split(separator: ".").first
-            .map(String.init) ?? "host") + "-" + deviceID.prefix(4)
+        var options = Engine.Options(deviceName: ConflictName.deviceLabel(ProcessInfo.processInfo.hostName
+            .split(separator: ".").first.map(String.init) ?? "host") + "-" + deviceID.prefix(4))
         // Each chunk is one request: over HTTP, 4 MiB ones read a 256 MiB object cold at about
         // twice the speed of 1 MiB ones, for a few ms more before the first byte, and 8 of 8 MiB
         // at once another sixth faster than 4 of 4 MiB, as fast as one plain GET (docs/s3.md).
-        var chunkSize: Int64 = 1 << 20
-        var parallelism = 4
-        if case .s3 = plan.store { chunkSize = 8 << 20; parallelism = 8 }
-        let materializer = Materializer(store: store, state: state, cache: cache, logger: logger, chunkSize: chunkSize,
-                                        parallelism: parallelism)
-        materializer.readTimeout = plan.readTimeout
-        let fs: FileSystem
+        if case .s3 = plan.store { options.chunkSize = 8 << 20; options.parallelism = 8 }
+        options.readTimeout = plan.readTimeout
+        options.uploadDelay = plan.uploadDelay
+        options.pollInterval = plan.pollInterval
+        options.hydration = plan.hydration
+        options.cacheLimit = plan.cacheSize
+        options.syncOnClose = plan.syncOnClose
+        options.traceUploads = ProcessInfo.processInfo.environment["UBIQ_TRACE_UPLOADS"] == "1"
+        let engine: Engine
         do {
-            fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
-                                uploader: uploader, logger: logger, uploadDelay: plan.uploadDelay,
-                                hydration: plan.hydration, cacheLimit: plan.cacheSize, syncOnClose: plan.syncOnClose)
+            engine = try Engine(state: state, store: store, cache: cache, deviceID: deviceID, logger: logger, options: options)
         } catch { die("\(error)") }
-        let feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: plan.pollInterval)
-        feed.setApplier { [fs] changes in fs.applyRemote(changes) }
+        let (fs, feed, uploader, materializer) = (engine.fs, engine.feed, engine.uploader, engine.materializer)
         if let depth = containerConfig?.maxFolderDepth {
             fs.folderLevels.withLock { $0 = FolderLevels(max: depth, under: plan.scope == "documents" ? nil : Containers.documents) }
         }
-        fs.setSyncHandler { [feed] in try feed.poll() }
-        fs.setRemoteRetry { [feed] in feed.kick() }
         let server = FuseServer(fs: fs, options: plan.fuseOptions, logger: logger)
         do { try server.mount(at: plan.mountpoint, fsname: plan.fsname) } catch { die("\(error)") }
         let record = MountRecord(pid: getpid(), mountpoint: plan.mountpoint, state: plan.stateDir, store: plan.storeURL)

@@ -53,19 +53,16 @@ final class Device: @unchecked Sendable {
         state = try LocalState(path: dir.appendingPathComponent("state.db").path, freeBytes: freeBytes ?? DiskReserve.freeBytes(at:))
         let cache = try ContentCache(directory: dir.appendingPathComponent("cache"), reserve: state.reserve)
         try ChangeFeed.prepare(store: remote, state: state)
-        materializer = Materializer(store: remote, state: state, cache: cache, logger: logger,
-                                    chunkSize: 1 << 20, completeInBackground: completeInBackground)
         try Importer(store: remote, state: state, cache: cache, logger: logger, deviceID: dir.lastPathComponent).run()
-        let coordinator = Coordinator(defaultTimeout: 30)
-        uploader = Uploader(state: state, store: remote, coordinator: coordinator, cache: cache,
-                            deviceID: dir.lastPathComponent, logger: logger)
-        uploader.deviceName = name
-        fs = try FileSystem(state: state, coordinator: coordinator, cache: cache,
-                            materializer: materializer,
-                            uploader: uploader, logger: logger, uploadDelay: 0, hydration: hydration,
-                            cacheLimit: cacheLimit, syncOnClose: syncOnClose)
-        feed = ChangeFeed(store: remote, state: state, deviceID: dir.lastPathComponent, logger: logger)
-        feed.setApplier { [fs] changes in fs!.applyRemote(changes) }
+        var options = Engine.Options(deviceName: name)
+        options.completeInBackground = completeInBackground
+        options.uploadDelay = 0
+        options.hydration = hydration
+        options.cacheLimit = cacheLimit
+        options.syncOnClose = syncOnClose
+        let engine = try Engine(state: state, store: remote, cache: cache, deviceID: dir.lastPathComponent, logger: logger,
+                                options: options)
+        (materializer, uploader, fs, feed) = (engine.materializer, engine.uploader, engine.fs, engine.feed)
     }
 
     /// Brings in the store's changes (what the feed's thread does every few seconds).

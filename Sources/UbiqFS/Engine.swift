@@ -1,0 +1,65 @@
+import Foundation
+import Logging
+import UbiqCoordinator
+import UbiqState
+import UbiqStore
+import UbiqSync
+
+/// One device's engine, wired in one place: the coordinator, the downloads, the uploads, the
+/// file system and the change feed, with the back-channels between them. The daemon mounts it
+/// (`Sources/ubiq/Daemon.swift`) and the core tests drive it (`Tests/FileSystemTests`,
+/// `Device`), so both run the same wiring. Nothing is started: the daemon starts the uploader's
+/// and the feed's threads; the tests call their rounds themselves.
+public struct Engine {
+    public let coordinator: Coordinator
+    public let materializer: Materializer
+    public let uploader: Uploader
+    public let fs: FileSystem
+    public let feed: ChangeFeed
+
+    public struct Options: Sendable {
+        /// This device's name for people: conflict copies of its versions carry it.
+        public var deviceName: String
+        /// Download chunk size and fetches at once per file (S3 wants larger ones: docs/s3.md).
+        public var chunkSize: Int64 = 1 << 20
+        public var parallelism = 4
+        /// Downloads go on in the background after the range a read asked for.
+        public var completeInBackground = true
+        /// How long a read waits for the store.
+        public var readTimeout: TimeInterval = 60
+        /// Seconds between a file's last change and its upload.
+        public var uploadDelay: TimeInterval = 2
+        /// Seconds between polls of the store.
+        public var pollInterval: TimeInterval = 3
+        public var hydration: HydrationPolicy = .off
+        public var cacheLimit: Int64?
+        public var syncOnClose = false
+        /// Every store write of the uploader goes to the log.
+        public var traceUploads = false
+        /// How long a claim waits before it fails with ETIMEDOUT.
+        public var claimTimeout: TimeInterval = 30
+
+        public init(deviceName: String) { self.deviceName = deviceName }
+    }
+
+    /// Wires the engine of the device `deviceID` whose state and cache are given, on `store`
+    /// (imported already: `ChangeFeed.prepare` and `Importer` run before).
+    public init(state: LocalState, store: any CloudStore, cache: ContentCache, deviceID: String, logger: Logger,
+                options: Options) throws {
+        coordinator = Coordinator(defaultTimeout: options.claimTimeout)
+        uploader = Uploader(state: state, store: store, coordinator: coordinator, cache: cache, deviceID: deviceID,
+                            logger: logger, tracing: options.traceUploads)
+        uploader.deviceName = options.deviceName
+        materializer = Materializer(store: store, state: state, cache: cache, logger: logger, chunkSize: options.chunkSize,
+                                    parallelism: options.parallelism, completeInBackground: options.completeInBackground)
+        materializer.readTimeout = options.readTimeout
+        fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
+                            uploader: uploader, logger: logger, uploadDelay: options.uploadDelay,
+                            hydration: options.hydration, cacheLimit: options.cacheLimit, syncOnClose: options.syncOnClose)
+        feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: options.pollInterval)
+        let (fs, feed) = (fs, feed)
+        feed.setApplier { changes in fs.applyRemote(changes) }
+        fs.setSyncHandler { try feed.poll() }
+        fs.setRemoteRetry { feed.kick() }
+    }
+}
