@@ -57,9 +57,11 @@ public struct Engine {
                             uploader: uploader, logger: logger, uploadDelay: options.uploadDelay,
                             hydration: options.hydration, cacheLimit: options.cacheLimit, syncOnClose: options.syncOnClose)
         feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: options.pollInterval)
+        // The feed holds the file system; the file system reaches the feed weakly (no cycle: a
+        // test that starts a device again from its state directory lets the old one go).
         let (fs, feed) = (fs, feed)
         feed.setApplier { changes in fs.applyRemote(changes) }
-        fs.setSyncHandler { try feed.poll() }
-        fs.setRemoteRetry { feed.kick() }
+        fs.setSyncHandler { [weak feed] in try feed?.poll() }
+        fs.setRemoteRetry { [weak feed] in feed?.kick() }
     }
 }
