@@ -57,7 +57,7 @@ extension FileSystem {
             }
             n.rec.present = true
             let rec = n.rec
-            do { try persist { tx in try tx.upsert(rec) } } catch {
+            do { try persist { tx in tx.upsert(rec) } } catch {
                 logger.error("could not record the download of inode \(ino): \(error)")
             }
         }
@@ -89,7 +89,7 @@ extension FileSystem {
             let n = try node(ino)
             n.rec.present = true
             let rec = n.rec
-            try persist { tx in try tx.upsert(rec) }
+            try persist { tx in tx.upsert(rec) }
         }
         invalidateKernelAttributes(ino)
     }
@@ -227,7 +227,7 @@ extension FileSystem {
             let dirty = nodes.values.filter { $0.atimeDirty && !$0.rowsDeleted }
             guard !dirty.isEmpty else { return }
             do {
-                try persist { tx in for n in dirty { try tx.upsert(n.rec) } }
+                try persist { tx in for n in dirty { tx.upsert(n.rec) } }
                 for n in dirty { n.atimeDirty = false }
             } catch {
                 logger.warning("could not write access times: \(error)")
@@ -246,8 +246,8 @@ extension FileSystem {
             n.rec.contentGen += 1
             let rec = n.rec, named = n.nlink > 0, delay = uploadDelay
             try persist { tx in
-                try tx.upsert(rec)
-                if named { try tx.enqueue(ino, delay: delay) }
+                tx.upsert(rec)
+                if named { tx.enqueue(ino, delay: delay) }
             }
             n.unpersisted = true
         }
@@ -336,8 +336,8 @@ extension FileSystem {
             let rec = n.rec
             let named = n.nlink > 0
             try persist { tx in
-                try tx.upsert(rec)
-                if named { try tx.enqueue(ino, delay: delay) }
+                tx.upsert(rec)
+                if named { tx.enqueue(ino, delay: delay) }
             }
             n.unpersisted = false
         }
@@ -422,8 +422,8 @@ extension FileSystem {
             let rec = n.rec
             let named = n.nlink > 0 || ino == rootIno
             try persist { tx in
-                try tx.upsert(rec)
-                if named && ino != rootIno { try tx.enqueue(ino, delay: delay) }
+                tx.upsert(rec)
+                if named && ino != rootIno { tx.enqueue(ino, delay: delay) }
             }
             if ch.size != nil { n.unpersisted = false }
             return attributes(n)
@@ -508,9 +508,9 @@ extension FileSystem {
             n.rec.metaGen += 1
             let rec = n.rec
             try persist { tx in
-                try tx.setXattr(ino, name: name, value: value)
-                try tx.upsert(rec)
-                if ino != rootIno { try tx.enqueue(ino) }
+                tx.setXattr(ino, name: name, value: value)
+                tx.upsert(rec)
+                if ino != rootIno { tx.enqueue(ino) }
             }
             n.xattrs[name] = value
         }
@@ -529,9 +529,9 @@ extension FileSystem {
             n.rec.metaGen += 1
             let rec = n.rec
             try persist { tx in
-                try tx.removeXattr(ino, name: name)
-                try tx.upsert(rec)
-                if ino != rootIno { try tx.enqueue(ino) }
+                tx.removeXattr(ino, name: name)
+                tx.upsert(rec)
+                if ino != rootIno { tx.enqueue(ino) }
             }
             n.xattrs[name] = nil
         }

@@ -57,12 +57,12 @@ final class Handle {
 /// The POSIX filesystem: inodes, names, handles. No libfuse types here; the
 /// FUSE binding translates. Tests drive it directly.
 ///
-/// STATE: every inode lives in `nodes` (loaded from LocalState at start) and is
-/// written through to LocalState on every change, in one transaction per
-/// operation, while `lock` is held — so memory and database change in the
-/// same order. One exception: a new file's rows wait for the next transaction,
-/// which is at the latest its first close (`pendingCreates`). Content lives in
-/// cache files (`ContentCache`).
+/// STATE: every inode lives in `nodes` (loaded from LocalState at start) and each
+/// change to it is recorded in LocalState (`persist`: its intent log now, its
+/// database with the next transaction) while `lock` is held — so memory and
+/// database change in the same order. One exception: a new file's rows wait to be
+/// recorded with the next change, which is at the latest its first close
+/// (`pendingCreates`). Content lives in cache files (`ContentCache`).
 ///
 /// LOCK ORDERING: Coordinator claims first, then `lock`. Never wait for a
 /// claim while holding `lock`. Pure metadata reads (lookup, getattr, readdir,
@@ -96,7 +96,7 @@ public final class FileSystem: @unchecked Sendable {
     /// the close, not two). A killed daemon loses such a file only if no close returned for it.
     /// Its own lock, held across the transaction that writes them (inside `lock` when that is
     /// held: claims, `lock`, this, the database).
-    let pendingCreates = Mutex<[(ino: UInt64, write: @Sendable (StateTransaction) throws -> Void)]>([])
+    let pendingCreates = Mutex<[(ino: UInt64, changes: [StateChange])]>([])
     /// How long a new file's rows may wait for a transaction (tests make it long).
     var pendingCreatesDelay: TimeInterval = 0.5
 
@@ -271,18 +271,39 @@ public final class FileSystem: @unchecked Sendable {
                           size: size, blocks: blocks, atime: r.atimeNs, mtime: r.mtimeNs, ctime: r.ctimeNs)
     }
 
-    /// Runs `body` in one state transaction, mapping a full disk to ENOSPC and other database
-    /// failures to EIO.
-    func persist(_ body: (StateTransaction) throws -> Void) throws {
-        do {
+    /// Records the changes `body` makes to the state (`LocalState.record`: in its intent log
+    /// when this returns, in the database with the next transaction), after those of new files
+    /// that wait. A full disk is ENOSPC, other failures EIO.
+    func persist(_ body: (StateChanges) throws -> Void) throws {
+        try mappingStateErrors {
+            try pendingCreates.withLock { pending in
+                let changes = StateChanges()
+                for p in pending { changes.append(p.changes) }
+                try body(changes)
+                try state.record(changes.list)
+                pending.removeAll()
+            }
+        }
+    }
+
+    /// Runs `body` in a state transaction of its own, for changes that read the database (a
+    /// remote change: the recorded ones and those of new files that wait go first). Slower than
+    /// `persist`: not for the requests of shell tools.
+    func persistNow(_ body: (StateTransaction) throws -> Void) throws {
+        try mappingStateErrors {
             try pendingCreates.withLock { pending in
                 try state.write { tx in
-                    for p in pending { try p.write(tx) }
+                    for p in pending { for c in p.changes { try c.apply(tx) } }
                     try body(tx)
                 }
                 pending.removeAll()
             }
-        } catch let e as FSError { throw e } catch let e as StateError {
+        }
+    }
+
+    /// Maps a full disk to ENOSPC and other failures of the state to EIO.
+    private func mappingStateErrors(_ body: () throws -> Void) throws {
+        do { try body() } catch let e as FSError { throw e } catch let e as StateError {
             logger.error("state write failed: \(e)")
             if case .full = e { throw FSError.noSpace }
             throw FSError.io("\(e)")
@@ -325,9 +346,9 @@ public final class FileSystem: @unchecked Sendable {
 
     /// Keeps a new file's rows for the next transaction, which comes half a second on at the
     /// latest. Call with `lock` held.
-    func deferCreate(_ ino: UInt64, _ write: @escaping @Sendable (StateTransaction) throws -> Void) {
+    func deferCreate(_ ino: UInt64, _ changes: [StateChange]) {
         let first = pendingCreates.withLock { pending in
-            pending.append((ino, write))
+            pending.append((ino, changes))
             return pending.count == 1
         }
         guard first else { return }
@@ -344,7 +365,7 @@ public final class FileSystem: @unchecked Sendable {
         nodes[n.rec.ino] = nil
         pendingCreates.withLock { pending in pending.removeAll { $0.ino == n.rec.ino } }
         if !n.rowsDeleted {
-            do { try state.write { tx in try tx.deleteInode(n.rec.ino) } } catch {
+            do { try state.record([.deleteInode(n.rec.ino)]) } catch {
                 logger.error("could not drop inode \(n.rec.ino): \(error)")
             }
         }

@@ -31,14 +31,9 @@ extension FileSystem {
         defer { if let openFD { openFD.pointee = fd } else if fd >= 0 { close(fd) } }
         dir.rec.mtimeNs = now
         dir.rec.ctimeNs = now
-        let delay = uploadDelay, dirRec = dir.rec
-        let write: @Sendable (StateTransaction) throws -> Void = { tx in
-            try tx.upsert(rec)
-            try tx.insertEntry(parent: dirRec.ino, name: name, ino: ino)
-            try tx.upsert(dirRec)
-            try tx.enqueue(ino, delay: delay)
-        }
-        if deferRows { deferCreate(ino, write) } else { try persist(write) }
+        let changes: [StateChange] = [.upsert(rec), .insertEntry(parent: dir.rec.ino, name: name, ino: ino), .upsert(dir.rec),
+                                      .enqueue(ino, notBefore: Date().timeIntervalSince1970 + uploadDelay)]
+        if deferRows { deferCreate(ino, changes) } else { try persist { $0.append(changes) } }
         let n = attachLocked(rec, in: dir, name: name)
         n.lookups = 1
         return n
@@ -158,10 +153,10 @@ extension FileSystem {
             dir.rec.ctimeNs = now
             let delay = uploadDelay
             try persist { tx in
-                try tx.insertEntry(parent: newParent, name: newName, ino: ino)
-                try tx.upsert(n.rec)
-                try tx.upsert(dir.rec)
-                try tx.enqueue(ino, delay: delay)
+                tx.insertEntry(parent: newParent, name: newName, ino: ino)
+                tx.upsert(n.rec)
+                tx.upsert(dir.rec)
+                tx.enqueue(ino, delay: delay)
             }
             dir.children[newName] = ino
             n.nlink += 1
@@ -217,10 +212,10 @@ extension FileSystem {
                 // not in one of their own at the kernel's `forget` (rm -rf: one commit a file).
                 let dropRows = n.losesRowsWithThisName
                 try persist { tx in
-                    try tx.removeEntry(parent: parent, name: name)
-                    try tx.upsert(dir.rec)
-                    if n.nlink > 1 && !n.isDirectory { try tx.upsert(n.rec) }
-                    if dropRows { try tx.deleteInode(target) }
+                    tx.removeEntry(parent: parent, name: name)
+                    tx.upsert(dir.rec)
+                    if n.nlink > 1 && !n.isDirectory { tx.upsert(n.rec) }
+                    if dropRows { tx.deleteInode(target) }
                 }
                 n.rowsDeleted = dropRows
                 dir.children[name] = nil
@@ -308,9 +303,9 @@ extension FileSystem {
             toDir.rec.mtimeNs = now
             let moved = subtree(src) + subtree(dst)
             try persist { tx in
-                try tx.exchangeEntries((parent, name), (newParent, newName))
-                for n in [s, d, fromDir, toDir] { try tx.upsert(n.rec) }
-                for i in moved { try tx.enqueue(i) }
+                tx.exchangeEntries((parent, name), (newParent, newName))
+                for n in [s, d, fromDir, toDir] { tx.upsert(n.rec) }
+                for i in moved { tx.enqueue(i) }
             }
             fromDir.children[name] = dst
             toDir.children[newName] = src
@@ -344,14 +339,14 @@ extension FileSystem {
         // A replaced file's last name, and nothing has it open: its rows go now (see removeName).
         let dropReplaced = replaced?.losesRowsWithThisName ?? false
         try persist { tx in
-            if replaced != nil { try tx.removeEntry(parent: newParent, name: newName) }
-            try tx.moveEntry(parent: parent, name: name, toParent: newParent, toName: newName)
-            try tx.upsert(s.rec)
-            try tx.upsert(fromDir.rec)
-            if newParent != parent { try tx.upsert(toDir.rec) }
-            if let r = replaced, !r.isDirectory, r.nlink > 1 { try tx.upsert(r.rec) }
-            if let r = replaced, dropReplaced { try tx.deleteInode(r.rec.ino) }
-            for i in moved { try tx.enqueue(i) }
+            if replaced != nil { tx.removeEntry(parent: newParent, name: newName) }
+            tx.moveEntry(parent: parent, name: name, toParent: newParent, toName: newName)
+            tx.upsert(s.rec)
+            tx.upsert(fromDir.rec)
+            if newParent != parent { tx.upsert(toDir.rec) }
+            if let r = replaced, !r.isDirectory, r.nlink > 1 { tx.upsert(r.rec) }
+            if let r = replaced, dropReplaced { tx.deleteInode(r.rec.ino) }
+            for i in moved { tx.enqueue(i) }
         }
         replaced?.rowsDeleted = dropReplaced
         fromDir.children[name] = nil

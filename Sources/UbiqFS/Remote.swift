@@ -107,7 +107,7 @@ extension FileSystem {
                 return e
             }
             if let adopt {
-                try persist { tx in try tx.recordRemote(entryID: adopt.id, key: key, info) }
+                try persistNow { tx in try tx.recordRemote(entryID: adopt.id, key: key, info) }
                 // Its mode, owner, times and xattrs come too, unless changed here (a folder this
                 // device made and has not uploaded yet keeps its own, to be uploaded on top). A
                 // folder made here as the parent of a child the store sent first has none of its own.
@@ -149,7 +149,7 @@ extension FileSystem {
             rec.metaGen = 1
             if isFile && size == 0 { try cache.createEmpty(ino) }
             let xattrs = meta.localXattrs
-            try persist { tx in
+            try persistNow { tx in
                 try tx.upsert(rec)
                 try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
                 try tx.insertEntry(parent: parent, name: name, ino: ino, remoteKey: remote?.key,
@@ -223,7 +223,7 @@ extension FileSystem {
                     n.xattrs = m.localXattrs
                 }
                 let rec = n.rec, xattrs = n.xattrs
-                try persist { tx in
+                try persistNow { tx in
                     try tx.upsert(rec)
                     try tx.recordRemote(entryID: e.id, key: info.key, info)
                     try tx.replaceXattrs(ino, xattrs)
@@ -262,7 +262,7 @@ extension FileSystem {
             // Changed here, or a folder with something the store never had in it: kept,
             // and uploaded again.
             logger.info("\(key) was deleted in the store but changed here: kept, and uploaded again")
-            try persist { tx in
+            try persistNow { tx in
                 try tx.setRemote(entryID: e.id, key: nil, version: nil)
                 try tx.enqueue(ino)
             }
@@ -282,7 +282,7 @@ extension FileSystem {
                 n.rec.ctimeNs = now
                 let dirRec = dir.rec, rec = n.rec
                 var superseded = false
-                try persist { tx in
+                try persistNow { tx in
                     // Checked again in the transaction, where the uploader's record of a new
                     // version would be seen.
                     guard try tx.entries(remoteKey: key).first(where: { $0.id == e.id })?.remoteVersion == before else {

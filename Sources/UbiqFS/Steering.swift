@@ -116,8 +116,8 @@ extension FileSystem {
             n.rec.present = false
             let rec = n.rec
             try persist { tx in
-                try tx.upsert(rec)
-                try tx.removeDownload(ino)
+                tx.upsert(rec)
+                tx.removeDownload(ino)
             }
         }
         cache.remove(ino)
@@ -134,7 +134,7 @@ extension FileSystem {
                 guard n.rec.pinned != pinned else { return }
                 n.rec.pinned = pinned
                 let rec = n.rec
-                try persist { tx in try tx.upsert(rec) }
+                try persist { tx in tx.upsert(rec) }
             }
         }()
         // Unpinned, it may be evicted now: the cache limit holds again.

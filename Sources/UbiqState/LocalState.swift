@@ -90,15 +90,41 @@ public final class LocalState: Sendable {
     public let path: String
     /// Space kept on the disk for this database's commits (DiskReserve).
     public let reserve: DiskReserve
-    private let dbQueue: DatabaseQueue
+    let dbQueue: DatabaseQueue
     private let walFD: Int32
+    /// The recorded changes not yet in the database (nil in memory: they wait in `pending` only).
+    let intents: IntentLog?
+    let pending: Mutex<Pending>
+    /// Held by every transaction, across the database's and `applied`: so no two apply the same
+    /// recorded changes. `record` does not take it, so a request never waits for an apply.
+    let writeLock = NSLock()
+    /// The last recorded change in the database (under `writeLock`).
+    nonisolated(unsafe) var applied: UInt64 = 0
+    /// How long recorded changes wait for a transaction before one is made for them.
+    public let applyDelay: TimeInterval
+    /// Bytes the intent log may hold before it starts again with only what is not applied.
+    let intentLogLimit: Int64
+    let applier = DispatchQueue(label: "ubiq.state.apply")
+    /// Told what went wrong in the background (a recorded change the database refused).
+    let report: @Sendable (String) -> Void
+
+    struct Pending {
+        var batches: [(seq: UInt64, changes: [StateChange])] = []
+        var nextSeq: UInt64 = 1
+    }
 
     /// Opens (creating and migrating) the database at `path`. `exclusive`: this
     /// process is the only one to open it until it closes it (the daemon). `freeBytes`: the
     /// free space of its disk, for the reserve (tests give a disk of their own).
     public init(path: String, exclusive: Bool = false,
-                freeBytes: @escaping @Sendable (String) -> Int64? = DiskReserve.freeBytes(at:)) throws {
+                freeBytes: @escaping @Sendable (String) -> Int64? = DiskReserve.freeBytes(at:),
+                applyDelay: TimeInterval = 0.05, intentLogLimit: Int64 = 4 << 20,
+                report: @escaping @Sendable (String) -> Void = { _ in }) throws {
         self.path = path
+        self.applyDelay = applyDelay
+        self.intentLogLimit = intentLogLimit
+        self.report = report
+        pending = Mutex(Pending())
         reserve = DiskReserve(path: path + ".reserve", bytes: Self.reserveBytes, freeBytes: freeBytes)
         var config = Configuration()
         config.busyMode = .timeout(5)
@@ -121,7 +147,9 @@ public final class LocalState: Sendable {
             throw StateError.database("cannot open \(path): \(error)")
         }
         walFD = open(path + "-wal", O_RDONLY | O_CLOEXEC)
+        intents = try IntentLog(path: path + "-intents")
         for f in [path, path + "-wal", path + "-shm"] { chmod(f, 0o600) }
+        try recover()
     }
 
     deinit { if walFD >= 0 { close(walFD) } }
@@ -130,9 +158,14 @@ public final class LocalState: Sendable {
     public init() throws {
         path = ":memory:"
         reserve = DiskReserve(path: nil)
+        applyDelay = 0.05
+        intentLogLimit = 0
+        report = { _ in }
+        pending = Mutex(Pending())
         dbQueue = try DatabaseQueue()
         try Self.migrator.migrate(dbQueue)
         walFD = -1
+        intents = nil
     }
 
 
@@ -140,13 +173,15 @@ public final class LocalState: Sendable {
 
     /// Runs `body` in one write transaction. A disk too full for it, even after the reserve
     /// was given up, is `StateError.full`.
+    /// The recorded changes go first (`record`), in the same transaction.
     public func write<T>(_ body: (StateTransaction) throws -> T) throws -> T {
+        writeLock.lock(); defer { writeLock.unlock() }
         do {
-            return try dbQueue.write { db in try body(StateTransaction(db: db)) }
+            return try transaction(body)
         } catch let e as DatabaseError where e.resultCode == .SQLITE_FULL {
             // The disk is full: the reserve makes room for this commit (and the next few).
             guard reserve.release() else { throw StateError.full("\(e)") }
-            do { return try dbQueue.write { db in try body(StateTransaction(db: db)) } } catch let e as DatabaseError where e.resultCode == .SQLITE_FULL {
+            do { return try transaction(body) } catch let e as DatabaseError where e.resultCode == .SQLITE_FULL {
                 throw StateError.full("\(e)")
             } catch {
                 throw StateError.database("\(error)")
@@ -156,10 +191,24 @@ public final class LocalState: Sendable {
         }
     }
 
+    /// One transaction: the recorded changes the database lacks, then `body` (under `writeLock`).
+    private func transaction<T>(_ body: (StateTransaction) throws -> T) throws -> T {
+        var last: UInt64?
+        let result = try dbQueue.write { db in
+            let tx = StateTransaction(db: db)
+            last = try applyRecorded(tx)
+            return try body(tx)
+        }
+        if let last { markApplied(last) }
+        return result
+    }
+
     /// Space held beside the database so that it can still commit when the disk fills up.
     public static let reserveBytes: Int64 = 8 << 20
 
+    /// Reads what was recorded too: the recorded changes are applied first.
     public func read<T>(_ body: (StateTransaction) throws -> T) throws -> T {
+        try applyRecordedNow()
         do {
             return try dbQueue.read { db in try body(StateTransaction(db: db)) }
         } catch let e as DatabaseError {
@@ -171,6 +220,10 @@ public final class LocalState: Sendable {
     /// Makes every committed transaction durable against power loss.
     public func syncToDisk() {
         syncs.withLock { $0 += 1 }
+        do { try applyRecordedNow() } catch {
+            // Still in the intent log: that file is made durable instead.
+            pending.withLock { _ in intents?.sync() }
+        }
         if walFD >= 0 { _ = fdatasync(walFD) }
     }
 

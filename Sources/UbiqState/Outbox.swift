@@ -7,10 +7,15 @@ extension StateTransaction {
 
     /// Queues `ino` for upload (coalesced: one row per inode), not before `delay` seconds.
     public func enqueue(_ ino: UInt64, delay: TimeInterval = 0) throws {
+        try enqueue(ino, notBefore: Date().timeIntervalSince1970 + delay)
+    }
+
+    /// Queues `ino` for upload, not before `notBefore` (seconds since 1970).
+    public func enqueue(_ ino: UInt64, notBefore: Double) throws {
         try db.cachedStatement(sql: """
             INSERT INTO outbox (ino, seq, not_before) VALUES (?, (SELECT coalesce(max(seq), 0) + 1 FROM outbox), ?)
             ON CONFLICT (ino) DO UPDATE SET seq = excluded.seq, not_before = max(outbox.not_before, excluded.not_before)
-            """).execute(arguments: [Int64(bitPattern: ino), Date().timeIntervalSince1970 + delay])
+            """).execute(arguments: [Int64(bitPattern: ino), notBefore])
     }
 
     public struct OutboxItem: Sendable { public var ino: UInt64; public var seq: Int64; public var attempts: Int }

@@ -44,7 +44,8 @@ struct Daemon {
         do {
             // A staging copy a crash left behind may be what filled the disk: gone first.
             ContentCache.clearStaging(in: cacheDir)
-            state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true)
+            state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true,
+                                   report: { [logger] in logger.error("\($0)") })
             store = try MountPlan.openStore(plan.store, indexPath: plan.stateDir + "/s3-index.db", logger: logger)
             if let dir = store as? DirectoryStore {
                 // The store this device synced with, and no other made anew in its place.
