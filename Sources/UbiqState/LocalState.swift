@@ -84,8 +84,10 @@ public enum StateError: Error, CustomStringConvertible {
 
 /// The device's truth: a SQLite database (WAL) of inodes, names, xattrs,
 /// the outbox and cursors. `synchronous = NORMAL` makes every commit survive
-/// a killed process; `syncToDisk()` makes everything committed so far survive
-/// a power loss too (it fsyncs the WAL), and is called by close/fsync.
+/// a killed process, and so does `record`, which puts a request's changes in the
+/// intent log for the next transaction to apply (RecordedChanges.swift);
+/// `syncToDisk()` makes everything committed or recorded so far survive a power
+/// loss too (it applies what was recorded and fsyncs the WAL), and is called by fsync.
 public final class LocalState: Sendable {
     public let path: String
     /// Space kept on the disk for this database's commits (DiskReserve).
