@@ -49,9 +49,13 @@ extension LocalState {
     /// Runs the recorded changes the database lacks (in a transaction, under `writeLock`) and
     /// notes the last one's number with them. Returns that number (nil: there were none).
     func applyRecorded(_ tx: StateTransaction) throws -> UInt64? {
-        let done = applied
+        var done = applied
+        guard pending.withLock({ p in p.batches.contains { $0.seq > done } }) else { return nil }
+        // What the database says it has, too: another opening of it (a test's device started
+        // again beside the old one) may have applied these from the log already.
+        done = max(done, try tx.meta(Self.appliedKey).flatMap { UInt64($0) } ?? 0)
         let batches = pending.withLock { p in p.batches.filter { $0.seq > done } }
-        guard let last = batches.last?.seq else { return nil }
+        guard let last = batches.last?.seq else { return done }
         for b in batches { try apply(b.changes, seq: b.seq, tx) }
         try tx.setMeta(Self.appliedKey, String(last))
         return last

@@ -125,6 +125,21 @@ import TestSupport
         #expect(try t.read { tx in try tx.inode(9) } != nil)
     }
 
+    /// A second opening of the state (a test's device started again while the old one lives)
+    /// applies the log; the first then does not apply the same changes again.
+    @Test func changesAnotherOpeningAppliedAreNotAppliedTwice() throws {
+        let path = try paths()
+        let reports = Reports()
+        let old = try LocalState(path: path, applyDelay: 3600, report: reports.sink)
+        try old.record(file(2, named: "a"))
+        let new = try LocalState(path: path, applyDelay: 3600, report: reports.sink)
+        #expect(try new.read { tx in try tx.inode(2) } != nil)
+        try old.applyRecordedNow()
+        #expect(!old.hasRecorded)
+        #expect(reports.all.isEmpty, "\(reports.all)")
+        #expect(try old.read { tx in try tx.allEntries().count } == 1)
+    }
+
     /// Past its limit the log starts again: empty when all of it is applied, else with only
     /// what is not (a change recorded while a transaction applied the others), so it does not
     /// grow through a burst; nothing is lost or applied twice either way.
