@@ -45,12 +45,18 @@ let package = Package(
             "UbiqStore", "UbiqState", "UbiqCoordinator", "UbiqSync", "CUbiq",
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // The control socket: its typed requests and answers, the daemon's server, and the
+        // connection the CLI and the tests ask on.
+        .target(name: "UbiqControl", dependencies: [
+            "UbiqFS", "UbiqState", "UbiqSync", "CUbiq",
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         .target(name: "UbiqFuse", dependencies: [
             "CFuse", "UbiqFS",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "ubiq", dependencies: [
-            "UbiqFuse", "UbiqFS", "UbiqStore", "UbiqS3", "UbiqState", "UbiqSync", "CUbiq",
+            "UbiqFuse", "UbiqFS", "UbiqControl", "UbiqStore", "UbiqS3", "UbiqState", "UbiqSync", "CUbiq",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -63,7 +69,7 @@ let package = Package(
             .product(name: "NIOCore", package: "swift-nio"),
         ]),
         .testTarget(name: "FileSystemTests", dependencies: [
-            "UbiqFS", "UbiqStore", "UbiqState", "UbiqSync", "UbiqCoordinator", "TestSupport",
+            "UbiqFS", "UbiqControl", "UbiqStore", "UbiqState", "UbiqSync", "UbiqCoordinator", "TestSupport",
             .product(name: "GRDB", package: "GRDB.swift"),
         ]),
         .testTarget(name: "MountTests", dependencies: []),

@@ -64,4 +64,44 @@ public struct Engine {
         fs.setSyncHandler { [weak feed] in try feed?.poll() }
         fs.setRemoteRetry { [weak feed] in feed?.kick() }
     }
+
+    /// The item at `path` (relative to the mount) in the store; one clear line when it has
+    /// never been uploaded.
+    public func storeItem(at path: String) throws -> (key: String, version: String, changedHere: Bool) {
+        do { return try fs.storeItem(at: path) } catch FSError.notUploaded {
+            throw EngineError("\(path) is not in the store yet: it has versions there once its first upload is done")
+        }
+    }
+
+    /// What the store keeps of the file at `path`, newest first (`ubiq versions --all`).
+    public func history(at path: String) throws -> (key: String, versions: [ObjectInfo]) {
+        let item = try storeItem(at: path)
+        return (item.key, try uploader.history(of: item.key))
+    }
+
+    /// `ubiq restore`: writes `version` of the file at `path` as its newest version, in the
+    /// store (nothing is downloaded), then brings that here. Returns the new version. Refused,
+    /// changing nothing, while the file has changes here not yet uploaded, when the store's
+    /// current version moved meanwhile, or when there is no such version.
+    public func restore(path: String, version: String) throws -> String {
+        let item = try storeItem(at: path)
+        if item.changedHere {
+            throw EngineError("\(path) has changes here that are not in the store yet; try again once they are uploaded")
+        }
+        let made: String?
+        do {
+            made = try uploader.restore(key: item.key, version: version, over: item.version)
+        } catch StoreError.preconditionFailed {
+            throw EngineError("\(path) changed in the store meanwhile; run ubiq sync and try again")
+        }
+        guard let made else { throw EngineError("\(path) has no version \(version) (ubiq versions --all lists them)") }
+        try feed.poll()
+        return made
+    }
+}
+
+/// A request of `Engine` refused, said in one line for the person who made it.
+public struct EngineError: Error, CustomStringConvertible, Equatable {
+    public let description: String
+    public init(_ d: String) { description = d }
 }

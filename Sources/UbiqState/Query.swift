@@ -30,6 +30,9 @@ public struct QueryRow: Sendable, Codable, Equatable {
     public var ino: UInt64
     /// Path below the scope folder.
     public var path: String
+    /// The path's bytes, when they are not valid UTF-8 (`path` then shows U+FFFD for what
+    /// is not); nil otherwise.
+    public var rawPath: [UInt8]?
     public var name: String
     public var depth: Int
     public var type: String
@@ -81,7 +84,7 @@ extension StateTransaction {
               WHERE d.type = \(S_IFDIR) AND (?2 IS NULL OR dirs.depth + 1 < ?2)
             )
             SELECT * FROM (
-              SELECT e.ino, dirs.path || CAST(e.name AS TEXT) AS path, CAST(e.name AS TEXT) AS name,
+              SELECT e.ino, CAST(dirs.path || CAST(e.name AS TEXT) AS BLOB) AS path, CAST(e.name AS TEXT) AS name,
                 dirs.depth + 1 AS depth, i.type, i.size, i.mtime, i.pinned,
                 \(SyncStatus.sqlCase) AS status
               FROM dirs JOIN entries e ON e.parent = dirs.ino JOIN inodes i ON i.ino = e.ino
@@ -100,7 +103,10 @@ extension StateTransaction {
             case UInt32(S_IFLNK): t = "symlink"
             default: t = "other"
             }
-            return QueryRow(ino: UInt64(bitPattern: r["ino"]), path: r["path"], name: r["name"], depth: r["depth"], type: t,
+            let bytes = [UInt8]((r["path"] as Data?) ?? Data())
+            let valid = String(validating: bytes, as: UTF8.self)
+            return QueryRow(ino: UInt64(bitPattern: r["ino"]), path: valid ?? String(decoding: bytes, as: UTF8.self),
+                            rawPath: valid == nil ? bytes : nil, name: r["name"], depth: r["depth"], type: t,
                             size: t == "file" ? r["size"] : 0, mtimeNs: r["mtime"],
                             status: SyncStatus(rawValue: r["status"]) ?? .current, pinned: r["pinned"])
         }

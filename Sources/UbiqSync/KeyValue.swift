@@ -280,3 +280,94 @@ public struct KVStoreClient: Sendable {
         throw StoreError.unavailable("the key \(entry.key.debugDescription) kept changing in the store")
     }
 }
+
+/// Any JSON value, for a `json` value of the key-value store inside Codable messages.
+public enum JSONValue: Codable, Equatable, Sendable {
+    case null
+    case bool(Bool)
+    case number(Double)
+    case string(String)
+    case array([JSONValue])
+    case object([String: JSONValue])
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.singleValueContainer()
+        if c.decodeNil() { self = .null }
+        else if let b = try? c.decode(Bool.self) { self = .bool(b) }
+        else if let d = try? c.decode(Double.self) { self = .number(d) }
+        else if let s = try? c.decode(String.self) { self = .string(s) }
+        else if let a = try? c.decode([JSONValue].self) { self = .array(a) }
+        else { self = .object(try c.decode([String: JSONValue].self)) }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.singleValueContainer()
+        switch self {
+        case .null: try c.encodeNil()
+        case .bool(let b): try c.encode(b)
+        case .number(let d): try c.encode(d)
+        case .string(let s): try c.encode(s)
+        case .array(let a): try c.encode(a)
+        case .object(let o): try c.encode(o)
+        }
+    }
+
+    /// The value as JSON text, keys sorted (as a `json` value is kept).
+    public var text: String {
+        let e = JSONEncoder()
+        e.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return (try? e.encode(self)).map { String(decoding: $0, as: UTF8.self) } ?? "null"
+    }
+}
+
+/// An entry in messages (the control socket): the stored form's keys and values, `value` as
+/// `{"type": ..., "value": ...}` or `removed: true`.
+extension KVEntry: Codable {
+    private enum Keys: String, CodingKey { case key, timeNs, device, value, removed, type }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        let key = try c.decode(String.self, forKey: .key)
+        let time = try c.decode(Int64.self, forKey: .timeNs)
+        let device = try c.decodeIfPresent(String.self, forKey: .device) ?? ""
+        if try c.decodeIfPresent(Bool.self, forKey: .removed) == true {
+            self.init(key: key, value: nil, timeNs: time, device: device)
+            return
+        }
+        let v = try c.nestedContainer(keyedBy: Keys.self, forKey: .value)
+        let value: KVValue
+        switch try v.decode(String.self, forKey: .type) {
+        case "string": value = .string(try v.decode(String.self, forKey: .value))
+        case "number": value = .number(try v.decode(Double.self, forKey: .value))
+        case "bool": value = .bool(try v.decode(Bool.self, forKey: .value))
+        case "json": value = .json(try v.decode(JSONValue.self, forKey: .value).text)
+        case "bytes":
+            guard let d = Data(base64Encoded: try v.decode(String.self, forKey: .value)) else {
+                throw DecodingError.dataCorruptedError(forKey: .value, in: v, debugDescription: "bytes not in base64")
+            }
+            value = .bytes(d)
+        case let t: throw DecodingError.dataCorruptedError(forKey: .type, in: v, debugDescription: "unknown type \(t)")
+        }
+        self.init(key: key, value: value, timeNs: time, device: device)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        try c.encode(key, forKey: .key)
+        try c.encode(timeNs, forKey: .timeNs)
+        try c.encode(device, forKey: .device)
+        guard let value else {
+            try c.encode(true, forKey: .removed)
+            return
+        }
+        var v = c.nestedContainer(keyedBy: Keys.self, forKey: .value)
+        try v.encode(value.typeName, forKey: .type)
+        switch value {
+        case .string(let s): try v.encode(s, forKey: .value)
+        case .number(let d): try v.encode(d, forKey: .value)
+        case .bool(let b): try v.encode(b, forKey: .value)
+        case .json(let t): try v.encode((try? JSONDecoder().decode(JSONValue.self, from: Data(t.utf8))) ?? .null, forKey: .value)
+        case .bytes(let d): try v.encode(d.base64EncodedString(), forKey: .value)
+        }
+    }
+}

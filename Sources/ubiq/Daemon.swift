@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import UbiqCoordinator
+import UbiqControl
 import UbiqFS
 import UbiqFuse
 import UbiqS3
@@ -167,11 +168,10 @@ struct Daemon {
         let kv: KVMirror? = plan.scope == "documents" ? nil
             : KVMirror(state: state, client: KVStoreClient(store: store, device: deviceID), logger: logger)
         if let kv { feed.setKVApplier { keys, initial in kv.apply(objectKeys: keys, initial: initial) } }
-        let control = ControlServer(path: Self.controlSocketPath(plan), fs: fs, feed: feed, uploader: uploader, kv: kv,
-                                    info: ["mount": plan.mountpoint, "store": plan.storeURL, "device": deviceID,
-                                           "deviceName": uploader.deviceName,
-                                           "state": plan.stateDir, "cacheLimit": String(plan.cacheSize),
-                                           "pid": String(getpid())],
+        let control = ControlServer(path: Self.controlSocketPath(plan), engine: engine, kv: kv,
+                                    info: MountInfo(mount: plan.mountpoint, store: plan.storeURL, device: deviceID,
+                                                    deviceName: uploader.deviceName, state: plan.stateDir,
+                                                    cacheLimit: plan.cacheSize, pid: getpid()),
                                     logger: logger)
         do {
             try control.start()

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
+import UbiqControl
 import UbiqStore
 import UbiqSync
 
@@ -119,7 +120,7 @@ struct KVGet: ParsableCommand {
         let e: KVEntry?
         switch kvBackend(target) {
         case .store(let client): e = kvRun { try await client.get(key) }
-        case .mount(let c): e = kvEntry(c.request(["op": "kv-get", "key": key])["result"])
+        case .mount(let c): e = c.request(.kvGet(key: key), as: KVGetReply.self).result
         }
         guard let e, let v = e.value else { fail("no value for \(key.debugDescription)") }
         print(json ? kvJSON(e) : v.display)
@@ -193,11 +194,6 @@ func kvBackend(_ target: KVTarget) -> KVTarget.Backend {
     do { return try target.backend() } catch { fail("\(error)") }
 }
 
-func kvEntry(_ doc: Any?) -> KVEntry? {
-    guard let doc, !(doc is NSNull), let data = try? JSONSerialization.data(withJSONObject: doc) else { return nil }
-    return KVEntry.decode(data)
-}
-
 /// Writes `entry` (its device filled in), and says so when a later value stands.
 func kvWrite(_ entry: KVEntry, _ target: KVTarget) {
     var mine = entry
@@ -208,11 +204,9 @@ func kvWrite(_ entry: KVEntry, _ target: KVTarget) {
         let written = mine
         stands = kvRun { try await client.write(written) }
     case .mount(let c):
-        let doc = (try? JSONSerialization.jsonObject(with: entry.encoded())) ?? [:]
-        let r = c.request(["op": "kv-set", "entry": doc])
-        guard let s = kvEntry(r["stands"]) else { fail("the daemon sent no answer for \(entry.key.debugDescription)") }
-        if r["won"] as? Bool == true { return }
-        stands = s
+        let r = c.request(.kvSet(entry: entry), as: KVSetReply.self)
+        if r.won { return }
+        stands = r.stands
     }
     if stands.timeNs != mine.timeNs || stands.value != mine.value {
         print("a later value from another device stands: \(stands.value?.display ?? "(removed)")")
@@ -239,7 +233,7 @@ struct KVList: ParsableCommand {
         let all: [KVEntry]
         switch kvBackend(target) {
         case .store(let client): all = kvRun { try await client.list() }
-        case .mount(let c): all = (c.request(["op": "kv-list"])["values"] as? [Any] ?? []).compactMap(kvEntry)
+        case .mount(let c): all = c.request(.kvList, as: KVListReply.self).values
         }
         for e in all {
             print(json ? kvJSON(e) : "\(e.key)\t\(e.value?.display ?? "")")
@@ -264,10 +258,9 @@ struct KVWatch: ParsableCommand {
         case .store(let c): client = c
         case .mount(let c):
             // The mount's stream: what its feed brings in from other devices.
-            _ = c.requestRaw(["op": "kv-watch"])
-            while let o = c.nextLine() {
-                let values = (o["entries"] as? [Any] ?? []).compactMap(kvEntry).map(kvWatchValue)
-                let line: [String: Any] = ["reason": o["reason"] ?? "changed", "keys": o["keys"] ?? [], "values": values]
+            _ = c.request(.kvWatch, as: Done.self)
+            while let o = c.next(KVChange.self) {
+                let line: [String: Any] = ["reason": o.reason, "keys": o.keys, "values": o.entries.map(kvWatchValue)]
                 if let d = try? JSONSerialization.data(withJSONObject: line, options: [.sortedKeys]) {
                     FileHandle.standardOutput.write(d + Data("\n".utf8))
                 }

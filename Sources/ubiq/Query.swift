@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UbiqControl
 import UbiqState
 
 struct Query: ParsableCommand {
@@ -125,11 +126,8 @@ struct Query: ParsableCommand {
         var isDir: ObjCBool = false
         guard FileManager.default.fileExists(atPath: abs, isDirectory: &isDir), isDir.boolValue else { fail("\(path) is not a folder") }
         let scope = client.relative(abs)
-        let specObject = try JSONSerialization.jsonObject(with: JSONEncoder().encode(q))
-        struct Reply: Decodable { var items: [QueryRow] }
         func fetch(_ c: ControlClient) throws -> [QueryRow] {
-            let line = c.requestRaw(["op": "query", "scope": scope, "spec": specObject])
-            return try JSONDecoder().decode(Reply.self, from: Data(line.utf8)).items
+            c.request(.query(scope: scope, spec: q), as: QueryReply.self).items
         }
         let rows = try fetch(client)
         if !watch {
@@ -142,7 +140,8 @@ struct Query: ParsableCommand {
             } else {
                 for r in rows {
                     let size = r.type == "file" ? humanBytes(r.size) : "-"
-                    out += pad(r.status.rawValue, 11) + " " + pad(size, 9) + " " + timeText(r.mtimeNs, minutes: true) + "  " + join(abs, r.path) + "\n"
+                    out += pad(r.status.rawValue, 11) + " " + pad(size, 9) + " " + timeText(r.mtimeNs, minutes: true) + "  "
+                        + join(abs, r.rawPath.map { BytePath(bytes: $0).display } ?? r.path) + "\n"  // \xNN for bytes not UTF-8
                 }
             }
             FileHandle.standardOutput.write(Data(out.utf8))
@@ -153,9 +152,9 @@ struct Query: ParsableCommand {
         for r in rows { emit("added", r, abs) }
         say(jsonLine(["change": "gathered", "count": rows.count]))
         let events = ControlClient.connect(for: path)
-        _ = events.request(["op": "watch", "scope": scope])
+        _ = events.request(.watch(scope: scope), as: Done.self)
         let queries = ControlClient.connect(for: path)
-        while events.nextLine() != nil {
+        while events.next(WatchEvent.self) != nil {
             // Something changed: wait out the interval (more may come), then compare.
             let until = Date(timeIntervalSinceNow: interval)
             while Date() < until { usleep(20_000) }
@@ -188,23 +187,6 @@ struct Query: ParsableCommand {
     }
 
     private func emit(_ change: String, _ r: QueryRow, _ base: String) { say(itemJSON(r, base, change: change)) }
-}
-
-/// A JSON string literal for `s`.
-func jsonString(_ s: String) -> String {
-    var out = "\""
-    for u in s.unicodeScalars {
-        switch u {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
-        case "\n": out += "\\n"
-        case "\r": out += "\\r"
-        case "\t": out += "\\t"
-        default:
-            if u.value < 0x20 { out += String(format: "\\u%04x", u.value) } else { out.unicodeScalars.append(u) }
-        }
-    }
-    return out + "\""
 }
 
 /// UTC time of `ns` since the epoch: "2026-11-23T12:02:37.200Z", or "2026-11-23 12:02" (local).
@@ -240,13 +222,12 @@ struct Watch: ParsableCommand {
         let client = ControlClient.connect(for: path)
         defer { client.close() }
         let abs = Paths.absolute(path)
-        _ = client.request(["op": "watch", "scope": client.relative(abs)])
+        _ = client.request(.watch(scope: client.relative(abs)), as: Done.self)
         let base = client.mount
-        while let e = client.nextLine() {
-            var o = e
-            if let p = e["path"] as? String { o["path"] = p.isEmpty ? base : base + "/" + p }
-            if let f = e["from"] as? String { o["from"] = f.isEmpty ? base : base + "/" + f }
-            say(jsonLine(o))
+        while var e = client.next(WatchEvent.self) {
+            e.path = e.path.map { $0.isEmpty ? base : base + "/" + $0 }
+            e.from = e.from.map { $0.isEmpty ? base : base + "/" + $0 }
+            say(jsonLine(e))
         }
         fail("the daemon of \(client.mount) went away")
     }

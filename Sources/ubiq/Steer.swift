@@ -1,6 +1,7 @@
 import ArgumentParser
 import CUbiq
 import Foundation
+import UbiqControl
 import UbiqState
 
 /// The paths given, resolved, each checked to be inside a ubiq mount, as Strings (for the
@@ -29,6 +30,13 @@ func humanBytes(_ n: Int64) -> String {
 func jsonLine(_ object: [String: Any]) -> String {
     let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data()
     return String(decoding: data, as: UTF8.self)
+}
+
+/// `value` as one line of JSON, keys sorted.
+func jsonLine<T: Encodable>(_ value: T) -> String {
+    let e = JSONEncoder()
+    e.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+    return (try? e.encode(value)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
 }
 
 struct Download: ParsableCommand {
@@ -219,14 +227,14 @@ struct Sync: ParsableCommand {
             var spec = QuerySpec()
             spec.status = [.uploading, .error, .local]
             spec.limit = 50
-            if let reply = c.ask(["op": "query", "scope": "", "spec": (try? JSONSerialization.jsonObject(with: JSONEncoder().encode(spec))) ?? [:]]),
-               let items = reply["items"] as? [[String: Any]] {
-                for item in items where (item["type"] as? String) != "folder" {
-                    let rel = item["path"] as? String ?? ""
-                    let full = mount + "/" + rel
-                    let why = getAttribute(full, "user.ubiq.uploading-error").flatMap { $0.isEmpty ? nil : $0 }
-                        ?? getAttribute(full, "user.ubiq.downloading-error").flatMap { $0.isEmpty ? nil : $0 }
-                    lines.append("  \(item["status"] as? String ?? "?") \(rel)\(why.map { ": " + $0 } ?? "")")
+            if let reply = c.ask(.query(scope: "", spec: spec), as: QueryReply.self) {
+                for item in reply.items where item.type != "folder" {
+                    // The path's own bytes: a name that is not UTF-8 is found, and shown as \xNN.
+                    let full = BytePath(bytes: Array(mount.utf8) + [UInt8(ascii: "/")] + (item.rawPath ?? Array(item.path.utf8)))
+                    let why = full.attribute("user.ubiq.uploading-error").flatMap { $0.isEmpty ? nil : $0 }
+                        ?? full.attribute("user.ubiq.downloading-error").flatMap { $0.isEmpty ? nil : $0 }
+                    let rel = item.rawPath.map { BytePath(bytes: $0).display } ?? item.path
+                    lines.append("  \(item.status.rawValue) \(rel)\(why.map { ": " + $0 } ?? "")")
                 }
             }
         }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UbiqControl
 import UbiqState
 
 struct Unmount: ParsableCommand {
@@ -65,7 +66,7 @@ struct Unmount: ParsableCommand {
     static func askDaemon(_ mp: String) -> MountRecord? {
         guard let c = ControlClient.reach(mount: mp) else { return nil }
         defer { c.close() }
-        guard let o = c.ask(["op": "status"]), let pid = (o["pid"] as? String).flatMap({ Int32($0) }), let state = o["state"] as? String else { return nil }
-        return MountRecord(pid: pid, mountpoint: mp, state: state, store: o["store"] as? String ?? "")
+        guard let o = c.ask(.status, as: StatusReply.self), let pid = Int32(o.pid) else { return nil }
+        return MountRecord(pid: pid, mountpoint: mp, state: o.state, store: o.store)
     }
 }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UbiqControl
 import UbiqSync
 
 /// One conflict copy beside a file, as `ubiq versions` lists it.
@@ -73,12 +74,11 @@ struct Versions: ParsableCommand {
         let copies = conflictCopies(of: p)
         let version = getAttribute(p, "user.ubiq.version") ?? ""
         let status = getAttribute(p, "user.ubiq.status") ?? ""
-        var history: [[String: Any]] = []
+        var history: [HistoryReply.Version] = []
         if all {
             let client = ControlClient.connect(for: p)
             defer { client.close() }
-            let reply = client.request(["op": "history", "path": client.relative(p)])
-            history = reply["versions"] as? [[String: Any]] ?? []
+            history = client.request(.history(path: client.relative(p)), as: HistoryReply.self).versions
         }
         if json {
             var o: [String: Any] = [
@@ -88,8 +88,8 @@ struct Versions: ParsableCommand {
             ]
             if all {
                 o["history"] = history.map { h -> [String: Any] in
-                    ["version": h["version"] ?? "", "size": h["size"] ?? 0, "device": h["device"] ?? "",
-                     "mtime": timeText((h["mtimeNs"] as? NSNumber)?.int64Value ?? 0, minutes: false), "current": h["current"] ?? false]
+                    ["version": h.version, "size": h.size, "device": h.device,
+                     "mtime": timeText(h.mtimeNs, minutes: false), "current": h.current]
                 }
             }
             print(jsonLine(o))
@@ -107,10 +107,9 @@ struct Versions: ParsableCommand {
         if all {
             print("versions in the store (ubiq restore brings one back):")
             for h in history {
-                let mark = (h["current"] as? Bool ?? false) ? "  (current)" : ""
-                let size = (h["size"] as? NSNumber)?.int64Value ?? 0
-                let device = (h["device"] as? String).map { $0.isEmpty ? "" : "  from \($0)" } ?? ""
-                print("  \(h["version"] ?? "")  \(humanBytes(size))  \(timeText((h["mtimeNs"] as? NSNumber)?.int64Value ?? 0, minutes: true))\(device)\(mark)")
+                let mark = h.current ? "  (current)" : ""
+                let device = h.device.isEmpty ? "" : "  from \(h.device)"
+                print("  \(h.version)  \(humanBytes(h.size))  \(timeText(h.mtimeNs, minutes: true))\(device)\(mark)")
             }
         }
     }
@@ -205,8 +204,8 @@ struct Restore: ParsableCommand {
         let p = fileInMount(path)
         let client = ControlClient.connect(for: p)
         defer { client.close() }
-        let reply = client.request(["op": "restore", "path": client.relative(p), "version": version])
-        print("restored \(p) (now version \(reply["version"] as? String ?? "?"))")
+        let reply = client.request(.restore(path: client.relative(p), version: version), as: RestoreReply.self)
+        print("restored \(p) (now version \(reply.version))")
     }
 }
 

@@ -27,6 +27,7 @@ final class Device: @unchecked Sendable {
     var uploader: Uploader!
     var feed: ChangeFeed!
     var materializer: Materializer!
+    var engine: Engine!
     /// What the device logged (also printed), for tests of what it says.
     let log = LogLines()
     lazy var logger: Logger = { [log] in Logger(label: "test") { _ in LogLines.Handler(lines: log) } }()
@@ -63,6 +64,7 @@ final class Device: @unchecked Sendable {
         let engine = try Engine(state: state, store: remote, cache: cache, deviceID: dir.lastPathComponent, logger: logger,
                                 options: options)
         (materializer, uploader, fs, feed) = (engine.materializer, engine.uploader, engine.fs, engine.feed)
+        self.engine = engine
     }
 
     /// Brings in the store's changes (what the feed's thread does every few seconds).

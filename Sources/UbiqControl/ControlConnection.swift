@@ -1,0 +1,158 @@
+import Foundation
+
+/// One end of a control socket connection: JSON lines in both directions. The daemon's server
+/// answers on one; the CLI and the tests ask on one (`ControlConnection.dial`, `request`).
+public final class ControlConnection: @unchecked Sendable {
+    public let fd: Int32
+    private var buffer: [UInt8] = []
+    private var start = 0
+    /// Where the search for the next newline goes on (what is before it has none).
+    private var scanned = 0
+
+    public init(fd: Int32) { self.fd = fd }
+
+    /// Connects to the socket at `path`.
+    public static func dial(_ path: String) throws -> ControlConnection {
+        let s = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        if s < 0 { throw ControlError(String(cString: strerror(errno))) }
+        var addr: sockaddr_un
+        do { addr = try address(path) } catch { Glibc.close(s); throw error }
+        let r = withUnsafePointer(to: &addr) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(s, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        if r != 0 { let e = errno; Glibc.close(s); throw ControlError(String(cString: strerror(e))) }
+        return ControlConnection(fd: s)
+    }
+
+    static func address(_ path: String) throws -> sockaddr_un {
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else { throw ControlError("socket path too long: \(path)") }
+        withUnsafeMutableBytes(of: &addr.sun_path) { buf in
+            for (i, b) in bytes.enumerated() { buf[i] = b }
+            buf[bytes.count] = 0
+        }
+        return addr
+    }
+
+    /// Sends `request` and reads its answer: `T`, or the daemon's refusal thrown as a
+    /// `ControlError`.
+    public func request<T: Decodable>(_ request: ControlRequest, as: T.Type = T.self) throws -> T {
+        guard send(request) else { throw ControlError("the daemon closed the connection") }
+        return try answer(T.self)
+    }
+
+    /// Reads the next line as `T` (an answer, or a line of a stream); nil when the daemon
+    /// closed the connection.
+    public func next<T: Decodable>(_ type: T.Type, limit: Int = 1 << 30) throws -> T? {
+        guard let line = nextLine(limit: limit) else { return nil }
+        return try Self.decode(T.self, line)
+    }
+
+    private func answer<T: Decodable>(_ type: T.Type) throws -> T {
+        guard let reply = try next(Answer<T>.self) else { throw ControlError("the daemon closed the connection") }
+        switch reply {
+        case .ok(let value): return value
+        case .refused(let why): throw ControlError(why)
+        }
+    }
+
+    static func decode<T: Decodable>(_ type: T.Type, _ line: String) throws -> T {
+        do { return try JSONDecoder().decode(T.self, from: Data(line.utf8)) } catch {
+            throw ControlError("the daemon sent an answer this version cannot read (\(error))")
+        }
+    }
+
+    /// An answer: `T` when it says `"ok": true`, else its `error` (one decoding of the line).
+    enum Answer<T: Decodable>: Decodable {
+        case ok(T)
+        case refused(String)
+        private enum Keys: String, CodingKey { case ok, error }
+        init(from decoder: any Decoder) throws {
+            let c = try decoder.container(keyedBy: Keys.self)
+            if try c.decodeIfPresent(Bool.self, forKey: .ok) == true {
+                self = .ok(try T(from: decoder))
+            } else {
+                self = .refused(try c.decodeIfPresent(String.self, forKey: .error) ?? "the daemon refused the request")
+            }
+        }
+    }
+
+    @discardableResult
+    public func send<T: Encodable>(_ value: T) -> Bool {
+        let e = JSONEncoder()
+        e.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        guard let d = try? e.encode(value) else { return false }
+        return sendRaw(String(decoding: d, as: UTF8.self) + "\n")
+    }
+
+    public func sendRaw(_ text: String) -> Bool {
+        let bytes = Array(text.utf8)
+        var done = 0
+        while done < bytes.count {
+            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL)) }
+            if n < 0 { if errno == EINTR { continue }; return false }
+            done += n
+        }
+        return true
+    }
+
+    /// The next line, without its newline (nil at the end, or past `limit` bytes).
+    public func nextLine(limit: Int) -> String? {
+        var chunk = [UInt8](repeating: 0, count: 1 << 16)
+        while true {
+            if let nl = buffer[max(start, scanned)...].firstIndex(of: UInt8(ascii: "\n")) {
+                let line = String(decoding: buffer[start ..< nl], as: UTF8.self)
+                start = nl + 1
+                scanned = start
+                if start > 1 << 20 { buffer.removeFirst(start); start = 0; scanned = 0 }
+                return line
+            }
+            scanned = buffer.count
+            if buffer.count - start > limit { return nil }
+            let n = read(fd, &chunk, chunk.count)
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 {
+                if buffer.count > start {
+                    defer { buffer.removeAll(); start = 0; scanned = 0 }
+                    return String(decoding: buffer[start...], as: UTF8.self)
+                }
+                return nil
+            }
+            buffer.append(contentsOf: chunk[..<n])
+        }
+    }
+
+    /// False once the other end has closed.
+    public var alive: Bool {
+        var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        guard poll(&p, 1, 0) >= 0 else { return false }
+        if p.revents & Int16(POLLHUP | POLLERR) != 0 { return false }
+        if p.revents & Int16(POLLIN) != 0 {
+            var b: UInt8 = 0
+            return recv(fd, &b, 1, Int32(MSG_PEEK | MSG_DONTWAIT)) != 0
+        }
+        return true
+    }
+
+    public func close() { Glibc.close(fd) }
+}
+
+/// A JSON string literal for `s`.
+public func jsonString(_ s: String) -> String {
+    var out = "\""
+    for u in s.unicodeScalars {
+        switch u {
+        case "\"": out += "\\\""
+        case "\\": out += "\\\\"
+        case "\n": out += "\\n"
+        case "\r": out += "\\r"
+        case "\t": out += "\\t"
+        default:
+            if u.value < 0x20 { out += String(format: "\\u%04x", u.value) } else { out.unicodeScalars.append(u) }
+        }
+    }
+    return out + "\""
+}
+

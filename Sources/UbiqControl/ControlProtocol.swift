@@ -1,0 +1,213 @@
+import Foundation
+import UbiqState
+import UbiqSync
+
+/// The requests of the control socket (docs/control.md): one JSON object a line, its `op`
+/// naming the request. The daemon's server, the CLI and the tests all speak through these
+/// types, so a request or an answer is spelled once.
+public enum ControlRequest: Sendable, Equatable {
+    /// The mount's figures (`StatusReply`).
+    case status
+    /// Look at the store's changes now, and start pending uploads without waiting.
+    case sync
+    /// The rows of `ubiq query` under the folder `scope` (`QueryReply`).
+    case query(scope: String, spec: QuerySpec)
+    /// What the store keeps of the file at `path` (`HistoryReply`).
+    case history(path: String)
+    /// Makes `version` of the file at `path` its newest (`RestoreReply`).
+    case restore(path: String, version: String)
+    /// `{"ok":true}`, then a `WatchEvent` a line for changes under `scope`.
+    case watch(scope: String)
+    case kvGet(key: String)
+    case kvList
+    case kvSet(entry: KVEntry)
+    /// `{"ok":true}`, then a `KVChange` a line.
+    case kvWatch
+
+    public var op: String {
+        switch self {
+        case .status: return "status"
+        case .sync: return "sync"
+        case .query: return "query"
+        case .history: return "history"
+        case .restore: return "restore"
+        case .watch: return "watch"
+        case .kvGet: return "kv-get"
+        case .kvList: return "kv-list"
+        case .kvSet: return "kv-set"
+        case .kvWatch: return "kv-watch"
+        }
+    }
+
+    /// Whether the connection becomes a stream of lines after the answer.
+    public var streams: Bool {
+        switch self {
+        case .watch, .kvWatch: return true
+        default: return false
+        }
+    }
+}
+
+extension ControlRequest: Codable {
+    private enum Keys: String, CodingKey { case op, scope, spec, path, version, key, entry }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        let op = try c.decode(String.self, forKey: .op)
+        func text(_ k: Keys) throws -> String { try c.decodeIfPresent(String.self, forKey: k) ?? "" }
+        switch op {
+        case "status": self = .status
+        case "sync": self = .sync
+        case "query": self = .query(scope: try text(.scope), spec: try c.decodeIfPresent(QuerySpec.self, forKey: .spec) ?? QuerySpec())
+        case "history": self = .history(path: try text(.path))
+        case "restore": self = .restore(path: try text(.path), version: try text(.version))
+        case "watch": self = .watch(scope: try text(.scope))
+        case "kv-get": self = .kvGet(key: try text(.key))
+        case "kv-list": self = .kvList
+        case "kv-set": self = .kvSet(entry: try c.decode(KVEntry.self, forKey: .entry))
+        case "kv-watch": self = .kvWatch
+        default: throw ControlError("unknown op \(op)")
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        try c.encode(op, forKey: .op)
+        switch self {
+        case .status, .sync, .kvList, .kvWatch: break
+        case .query(let scope, let spec):
+            try c.encode(scope, forKey: .scope)
+            try c.encode(spec, forKey: .spec)
+        case .history(let path): try c.encode(path, forKey: .path)
+        case .restore(let path, let version):
+            try c.encode(path, forKey: .path)
+            try c.encode(version, forKey: .version)
+        case .watch(let scope): try c.encode(scope, forKey: .scope)
+        case .kvGet(let key): try c.encode(key, forKey: .key)
+        case .kvSet(let entry): try c.encode(entry, forKey: .entry)
+        }
+    }
+}
+
+/// A refusal, from the daemon (`{"ok":false,"error":...}`) or about the connection.
+public struct ControlError: Error, CustomStringConvertible, Equatable {
+    public let description: String
+    public init(_ d: String) { description = d }
+}
+
+/// The answer to every request that fails: `{"ok":false,"error":"..."}`.
+struct Refusal: Codable {
+    var ok = false
+    var error: String
+}
+
+/// The answer to `status`. `cacheLimit` and `pid` are strings, as the protocol has always
+/// sent them.
+public struct StatusReply: Codable, Sendable, Equatable {
+    public var ok = true
+    public var mount: String
+    public var store: String
+    public var device: String
+    public var deviceName: String
+    public var state: String
+    public var cacheLimit: String
+    public var pid: String
+    public var items: Int
+    public var cacheBytes: Int64
+    public var pendingUploads: Int
+    /// When the store's changes were last looked at (ISO 8601), and why that failed.
+    public var lastPoll: String?
+    public var lastPollError: String?
+}
+
+/// What a daemon says of its mount in `StatusReply`, fixed when it starts.
+public struct MountInfo: Sendable, Equatable {
+    public var mount: String
+    public var store: String
+    public var device: String
+    public var deviceName: String
+    public var state: String
+    public var cacheLimit: Int64
+    public var pid: Int32
+
+    public init(mount: String, store: String, device: String, deviceName: String, state: String, cacheLimit: Int64, pid: Int32) {
+        self.mount = mount; self.store = store; self.device = device; self.deviceName = deviceName
+        self.state = state; self.cacheLimit = cacheLimit; self.pid = pid
+    }
+}
+
+/// `{"ok":true}`: the answer of `sync`, and the first line of a stream.
+public struct Done: Codable, Sendable, Equatable {
+    public var ok = true
+    public init() {}
+}
+
+public struct QueryReply: Codable, Sendable, Equatable {
+    public var ok = true
+    public var items: [QueryRow]
+}
+
+public struct HistoryReply: Codable, Sendable, Equatable {
+    public struct Version: Codable, Sendable, Equatable {
+        public var version: String
+        public var size: Int64
+        public var mtimeNs: Int64
+        public var device: String
+        public var current: Bool
+    }
+    public var ok = true
+    public var storeKey: String
+    /// Newest first.
+    public var versions: [Version]
+}
+
+public struct RestoreReply: Codable, Sendable, Equatable {
+    public var ok = true
+    /// The new current version: a copy of the one asked for.
+    public var version: String
+}
+
+/// A line of a `watch` stream: `event` is `changed`, `deleted`, `renamed` (with `from`) or
+/// `overflow` (with `dropped`, and no path). Paths are relative to the mount.
+public struct WatchEvent: Codable, Sendable, Equatable {
+    public var event: String
+    public var path: String?
+    public var from: String?
+    public var time: String?
+    public var dropped: Int?
+
+    public init(event: String, path: String? = nil, from: String? = nil, time: String? = nil, dropped: Int? = nil) {
+        self.event = event; self.path = path; self.from = from; self.time = time; self.dropped = dropped
+    }
+}
+
+public struct KVGetReply: Codable, Sendable, Equatable {
+    public var ok = true
+    public var result: KVEntry?
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(ok, forKey: .ok)
+        try c.encode(result, forKey: .result)  // null when there is none
+    }
+}
+
+public struct KVListReply: Codable, Sendable, Equatable {
+    public var ok = true
+    public var values: [KVEntry]
+}
+
+public struct KVSetReply: Codable, Sendable, Equatable {
+    public var ok = true
+    /// The entry that stands after the set, and whether it is the one sent.
+    public var stands: KVEntry
+    public var won: Bool
+}
+
+/// A line of a `kv-watch` stream.
+public struct KVChange: Codable, Sendable, Equatable {
+    /// `changed`, `initial-sync` or `quota`.
+    public var reason: String
+    public var keys: [String]
+    public var entries: [KVEntry]
+}

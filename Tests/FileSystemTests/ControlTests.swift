@@ -1,0 +1,154 @@
+import Foundation
+import Logging
+import Testing
+import TestSupport
+import UbiqControl
+@testable import UbiqFS
+import UbiqState
+import UbiqStore
+import UbiqSync
+
+/// The control socket without a mount: its typed requests on the wire, and a real server on a
+/// Unix socket in front of a device, asked what `ubiq status`, `query`, `sync`, `versions`,
+/// `restore`, `watch` and `kv` ask.
+@Suite struct ControlTests {
+    /// A device's control server on a socket of its own, and a connection to it.
+    final class Served {
+        let device: Device
+        let server: ControlServer
+        let kv: KVMirror
+
+        init(_ device: Device, store: DirectoryStore, withKV: Bool = true) throws {
+            self.device = device
+            kv = KVMirror(state: device.state, client: KVStoreClient(store: store, device: "dev-a"), logger: device.logger)
+            server = ControlServer(path: device.dir.appendingPathComponent("control.sock").path, engine: device.engine,
+                                   kv: withKV ? kv : nil,
+                                   info: MountInfo(mount: "/mnt/test", store: "dir:/store", device: "dev-a", deviceName: "host-a",
+                                                   state: device.dir.path, cacheLimit: 1 << 30, pid: getpid()),
+                                   logger: device.logger)
+            try server.start()
+        }
+
+        func connect() throws -> ControlConnection { try ControlConnection.dial(server.path) }
+        deinit { server.stop() }
+    }
+
+    static func roundTrip(_ r: ControlRequest) throws -> ControlRequest {
+        try JSONDecoder().decode(ControlRequest.self, from: JSONEncoder().encode(r))
+    }
+
+    @Test func everyRequestKeepsItsWireForm() throws {
+        var spec = QuerySpec()
+        spec.name = "*.txt"
+        spec.status = [.uploading, .local]
+        spec.limit = 5
+        let all: [ControlRequest] = [
+            .status, .sync, .query(scope: "a/b", spec: spec), .history(path: "a/b.txt"),
+            .restore(path: "a/b.txt", version: "v1"), .watch(scope: ""), .kvGet(key: "k"), .kvList,
+            .kvSet(entry: KVEntry(key: "k", value: .json("{\"a\":[true,null],\"b\":1.5}"), timeNs: 7, device: "d")),
+            .kvSet(entry: KVEntry(key: "k", value: nil, timeNs: 8, device: "d")),
+            .kvSet(entry: KVEntry(key: "k", value: .bytes(Data([0, 255, 7])), timeNs: 9, device: "d")),
+            .kvWatch,
+        ]
+        for r in all { #expect(try Self.roundTrip(r) == r) }
+        // The forms docs/control.md shows (and `socat` users type) decode as these requests.
+        let documented: [(String, ControlRequest)] = [
+            (#"{"op":"status"}"#, .status),
+            (#"{"op":"query","scope":"a/b","spec":{"name":"*.txt","limit":5}}"#,
+             .query(scope: "a/b", spec: { var s = QuerySpec(); s.name = "*.txt"; s.limit = 5; return s }())),
+            (#"{"op":"restore","path":"a/b.txt","version":"v1"}"#, .restore(path: "a/b.txt", version: "v1")),
+            (#"{"op":"kv-set","entry":{"key":"k","timeNs":3,"value":{"type":"number","value":2}}}"#,
+             .kvSet(entry: KVEntry(key: "k", value: .number(2), timeNs: 3, device: ""))),
+        ]
+        for (text, r) in documented { #expect(try JSONDecoder().decode(ControlRequest.self, from: Data(text.utf8)) == r) }
+        #expect(throws: ControlError.self) { try JSONDecoder().decode(ControlRequest.self, from: Data(#"{"op":"format-disk"}"#.utf8)) }
+    }
+
+    @Test func statusSyncQueryAndRefusalsOverTheSocket() throws {
+        let store = try DirectoryStore(root: TempPaths.make("ubiq-ctl-store"))
+        let a = try Device(store: store)
+        let served = try Served(a, store: store)
+        try a.mkdir("docs")
+        try a.write("docs/plan.txt", "one")
+        a.sync()
+        // A name that is not UTF-8: kept on this device (the store's keys are text), and found
+        // by its own bytes.
+        let odd: [UInt8] = [0x6f, 0x64, 0x64, 0xff, 0x2e, 0x74, 0x78, 0x74]
+        let (_, fh) = try a.fs.create(try a.ino("docs"), odd, mode: 0o644, flags: O_WRONLY, caller: .root)
+        try a.fs.flush(fh)
+        a.fs.release(fh)
+        a.sync()
+
+        let c = try served.connect()
+        defer { c.close() }
+        let status = try c.request(.status, as: StatusReply.self)
+        #expect(status.mount == "/mnt/test" && status.device == "dev-a" && status.pid == String(getpid()))
+        #expect(status.items == a.fs.inodeCount && status.cacheLimit == String(1 << 30))
+        _ = try c.request(.sync, as: Done.self)
+
+        var spec = QuerySpec()
+        spec.type = "file"
+        let rows = try c.request(.query(scope: "docs", spec: spec), as: QueryReply.self).items
+        #expect(rows.map(\.path).contains("plan.txt"))
+        #expect(rows.first { $0.path == "plan.txt" }?.rawPath == nil)
+        let oddRow = try #require(rows.first { $0.rawPath != nil })
+        #expect(oddRow.rawPath == odd, "the bytes of a name that is not UTF-8 come through whole")
+        #expect(oddRow.status == .local)
+
+        // Refusals are the daemon's words, and the connection goes on after them.
+        try a.write("docs/new.txt", "not uploaded yet")
+        #expect(throws: ControlError("docs/new.txt is not in the store yet: it has versions there once its first upload is done")) {
+            try c.request(.history(path: "docs/new.txt"), as: HistoryReply.self)
+        }
+        #expect(throws: ControlError.self) { try c.request(.history(path: "docs/nothing.txt"), as: HistoryReply.self) }
+        #expect(c.sendRaw("{\"op\":\"format-disk\"}\n"))
+        #expect(c.nextLine(limit: 4096) == #"{"error":"unknown op format-disk","ok":false}"#)
+        #expect(try c.request(.status, as: StatusReply.self).items == a.fs.inodeCount)
+        // A mount of a container's Documents has no key-value store to answer from.
+        let documentsOnly = try Served(try Device(store: store), store: store, withKV: false)
+        let d = try documentsOnly.connect()
+        defer { d.close() }
+        #expect(throws: ControlError.self) { try d.request(.kvList, as: KVListReply.self) }
+    }
+
+    @Test func versionsRestoreWatchAndKeyValuesOverTheSocket() throws {
+        let store = try DirectoryStore(root: TempPaths.make("ubiq-ctl-store"))
+        let a = try Device(store: store)
+        let served = try Served(a, store: store)
+        try a.write("plan.txt", "first")
+        a.sync()
+        try a.write("plan.txt", "second")
+        a.sync()
+        let c = try served.connect()
+        defer { c.close() }
+        let history = try c.request(.history(path: "plan.txt"), as: HistoryReply.self)
+        #expect(history.versions.count == 2)
+        #expect(history.versions.map(\.current) == [true, false])
+        #expect(history.versions.map(\.size) == [6, 5])
+        let first = history.versions[1].version
+        let made = try c.request(.restore(path: "plan.txt", version: first), as: RestoreReply.self).version
+        #expect(made != first && made != history.versions[0].version)
+        #expect(try a.read("plan.txt") == "first")
+        #expect(throws: ControlError("plan.txt has no version nope (ubiq versions --all lists them)")) {
+            try c.request(.restore(path: "plan.txt", version: "nope"), as: RestoreReply.self)
+        }
+
+        // A watch: {"ok":true}, then a line per change, paths relative to the mount.
+        let w = try served.connect()
+        defer { w.close() }
+        _ = try w.request(.watch(scope: ""), as: Done.self)
+        try a.write("notes.txt", "hello")
+        let event = try #require(try w.next(WatchEvent.self))
+        #expect(event.event == "changed" && event.path == "notes.txt")
+
+        // The key-value store: a JSON value keeps its structure (keys sorted), a removal wins.
+        let set = try c.request(.kvSet(entry: KVEntry(key: "prefs", value: .json(#"{"b":1,"a":[true,null]}"#), timeNs: 10,
+                                                     device: "")), as: KVSetReply.self)
+        #expect(set.won && set.stands.device == "dev-a")
+        #expect(try c.request(.kvGet(key: "prefs"), as: KVGetReply.self).result?.value == .json(#"{"a":[true,null],"b":1}"#))
+        #expect(try c.request(.kvList, as: KVListReply.self).values.map(\.key) == ["prefs"])
+        _ = try c.request(.kvSet(entry: KVEntry(key: "prefs", value: nil, timeNs: 11, device: "")), as: KVSetReply.self)
+        #expect(try c.request(.kvGet(key: "prefs"), as: KVGetReply.self).result?.value == nil)
+        #expect(try c.request(.kvList, as: KVListReply.self).values.isEmpty)
+    }
+}
