@@ -31,9 +31,12 @@ extension FileSystem {
         defer { if let openFD { openFD.pointee = fd } else if fd >= 0 { close(fd) } }
         dir.rec.mtimeNs = now
         dir.rec.ctimeNs = now
-        let changes: [StateChange] = [.upsert(rec), .insertEntry(parent: dir.rec.ino, name: name, ino: ino), .upsert(dir.rec),
-                                      .enqueue(ino, notBefore: Date().timeIntervalSince1970 + uploadDelay)]
-        if deferRows { deferCreate(ino, changes) } else { try persist { $0.append(changes) } }
+        let changes = StateChanges()
+        changes.upsert(rec)
+        changes.insertEntry(parent: dir.rec.ino, name: name, ino: ino)
+        changes.upsert(dir.rec)
+        changes.enqueue(ino, delay: uploadDelay)
+        if deferRows { deferCreate(ino, changes.list) } else { try persist { $0.append(changes.list) } }
         let n = attachLocked(rec, in: dir, name: name)
         n.lookups = 1
         return n
