@@ -45,7 +45,7 @@ extension FileSystem {
     }
 
     /// A download finished: the file is local from now on (called by the Materializer).
-    func contentArrived(_ ino: UInt64, version: String) {
+    public func contentArrived(_ ino: UInt64, version: String) {
         withLock {
             guard let n = nodes[ino], !n.rec.present else { return }
             // Only if the item still stands for the version downloaded: a remote update may have
@@ -70,7 +70,7 @@ extension FileSystem {
     /// The version a placeholder stands for is gone from the store (replaced in a store that
     /// keeps no prior versions): look at the store now, so the next open reads the new one.
     private func versionGone(_ error: Error) {
-        if case StoreError.notFound = error { remoteRetry.withLock { $0 }?() }
+        if case StoreError.notFound = error { storeFeed?.kick() }
     }
 
     /// Brings a placeholder's content into the cache (call holding an exclusive claim, without `lock`).
@@ -370,7 +370,7 @@ extension FileSystem {
         if lastClose { materializer.cancelIfIdle(h.ino) }
         if h.canWrite { emit(.changed, h.ino) }
         // An update from the store waited for this close.
-        if closed, waitingForClose.withLock({ $0.remove(h.ino) != nil }) { remoteRetry.withLock { $0 }?() }
+        if closed, waitingForClose.withLock({ $0.remove(h.ino) != nil }) { storeFeed?.kick() }
         // Only writing can have grown the cache here (downloads check when they finish):
         // the check walks every inode, so a close after reading does not ask for it.
         if h.canWrite { scheduleCacheLimitCheck() }

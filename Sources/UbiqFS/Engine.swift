@@ -43,9 +43,10 @@ public struct Engine {
     }
 
     /// Wires the engine of the device `deviceID` whose state and cache are given, on `store`
-    /// (imported already: `ChangeFeed.prepare` and `Importer` run before).
+    /// (imported already: `ChangeFeed.prepare` and `Importer` run before). `keyValues` hears
+    /// the key-value store's changes that the feed finds (a mount of a whole container).
     public init(state: LocalState, store: any CloudStore, cache: ContentCache, deviceID: String, logger: Logger,
-                options: Options) throws {
+                options: Options, keyValues: (any KeyValueSink)? = nil) throws {
         coordinator = Coordinator(defaultTimeout: options.claimTimeout)
         uploader = Uploader(state: state, store: store, coordinator: coordinator, cache: cache, deviceID: deviceID,
                             logger: logger, tracing: options.traceUploads)
@@ -56,13 +57,12 @@ public struct Engine {
         fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
                             uploader: uploader, logger: logger, uploadDelay: options.uploadDelay,
                             hydration: options.hydration, cacheLimit: options.cacheLimit, syncOnClose: options.syncOnClose)
-        feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: options.pollInterval)
-        // The feed holds the file system; the file system reaches the feed weakly (no cycle: a
-        // test that starts a device again from its state directory lets the old one go).
-        let (fs, feed) = (fs, feed)
-        feed.setApplier { changes in fs.applyRemote(changes) }
-        fs.setSyncHandler { [weak feed] in try feed?.poll() }
-        fs.setRemoteRetry { [weak feed] in feed?.kick() }
+        // The feed holds the file system (its sink); the file system reaches the feed weakly
+        // (no cycle: a test that starts a device again from its state directory lets the old
+        // one go). The uploader and downloads reach the file system weakly too (its init).
+        feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: options.pollInterval,
+                          changes: fs, keyValues: keyValues)
+        fs.attach(feed: feed)
     }
 
     /// The item at `path` (relative to the mount) in the store; one clear line when it has

@@ -100,9 +100,12 @@ public final class FileSystem: @unchecked Sendable {
     /// How long a new file's rows may wait for a transaction (tests make it long).
     var pendingCreatesDelay: TimeInterval = 0.5
 
-    /// Tells the kernel to drop its cached pages of an inode (set by the FUSE binding).
-    /// (ino, pages): false drops only the kernel's cached attributes.
-    let kernelCache = Mutex<(@Sendable (UInt64, Bool) -> Void)?>(nil)
+    /// The kernel's caches of this file system (the FUSE binding: `attach(kernel:)`), held weakly.
+    private weak var kernel: (any KernelNotifier)?
+    /// The store's changes (the change feed: `attach(feed:)`), held weakly (it holds this).
+    private weak var feed: (any StoreFeed)?
+    /// Guards `kernel` and `feed`.
+    private let channels = NSLock()
     /// Where the daemon's control socket is (answered as the root's unlisted
     /// `user.ubiq.control-socket`, so the CLI finds it from any path).
     public let controlSocketPath = Mutex<String?>(nil)
@@ -110,13 +113,8 @@ public final class FileSystem: @unchecked Sendable {
     public let events = EventBus()
     /// Items whose remote update waits for their last close, and what to call then.
     let waitingForClose = Mutex<Set<UInt64>>([])
-    let remoteRetry = Mutex<(@Sendable () -> Void)?>(nil)
     /// A container's folder levels (nil: any depth).
     public let folderLevels = Mutex<FolderLevels?>(nil)
-    /// Runs `ubiq sync` (set by the daemon: a poll of the store's changes).
-    let syncHandler = Mutex<(@Sendable () throws -> Void)?>(nil)
-    /// Tells the kernel to forget a name it may have cached (set by the FUSE binding).
-    let kernelEntry = Mutex<(@Sendable (UInt64, [UInt8]) -> Void)?>(nil)
 
     // Mutable state, guarded by `lock`.
     let lock = NSLock()
@@ -143,18 +141,8 @@ public final class FileSystem: @unchecked Sendable {
         self.cacheLimit = cacheLimit
         self.syncOnClose = syncOnClose
         try load(rootOwner: rootOwner)
-        uploader?.setBusyCheck { [weak self] ino in self?.isOpenForWriting(ino) ?? false }
-        uploader?.setQuietCheck { [weak self] in self?.secondsSinceLastChange ?? .infinity }
-        uploader?.setOutcomeHook { [weak self] ino, conflict in
-            self?.emit(conflict ? .conflict : .status, ino)
-            // Uploaded, the file may be evicted now: the cache limit holds again.
-            self?.scheduleCacheLimitCheck()
-            // A conflict copy was made in the store: bring it here now, not at the next poll.
-            if conflict, let poll = self?.remoteRetry.withLock({ $0 }) { poll() }
-        }
-        materializer.setCompletion { [weak self] ino, version in self?.contentArrived(ino, version: version) }
-        // Bytes thrown away (they did not match their digest) may be in the kernel's cache.
-        materializer.setRejection { [weak self] ino in self?.kernelCache.withLock { $0 }?(ino, true) }
+        uploader?.attach(host: self)
+        materializer.attach(sink: self)
         resumePinnedDownloads()
     }
 
@@ -391,7 +379,7 @@ public final class FileSystem: @unchecked Sendable {
         return out
     }
 
-    func isOpenForWriting(_ ino: UInt64) -> Bool {
+    public func isOpenForWriting(_ ino: UInt64) -> Bool {
         withLock { (nodes[ino]?.writers ?? 0) > 0 || (nodes[ino]?.unpersisted ?? false) }
     }
 
@@ -401,42 +389,45 @@ public final class FileSystem: @unchecked Sendable {
         uploader?.kick()
     }
 
-    var secondsSinceLastChange: TimeInterval {
+    public var secondsSinceLastChange: TimeInterval {
         // Another thread may record a change between the two reads: never subtract past zero.
         let last = lastChange.withLock { $0 }
         let now = DispatchTime.now().uptimeNanoseconds
         return now > last ? Double(now - last) / 1e9 : 0
     }
 
-    /// The FUSE binding's way to drop the kernel's cached pages and attributes of an inode
-    /// (`pages` false: the attributes only).
-    public func setKernelCacheInvalidator(_ invalidate: @escaping @Sendable (UInt64, Bool) -> Void) {
-        kernelCache.withLock { $0 = invalidate }
+    /// The kernel whose caches of this file system are dropped when content or names change
+    /// behind it: the FUSE binding, once it is mounted.
+    public func attach(kernel: any KernelNotifier) {
+        channels.withLock { self.kernel = kernel }
     }
 
-    /// The FUSE binding's way to make the kernel forget a name in a directory.
-    public func setKernelEntryInvalidator(_ invalidate: @escaping @Sendable (UInt64, [UInt8]) -> Void) {
-        kernelEntry.withLock { $0 = invalidate }
+    /// The change feed that `ubiq sync` polls and that a waiting remote change asks to poll
+    /// again soon. `Engine` attaches it.
+    public func attach(feed: any StoreFeed) {
+        channels.withLock { self.feed = feed }
     }
+
+    var storeFeed: (any StoreFeed)? { channels.withLock { feed } }
 
     /// Asks the kernel to forget `name` in `parent` (added or removed by another device).
     func invalidateKernelEntry(_ parent: UInt64, _ name: [UInt8]) {
-        guard let invalidate = kernelEntry.withLock({ $0 }) else { return }
-        DispatchQueue.global().async { invalidate(parent, name) }
+        guard let kernel = channels.withLock({ kernel }) else { return }
+        DispatchQueue.global().async { kernel.invalidateEntry(parent, name) }
     }
 
     /// Asks the kernel to drop `ino`'s cached pages, off the request path (a handler that
     /// waits for the kernel while the kernel waits for it would deadlock).
     func invalidateKernelCache(_ ino: UInt64) {
-        guard let invalidate = kernelCache.withLock({ $0 }) else { return }
-        DispatchQueue.global().async { invalidate(ino, true) }
+        guard let kernel = channels.withLock({ kernel }) else { return }
+        DispatchQueue.global().async { kernel.invalidateInode(ino, pages: true) }
     }
 
     /// Asks the kernel to drop `ino`'s cached attributes (its blocks changed: a download
     /// finished), off the request path. The kernel keeps attributes for `attrTimeout`.
     func invalidateKernelAttributes(_ ino: UInt64) {
-        guard let invalidate = kernelCache.withLock({ $0 }) else { return }
-        DispatchQueue.global().async { invalidate(ino, false) }
+        guard let kernel = channels.withLock({ kernel }) else { return }
+        DispatchQueue.global().async { kernel.invalidateInode(ino, pages: false) }
     }
 
     // MARK: - Queries

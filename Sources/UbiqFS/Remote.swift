@@ -23,12 +23,6 @@ import UbiqSync
 /// Every change claims the items it touches through the Coordinator, and drops what
 /// the kernel cached of them.
 extension FileSystem {
-    /// `retry` asks the ChangeFeed to poll now: called when an item whose update waited for
-    /// its readers is closed, and when an upload made a conflict copy that should arrive here.
-    public func setRemoteRetry(_ retry: @escaping @Sendable () -> Void) {
-        remoteRetry.withLock { $0 = retry }
-    }
-
     /// Applies `changes`; returns the keys to try again later.
     public func applyRemote(_ changes: [RemoteChange]) -> [String] {
         // What the store says is weighed against this device's rows: new files' rows first.

@@ -39,17 +39,12 @@ extension FileSystem {
         }
     }
 
-    /// What `ubiq sync` asks for: the store's changes now, and pending uploads started.
-    public func setSyncHandler(_ handler: @escaping @Sendable () throws -> Void) {
-        syncHandler.withLock { $0 = handler }
-    }
-
     /// `ubiq sync`: sends what is queued (waiting while that makes progress, at most a
     /// minute), then looks for other devices' changes.
     func syncWithStore() throws {
         uploader?.flush(timeout: 60)
-        guard let handler = syncHandler.withLock({ $0 }) else { return }
-        do { try handler() } catch {
+        guard let feed = storeFeed else { return }
+        do { try feed.poll() } catch {
             logger.warning("sync with the store failed: \(error)")
             throw FSError.io("sync failed: \(error)")
         }

@@ -78,17 +78,7 @@ public final class FuseServer: @unchecked Sendable {
         }
         session = se
         mountpoint = path
-        fs.setKernelCacheInvalidator { [weak self] ino, pages in
-            guard let se = self?.session else { return }
-            // A negative offset: the attributes only.
-            _ = fuse_lowlevel_notify_inval_inode(se, ino, pages ? 0 : -1, 0)
-        }
-        fs.setKernelEntryInvalidator { [weak self] parent, name in
-            guard let se = self?.session else { return }
-            _ = name.withUnsafeBufferPointer { buf in
-                buf.withMemoryRebound(to: CChar.self) { fuse_lowlevel_notify_inval_entry(se, parent, $0.baseAddress, buf.count) }
-            }
-        }
+        fs.attach(kernel: self)
     }
 
     /// What libfuse said since `listenToLibfuse` (the last few lines), for an error that names
@@ -320,4 +310,19 @@ func name(_ p: UnsafePointer<CChar>?) -> [UInt8] {
 func caller(_ req: fuse_req_t?) -> Caller {
     guard let ctx = fuse_req_ctx(req) else { return .root }
     return Caller(uid: ctx.pointee.uid, gid: ctx.pointee.gid, pid: ctx.pointee.pid)
+}
+
+extension FuseServer: KernelNotifier {
+    public func invalidateInode(_ ino: UInt64, pages: Bool) {
+        guard let se = session else { return }
+        // A negative offset: the attributes only.
+        _ = fuse_lowlevel_notify_inval_inode(se, ino, pages ? 0 : -1, 0)
+    }
+
+    public func invalidateEntry(_ parent: UInt64, _ name: [UInt8]) {
+        guard let se = session else { return }
+        _ = name.withUnsafeBufferPointer { buf in
+            buf.withMemoryRebound(to: CChar.self) { fuse_lowlevel_notify_inval_entry(se, parent, $0.baseAddress, buf.count) }
+        }
+    }
 }

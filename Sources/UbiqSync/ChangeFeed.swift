@@ -18,7 +18,7 @@ public struct RemoteChange: Sendable, Equatable {
 }
 
 /// Follows the store's change cursor and hands each changed key's current state to the
-/// filesystem (`setApplier`), which turns it into placeholders, updates and removals.
+/// filesystem (its `RemoteChangeSink`), which turns it into placeholders, updates and removals.
 ///
 /// Polls every `interval` seconds and at once on `kick()` (`ubiq sync`). The cursor is
 /// saved in LocalState only after a batch is applied, so a crash replays a batch (applying
@@ -39,11 +39,13 @@ public final class ChangeFeed: @unchecked Sendable {
 
     /// The polling thread.
     private let loop = BackgroundLoop()
-    /// Guards `apply`, `kvApply` and `lastPoll`.
+    /// Guards `lastPoll`.
     private var cond: NSCondition { loop.cond }
     /// Polls in a row that failed (the thread's own).
     private var failures = 0
-    private var apply: @Sendable ([RemoteChange]) -> [String] = { _ in [] }
+    /// Where the changes found go (the file system), and the key-value store's (its mirror).
+    private let changes: any RemoteChangeSink
+    private let keyValues: (any KeyValueSink)?
     /// One poll at a time (the thread's, or a caller's `poll()`).
     private let pollLock = NSLock()
     /// When the last poll reached the store (nil: never), and its error if it failed.
@@ -51,9 +53,10 @@ public final class ChangeFeed: @unchecked Sendable {
     /// What was said of keys that could not be taken, so each is said once (under `pollLock`).
     private var warned = Set<KeyBytes>()
 
-    public init(store: any CloudStore, state: LocalState, deviceID: String, logger: Logger, interval: TimeInterval = 3) {
+    public init(store: any CloudStore, state: LocalState, deviceID: String, logger: Logger, interval: TimeInterval = 3,
+                changes: any RemoteChangeSink, keyValues: (any KeyValueSink)? = nil) {
         self.store = store; self.state = state; self.deviceID = deviceID; self.logger = logger
-        self.interval = interval
+        self.interval = interval; self.changes = changes; self.keyValues = keyValues
     }
 
     /// Call before the first listing of the store (the Importer): records where the feed
@@ -62,19 +65,6 @@ public final class ChangeFeed: @unchecked Sendable {
         if try state.read({ try $0.meta(cursorKey) }) != nil { return }
         let cursor = try runBlocking { try await store.currentCursor() }
         try state.write { try $0.setMeta(cursorKey, cursor) }
-    }
-
-    /// `apply(changes)` applies changes and returns the keys to try again later.
-    public func setApplier(_ apply: @escaping @Sendable ([RemoteChange]) -> [String]) {
-        cond.lock(); self.apply = apply; cond.unlock()
-    }
-
-    /// Hears the key-value store's changed object keys (and whether the poll compared
-    /// everything: an initial or reset sync).
-    private var kvApply: (@Sendable ([String], Bool) -> Void)?
-
-    public func setKVApplier(_ apply: @escaping @Sendable ([String], Bool) -> Void) {
-        cond.lock(); kvApply = apply; cond.unlock()
     }
 
     public func start() {
@@ -209,9 +199,8 @@ public final class ChangeFeed: @unchecked Sendable {
             if let o = info?.metadata.origin, o.hasPrefix(deviceID + ":") { continue }
             changes.append(RemoteChange(key: key, info: info, recordedBefore: before[KeyBytes(key)]))
         }
-        cond.lock(); let apply = self.apply; let kvApply = self.kvApply; cond.unlock()
-        let retry = Set(((changes.isEmpty ? [] : apply(changes)) + unread).map(KeyBytes.init)).map(\.key)
-        kvApply?(kvKeys, reconcile)  // also when none changed: it sends what waits
+        let retry = Set(((changes.isEmpty ? [] : self.changes.applyRemote(changes)) + unread).map(KeyBytes.init)).map(\.key)
+        keyValues?.apply(objectKeys: kvKeys, initial: reconcile)  // also when none changed: it sends what waits
         let newCursor = cursor
         try state.write { tx in
             if let newCursor { try tx.setMeta(Self.cursorKey, newCursor) }

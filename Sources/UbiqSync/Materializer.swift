@@ -82,8 +82,8 @@ public final class Materializer: @unchecked Sendable {
 
     /// Content bytes brought from the store since this Materializer started.
     public var bytesFetched: Int64 { cond.lock(); defer { cond.unlock() }; return fetched }
-    private var completion: @Sendable (UInt64, String) -> Void = { _, _ in }
-    private var rejection: @Sendable (UInt64) -> Void = { _ in }
+    /// Told of content fetched and thrown away (`attach`), held weakly.
+    private weak var sink: (any ContentSink)?
     /// Downloads thrown away because their bytes did not match their digest.
     public var digestMismatches: Int { cond.lock(); defer { cond.unlock() }; return mismatchCount }
     private var mismatchCount = 0
@@ -148,17 +148,10 @@ public final class Materializer: @unchecked Sendable {
         self.completeInBackground = completeInBackground; self.attempts = attempts
     }
 
-    /// Called (on a download thread) when a file's content is wholly local and synced, with the
-    /// version downloaded: the item may stand for another by the time it runs (a remote update
-    /// between the end of the download and this call), and then the bytes are not its own.
-    public func setCompletion(_ done: @escaping @Sendable (UInt64, String) -> Void) {
-        cond.lock(); completion = done; cond.unlock()
-    }
-
-    /// Called (on another thread) when bytes already in the cache file were thrown away
-    /// because the whole did not match its digest: readers may hold them in a cache.
-    public func setRejection(_ rejected: @escaping @Sendable (UInt64) -> Void) {
-        cond.lock(); rejection = rejected; cond.unlock()
+    /// What is told when a file's content is wholly local (`ContentSink.contentArrived`) and
+    /// when fetched bytes were thrown away (`contentRejected`). Once, before any download.
+    public func attach(sink: any ContentSink) {
+        cond.lock(); self.sink = sink; cond.unlock()
     }
 
     /// Starts (or joins) the download of `ino`; its cache file exists at its full size after this.
@@ -555,13 +548,13 @@ public final class Materializer: @unchecked Sendable {
             return
         }
         let finished = job.done && job.workers == 0 && jobs[job.ino] === job
-        let done = completion
+        let sink = self.sink
         cond.broadcast()
         cond.unlock()
         if finished {
             _ = fsync(job.fd)
             cache.closeHeld(job.ino, job.fd)
-            done(job.ino, job.version)  // persists `present` before the job is dropped (see `start`)
+            sink?.contentArrived(job.ino, version: job.version)  // persists `present` before the job is dropped (see `start`)
             try? state.write { try $0.removeDownload(job.ino, version: job.version) }
             cond.lock()
             if jobs[job.ino] === job { jobs[job.ino] = nil }
@@ -611,11 +604,11 @@ public final class Materializer: @unchecked Sendable {
         job.inFlight.remove(chunk)
         if job.cancelled { return false }
         let got = job.hashedChunks == job.present.count ? job.digest.hex() : "unreadable"
-        let rejected = rejection, ino = job.ino
+        let sink = self.sink, ino = job.ino
         if got == job.expected {
             // Pages of an attempt thrown away may have reached the kernel's cache after it was
             // dropped (a read under way then): dropped again, now that the bytes are right.
-            if job.mismatches > 0 { DispatchQueue.global().async { rejected(ino) } }
+            if job.mismatches > 0 { DispatchQueue.global().async { sink?.contentRejected(ino) } }
             return true
         }
         job.mismatches += 1
@@ -636,7 +629,7 @@ public final class Materializer: @unchecked Sendable {
             job.wanted = first + job.present.indices.filter { !first.contains($0) }
             spawnWorkersLocked(job)
         }
-        DispatchQueue.global().async { rejected(ino) }
+        DispatchQueue.global().async { sink?.contentRejected(ino) }
         return false
     }
 
@@ -671,10 +664,10 @@ public final class Materializer: @unchecked Sendable {
     }
 
     private func finishLocked(_ job: Job) {
-        let done = completion
+        let sink = self.sink
         DispatchQueue.global().async { [self] in
             cache.closeHeld(job.ino, job.fd)
-            done(job.ino, job.version)
+            sink?.contentArrived(job.ino, version: job.version)
             cond.lock()
             if jobs[job.ino] === job { jobs[job.ino] = nil }
             cond.broadcast()

@@ -70,8 +70,7 @@ extension Uploader {
         for item in due {
             let outcome: Outcome
             var diskFull = false
-            cond.lock(); let busy = busyCheck; cond.unlock()
-            if busy(item.ino) {
+            if uploadHost?.isOpenForWriting(item.ino) ?? false {
                 outcome = .busy
             } else {
                 do { outcome = try upload(item.ino) } catch let e as StoreError where e.isTransient {
@@ -122,10 +121,9 @@ extension Uploader {
                 pause(because: "outbox update failed: \(error)")
                 return handled
             }
-            cond.lock(); let hook = outcomeHook; cond.unlock()
             switch outcome {
-            case .done, .permanent, .retry, .localOnly: hook(item.ino, false)
-            case .conflict, .setAside: hook(item.ino, true)
+            case .done, .permanent, .retry, .localOnly: uploadHost?.uploadEnded(item.ino, conflict: false)
+            case .conflict, .setAside: uploadHost?.uploadEnded(item.ino, conflict: true)
             case .busy, .deferred: break
             }
             cond.lock()

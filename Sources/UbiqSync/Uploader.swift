@@ -59,8 +59,8 @@ public final class Uploader: @unchecked Sendable {
     /// key to write anew), since start: `flush` waits on while this grows.
     var requeued = 0
     var hurriedRoundRunning = false
-    var busyCheck: @Sendable (UInt64) -> Bool = { _ in false }
-    var quietCheck: @Sendable () -> TimeInterval = { .infinity }
+    /// The file system it uploads for (`attach`), held weakly.
+    private weak var host: (any UploadHost)?
     var waitingSince: Date?
     /// No round before this: the state database could not record an outcome (a full disk),
     /// so uploading on would only send the same items again and again.
@@ -70,7 +70,6 @@ public final class Uploader: @unchecked Sendable {
     var retrySaid: [UInt64: String] = [:]
     /// Whether the pause for a state database that cannot record was said (once until it can).
     var pauseSaid = false
-    var outcomeHook: @Sendable (UInt64, Bool) -> Void = { _, _ in }
 
     /// Uploads wait while local changes are still arriving (a `tar x`, a `cp -a`) so they
     /// do not compete with them for the disk, for at most `maxDeferral` seconds.
@@ -87,25 +86,21 @@ public final class Uploader: @unchecked Sendable {
         self.deviceName = String(deviceID.prefix(8))
     }
 
-    /// `check(ino)` says whether the file is still being written (then it waits).
-    public func setBusyCheck(_ check: @escaping @Sendable (UInt64) -> Bool) {
-        cond.lock(); busyCheck = check; cond.unlock()
+    /// The file system it uploads for: asked whether a file is still being written and how
+    /// long things have been quiet, told when an upload ends. Once, before `start`.
+    public func attach(host: any UploadHost) {
+        cond.lock(); self.host = host; cond.unlock()
     }
 
-    /// `hook(ino, conflict)` is told when an item's upload ended (done, failed, or a conflict).
-    public func setOutcomeHook(_ hook: @escaping @Sendable (UInt64, Bool) -> Void) {
-        cond.lock(); outcomeHook = hook; cond.unlock()
-    }
-
-    /// `check()` gives the seconds since the last local change.
-    public func setQuietCheck(_ check: @escaping @Sendable () -> TimeInterval) {
-        cond.lock(); quietCheck = check; cond.unlock()
+    /// The attached host (nil: none, or gone).
+    var uploadHost: (any UploadHost)? {
+        cond.lock(); defer { cond.unlock() }
+        return host
     }
 
     /// True when uploads should wait for local activity to settle.
     func shouldYield() -> Bool {
-        cond.lock(); let quiet = quietCheck; cond.unlock()
-        if quiet() >= quietPeriod { waitingSince = nil; return false }
+        if (uploadHost?.secondsSinceLastChange ?? .infinity) >= quietPeriod { waitingSince = nil; return false }
         let since = waitingSince ?? Date()
         waitingSince = since
         if Date().timeIntervalSince(since) >= maxDeferral { waitingSince = nil; return false }

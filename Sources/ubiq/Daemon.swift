@@ -148,9 +148,14 @@ struct Daemon {
         options.cacheLimit = plan.cacheSize
         options.syncOnClose = plan.syncOnClose
         options.traceUploads = ProcessInfo.processInfo.environment["UBIQ_TRACE_UPLOADS"] == "1"
+        // A mount of a container's Documents only does not see the container's key-value store
+        // (it is beside Documents): kv goes through a mount of the whole container.
+        let kv: KVMirror? = plan.scope == "documents" ? nil
+            : KVMirror(state: state, client: KVStoreClient(store: store, device: deviceID), logger: logger)
         let engine: Engine
         do {
-            engine = try Engine(state: state, store: store, cache: cache, deviceID: deviceID, logger: logger, options: options)
+            engine = try Engine(state: state, store: store, cache: cache, deviceID: deviceID, logger: logger, options: options,
+                                keyValues: kv)
         } catch { die("\(error)") }
         let (fs, feed, uploader, materializer) = (engine.fs, engine.feed, engine.uploader, engine.materializer)
         if let depth = containerConfig?.maxFolderDepth {
@@ -163,11 +168,6 @@ struct Daemon {
         try? FileManager.default.createDirectory(atPath: (registry as NSString).deletingLastPathComponent,
                                                  withIntermediateDirectories: true)
         try? JSONEncoder().encode(record).write(to: URL(fileURLWithPath: registry))
-        // A mount of a container's Documents only does not see the container's key-value store
-        // (it is beside Documents): kv goes through a mount of the whole container.
-        let kv: KVMirror? = plan.scope == "documents" ? nil
-            : KVMirror(state: state, client: KVStoreClient(store: store, device: deviceID), logger: logger)
-        if let kv { feed.setKVApplier { keys, initial in kv.apply(objectKeys: keys, initial: initial) } }
         let control = ControlServer(path: Self.controlSocketPath(plan), engine: engine, kv: kv,
                                     info: MountInfo(mount: plan.mountpoint, store: plan.storeURL, device: deviceID,
                                                     deviceName: uploader.deviceName, state: plan.stateDir,

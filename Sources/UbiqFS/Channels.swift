@@ -1,0 +1,37 @@
+import UbiqSync
+
+// The file system's back-channels: what it tells the kernel and asks of the change feed, and
+// what it is to the sync engine's parts (`UploadHost`, `ContentSink`, `RemoteChangeSink` in
+// UbiqSync). `Engine` and the FUSE binding attach them; each is held weakly.
+
+/// What the file system tells the kernel: drop what it cached (the FUSE binding is it).
+public protocol KernelNotifier: AnyObject, Sendable {
+    /// Drops the kernel's cached pages and attributes of `ino` (`pages` false: the attributes only).
+    func invalidateInode(_ ino: UInt64, pages: Bool)
+    /// Makes the kernel forget `name` in the folder `parent`.
+    func invalidateEntry(_ parent: UInt64, _ name: [UInt8])
+}
+
+/// What the file system asks of the change feed.
+public protocol StoreFeed: AnyObject, Sendable {
+    /// Looks at the store's changes now (`ubiq sync`); how many it found.
+    @discardableResult func poll() throws -> Int
+    /// Asks for a poll soon: a remote update waited for a file's readers, or an upload made a
+    /// conflict copy that should arrive here.
+    func kick()
+}
+
+extension ChangeFeed: StoreFeed {}
+
+extension FileSystem: UploadHost, ContentSink, RemoteChangeSink {
+    public func uploadEnded(_ ino: UInt64, conflict: Bool) {
+        emit(conflict ? .conflict : .status, ino)
+        // Uploaded, the file may be evicted now: the cache limit holds again.
+        scheduleCacheLimitCheck()
+        // A conflict copy was made in the store: bring it here now, not at the next poll.
+        if conflict { storeFeed?.kick() }
+    }
+
+    /// Bytes thrown away (they did not match their digest) may be in the kernel's cache.
+    public func contentRejected(_ ino: UInt64) { invalidateKernelCache(ino) }
+}

@@ -1,0 +1,40 @@
+import Foundation
+
+// The back-channels from the sync engine to what it serves: what each part asks of, or tells,
+// the one above it. The file system (UbiqFS) is each of them for its device; `Engine` wires
+// them in one place. A part holds the file system weakly (the file system holds the parts),
+// the change feed holds its sinks (they outlive it).
+
+/// What the uploader asks of the file system it uploads for.
+public protocol UploadHost: AnyObject, Sendable {
+    /// Whether `ino` is still open for writing: its upload waits for the close.
+    func isOpenForWriting(_ ino: UInt64) -> Bool
+    /// Seconds since the last local change: uploads wait while changes still arrive.
+    var secondsSinceLastChange: TimeInterval { get }
+    /// The upload of `ino` ended: done, failed, or `conflict` (a conflict copy was made).
+    func uploadEnded(_ ino: UInt64, conflict: Bool)
+}
+
+/// What downloads tell of the content they fetched.
+public protocol ContentSink: AnyObject, Sendable {
+    /// `ino`'s content is wholly local and synced, as `version` (on a download thread: the item
+    /// may stand for another by the time it runs, and then the bytes are not its own).
+    func contentArrived(_ ino: UInt64, version: String)
+    /// Bytes already in `ino`'s cache file were thrown away (the whole did not match its
+    /// digest): readers may hold them in a cache.
+    func contentRejected(_ ino: UInt64)
+}
+
+/// Where the change feed hands the changes it found in the store.
+public protocol RemoteChangeSink: AnyObject, Sendable {
+    /// Applies `changes`; returns the keys to try again at the next poll.
+    func applyRemote(_ changes: [RemoteChange]) -> [String]
+}
+
+/// Where the change feed hands the key-value store's changed objects.
+public protocol KeyValueSink: AnyObject, Sendable {
+    /// `objectKeys` changed; `initial`: the poll compared everything (a first or reset sync).
+    func apply(objectKeys: [String], initial: Bool)
+}
+
+extension KVMirror: KeyValueSink {}
