@@ -33,16 +33,19 @@ let package = Package(
             .product(name: "NIOHTTP1", package: "swift-nio"),
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // The time the sync decisions go by (upload delays, retries), which tests move themselves.
+        .target(name: "UbiqClock"),
         .target(name: "UbiqState", dependencies: [
+            "UbiqClock",
             .product(name: "GRDB", package: "GRDB.swift"),
         ]),
         .target(name: "UbiqCoordinator"),
         .target(name: "UbiqSync", dependencies: [
-            "UbiqStore", "UbiqState", "UbiqCoordinator", "CUbiq",
+            "UbiqStore", "UbiqState", "UbiqClock", "UbiqCoordinator", "CUbiq",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "UbiqFS", dependencies: [
-            "UbiqStore", "UbiqState", "UbiqCoordinator", "UbiqSync", "CUbiq",
+            "UbiqStore", "UbiqState", "UbiqClock", "UbiqCoordinator", "UbiqSync", "CUbiq",
             .product(name: "Logging", package: "swift-log"),
         ]),
         // The control socket: its typed requests and answers, the daemon's server, and the
@@ -69,7 +72,7 @@ let package = Package(
             .product(name: "NIOCore", package: "swift-nio"),
         ]),
         .testTarget(name: "FileSystemTests", dependencies: [
-            "UbiqFS", "UbiqControl", "UbiqStore", "UbiqState", "UbiqSync", "UbiqCoordinator", "TestSupport",
+            "UbiqFS", "UbiqControl", "UbiqStore", "UbiqState", "UbiqClock", "UbiqSync", "UbiqCoordinator", "TestSupport",
             .product(name: "GRDB", package: "GRDB.swift"),
         ]),
         .testTarget(name: "MountTests", dependencies: []),

@@ -265,7 +265,7 @@ public final class FileSystem: @unchecked Sendable {
     func persist(_ body: (StateChanges) throws -> Void) throws {
         try mappingStateErrors {
             try pendingCreates.withLock { pending in
-                let changes = StateChanges()
+                let changes = StateChanges(now: state.time.now)
                 for p in pending { changes.append(p.changes) }
                 try body(changes)
                 try state.record(changes.list)

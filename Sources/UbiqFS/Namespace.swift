@@ -31,7 +31,7 @@ extension FileSystem {
         defer { if let openFD { openFD.pointee = fd } else if fd >= 0 { close(fd) } }
         dir.rec.mtimeNs = now
         dir.rec.ctimeNs = now
-        let changes = StateChanges()
+        let changes = StateChanges(now: state.time.now)
         changes.upsert(rec)
         changes.insertEntry(parent: dir.rec.ino, name: name, ino: ino)
         changes.upsert(dir.rec)

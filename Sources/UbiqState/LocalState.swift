@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import Synchronization
+@_exported import UbiqClock
 
 /// The wall clock, nanoseconds since the epoch (file times).
 public func nowNanos() -> Int64 {
@@ -90,6 +91,8 @@ public enum StateError: Error, CustomStringConvertible {
 /// loss too (it applies what was recorded and fsyncs the WAL), and is called by fsync.
 public final class LocalState: Sendable {
     public let path: String
+    /// The time upload delays and retries go by (`StateTransaction.now`, `StateChanges`).
+    public let time: any TimeSource
     /// Space kept on the disk for this database's commits (DiskReserve).
     public let reserve: DiskReserve
     let dbQueue: DatabaseQueue
@@ -120,9 +123,10 @@ public final class LocalState: Sendable {
     /// free space of its disk, for the reserve (tests give a disk of their own).
     public init(path: String, exclusive: Bool = false,
                 freeBytes: @escaping @Sendable (String) -> Int64? = DiskReserve.freeBytes(at:),
-                applyDelay: TimeInterval = 0.05, intentLogLimit: Int64 = 4 << 20,
+                applyDelay: TimeInterval = 0.05, intentLogLimit: Int64 = 4 << 20, time: any TimeSource = SystemTime(),
                 report: @escaping @Sendable (String) -> Void = { _ in }) throws {
         self.path = path
+        self.time = time
         self.applyDelay = applyDelay
         self.intentLogLimit = intentLogLimit
         self.report = report
@@ -159,6 +163,7 @@ public final class LocalState: Sendable {
     /// An in-memory database, for tests.
     public init() throws {
         path = ":memory:"
+        time = SystemTime()
         reserve = DiskReserve(path: nil)
         applyDelay = 0.05
         intentLogLimit = 0
@@ -197,7 +202,7 @@ public final class LocalState: Sendable {
     private func transaction<T>(_ body: (StateTransaction) throws -> T) throws -> T {
         var last: UInt64?
         let result = try dbQueue.write { db in
-            let tx = StateTransaction(db: db)
+            let tx = StateTransaction(db: db, now: time.now)
             last = try applyRecorded(tx)
             return try body(tx)
         }
@@ -212,7 +217,7 @@ public final class LocalState: Sendable {
     public func read<T>(_ body: (StateTransaction) throws -> T) throws -> T {
         try applyRecordedNow()
         do {
-            return try dbQueue.read { db in try body(StateTransaction(db: db)) }
+            return try dbQueue.read { db in try body(StateTransaction(db: db, now: time.now)) }
         } catch let e as DatabaseError {
             throw StateError.database("\(e)")
         }

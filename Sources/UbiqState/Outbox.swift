@@ -7,7 +7,7 @@ extension StateTransaction {
 
     /// Queues `ino` for upload (coalesced: one row per inode), not before `delay` seconds.
     public func enqueue(_ ino: UInt64, delay: TimeInterval = 0) throws {
-        try enqueue(ino, notBefore: Date().timeIntervalSince1970 + delay)
+        try enqueue(ino, notBefore: now.timeIntervalSince1970 + delay)
     }
 
     /// Queues `ino` for upload, not before `notBefore` (seconds since 1970).
@@ -21,8 +21,9 @@ extension StateTransaction {
     public struct OutboxItem: Sendable { public var ino: UInt64; public var seq: Int64; public var attempts: Int }
 
     /// Items due now, oldest first.
-    public func dueOutbox(limit: Int, asOf now: Date = Date()) throws -> [OutboxItem] {
-        try Row.fetchAll(db, cached: "SELECT ino, seq, attempts FROM outbox WHERE not_before <= ? ORDER BY seq LIMIT ?",
+    public func dueOutbox(limit: Int, asOf time: Date? = nil) throws -> [OutboxItem] {
+        let now = time ?? self.now
+        return try Row.fetchAll(db, cached: "SELECT ino, seq, attempts FROM outbox WHERE not_before <= ? ORDER BY seq LIMIT ?",
                          arguments: [now.timeIntervalSince1970, limit]).map {
             OutboxItem(ino: UInt64(bitPattern: $0[0]), seq: $0[1], attempts: $0[2])
         }
@@ -39,7 +40,7 @@ extension StateTransaction {
         try db.execute(cached: """
             UPDATE outbox SET attempts = attempts + ?, not_before = ?,
               seq = (SELECT coalesce(max(seq), 0) + 1 FROM outbox) WHERE ino = ?
-            """, arguments: [attempt ? 1 : 0, Date().timeIntervalSince1970 + delay, Int64(bitPattern: ino)])
+            """, arguments: [attempt ? 1 : 0, now.timeIntervalSince1970 + delay, Int64(bitPattern: ino)])
     }
 
     /// Inodes whose upload failed for good (kept locally, with the reason); ones still

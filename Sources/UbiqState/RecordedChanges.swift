@@ -94,7 +94,7 @@ extension LocalState {
         guard let intents else { return }
         let records = intents.readAll()
         writeLock.lock(); defer { writeLock.unlock() }
-        let done = try dbQueue.read { db in try StateTransaction(db: db).meta(Self.appliedKey) }.flatMap { UInt64($0) } ?? 0
+        let done = try dbQueue.read { db in try StateTransaction(db: db, now: self.time.now).meta(Self.appliedKey) }.flatMap { UInt64($0) } ?? 0
         var todo: [(seq: UInt64, changes: [StateChange])] = []
         var next = done + 1
         for r in records where r.seq > done {
@@ -108,7 +108,7 @@ extension LocalState {
         if !todo.isEmpty {
             let replay = {
                 try self.dbQueue.write { db in
-                    let tx = StateTransaction(db: db)
+                    let tx = StateTransaction(db: db, now: self.time.now)
                     for r in todo { try self.apply(r.changes, seq: r.seq, tx) }
                     try tx.setMeta(Self.appliedKey, String(next - 1))
                 }

@@ -40,7 +40,9 @@ public enum StateChange: Sendable, Equatable {
 /// statements have in `StateTransaction`.
 public final class StateChanges {
     public private(set) var list: [StateChange] = []
-    public init() {}
+    /// `now`: the time an upload's delay counts from (the state's time, `LocalState.time`).
+    public init(now: Date = Date()) { self.now = now }
+    let now: Date
 
     public func upsert(_ r: InodeRecord) { list.append(.upsert(r)) }
     public func deleteInode(_ ino: UInt64) { list.append(.deleteInode(ino)) }
@@ -51,7 +53,7 @@ public final class StateChanges {
     }
     public func exchangeEntries(_ a: (UInt64, [UInt8]), _ b: (UInt64, [UInt8])) { list.append(.exchangeEntries(a.0, a.1, b.0, b.1)) }
     public func enqueue(_ ino: UInt64, delay: TimeInterval = 0) {
-        list.append(.enqueue(ino, notBefore: Date().timeIntervalSince1970 + delay))
+        list.append(.enqueue(ino, notBefore: now.timeIntervalSince1970 + delay))
     }
     public func setXattr(_ ino: UInt64, name: [UInt8], value: [UInt8]) { list.append(.setXattr(ino, name: name, value: value)) }
     public func removeXattr(_ ino: UInt64, name: [UInt8]) { list.append(.removeXattr(ino, name: name)) }

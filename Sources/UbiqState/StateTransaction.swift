@@ -4,6 +4,9 @@ import GRDB
 /// The statements of one transaction.
 public struct StateTransaction {
     public let db: Database
+    /// The state's time (`LocalState.time`) when the transaction began: what an upload's delay
+    /// and a retry's wait count from.
+    public let now: Date
 
     // MARK: meta
 

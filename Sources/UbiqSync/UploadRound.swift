@@ -18,7 +18,8 @@ extension Uploader {
     @discardableResult
     public func processRound(ignoringDelay: Bool) -> Int {
         var handled = 0
-        cond.lock(); let paused = Date() < pausedUntil; cond.unlock()
+        let now = state.time.now
+        cond.lock(); let paused = now < pausedUntil; cond.unlock()
         if paused { return 0 }
         // Deletes first: a key freed by a delete may be taken by a new upload.
         let graves = (try? state.read { try $0.tombstones(limit: 256) }) ?? []
@@ -65,7 +66,7 @@ extension Uploader {
             guard recordDone(tombstone: t.id) else { return handled }
             handled += 1
         }
-        let asOf = ignoringDelay ? Date.distantFuture : Date()
+        let asOf: Date? = ignoringDelay ? .distantFuture : nil  // nil: the state's time
         let due = (try? state.read { try $0.dueOutbox(limit: 64, asOf: asOf) }) ?? []
         for item in due {
             let outcome: Outcome
@@ -168,7 +169,7 @@ extension Uploader {
     /// Said once, until outcomes are recorded again.
     func pause(because why: String) {
         cond.lock()
-        pausedUntil = Date(timeIntervalSinceNow: 2)
+        pausedUntil = state.time.now + 2
         let said = pauseSaid
         pauseSaid = true
         cond.unlock()

@@ -101,9 +101,10 @@ public final class Uploader: @unchecked Sendable {
     /// True when uploads should wait for local activity to settle.
     func shouldYield() -> Bool {
         if (uploadHost?.secondsSinceLastChange ?? .infinity) >= quietPeriod { waitingSince = nil; return false }
-        let since = waitingSince ?? Date()
+        let now = state.time.now
+        let since = waitingSince ?? now
         waitingSince = since
-        if Date().timeIntervalSince(since) >= maxDeferral { waitingSince = nil; return false }
+        if now.timeIntervalSince(since) >= maxDeferral { waitingSince = nil; return false }
         return true
     }
 

@@ -22,6 +22,9 @@ final class Device: @unchecked Sendable {
     let syncOnClose: Bool
     /// The free space of the state's disk (nil: the real disk's).
     let freeBytes: (@Sendable (String) -> Int64?)?
+    /// The time upload delays and retries go by (a `ManualTime` the test moves), and the delay.
+    let time: any TimeSource
+    let uploadDelay: TimeInterval
     var state: LocalState!
     var fs: FileSystem!
     var uploader: Uploader!
@@ -36,8 +39,11 @@ final class Device: @unchecked Sendable {
 
     init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true,
          hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil, syncOnClose: Bool = false,
-         freeBytes: (@Sendable (String) -> Int64?)? = nil) throws {
+         freeBytes: (@Sendable (String) -> Int64?)? = nil, time: any TimeSource = SystemTime(),
+         uploadDelay: TimeInterval = 0) throws {
         self.store = store
+        self.time = time
+        self.uploadDelay = uploadDelay
         self.freeBytes = freeBytes
         self.syncOnClose = syncOnClose
         self.hydration = hydration
@@ -51,13 +57,14 @@ final class Device: @unchecked Sendable {
 
     /// (Re)starts the device from its state directory, as a new daemon would.
     func open() throws {
-        state = try LocalState(path: dir.appendingPathComponent("state.db").path, freeBytes: freeBytes ?? DiskReserve.freeBytes(at:))
+        state = try LocalState(path: dir.appendingPathComponent("state.db").path, freeBytes: freeBytes ?? DiskReserve.freeBytes(at:),
+                               time: time)
         let cache = try ContentCache(directory: dir.appendingPathComponent("cache"), reserve: state.reserve)
         try ChangeFeed.prepare(store: remote, state: state)
         try Importer(store: remote, state: state, cache: cache, logger: logger, deviceID: dir.lastPathComponent).run()
         var options = Engine.Options(deviceName: name)
         options.completeInBackground = completeInBackground
-        options.uploadDelay = 0
+        options.uploadDelay = uploadDelay
         options.hydration = hydration
         options.cacheLimit = cacheLimit
         options.syncOnClose = syncOnClose
