@@ -167,17 +167,29 @@ public struct RestoreReply: Codable, Sendable, Equatable {
     public var version: String
 }
 
-/// A line of a `watch` stream: `event` is `changed`, `deleted`, `renamed` (with `from`) or
-/// `overflow` (with `dropped`, and no path). Paths are relative to the mount.
+/// A line of a `watch` stream: `event` is `changed`, `changed-remotely`, `status`, `conflict`,
+/// `deleted`, `moved` (with `from`) or `overflow` (with `dropped`, and no path). Paths are
+/// relative to the mount; `rawPath` and `rawFrom` carry the bytes of one that is not valid
+/// UTF-8 (the text then shows U+FFFD for them).
 public struct WatchEvent: Codable, Sendable, Equatable {
     public var event: String
     public var path: String?
+    public var rawPath: [UInt8]?
     public var from: String?
+    public var rawFrom: [UInt8]?
     public var time: String?
     public var dropped: Int?
 
-    public init(event: String, path: String? = nil, from: String? = nil, time: String? = nil, dropped: Int? = nil) {
-        self.event = event; self.path = path; self.from = from; self.time = time; self.dropped = dropped
+    public init(event: String, path: String? = nil, rawPath: [UInt8]? = nil, from: String? = nil, rawFrom: [UInt8]? = nil,
+                time: String? = nil, dropped: Int? = nil) {
+        self.event = event; self.path = path; self.rawPath = rawPath; self.from = from; self.rawFrom = rawFrom
+        self.time = time; self.dropped = dropped
+    }
+
+    /// The text of `bytes`, and the bytes themselves when they are not valid UTF-8.
+    public static func text(_ bytes: [UInt8]) -> (String, [UInt8]?) {
+        if let s = String(validating: bytes, as: UTF8.self) { return (s, nil) }
+        return (String(decoding: bytes, as: UTF8.self), bytes)
     }
 }
 

@@ -19,11 +19,16 @@ public struct ItemEvent: Sendable, Equatable {
         case moved
     }
     public var kind: Kind
-    /// The path inside the mount ("" for the root), as bytes joined with "/".
-    public var path: String
-    public var from: String?
+    /// The path inside the mount (empty for the root): the names' own bytes joined with "/".
+    public var pathBytes: [UInt8]
+    /// Where it was (`moved`).
+    public var fromBytes: [UInt8]?
     public var ino: UInt64
     public var time: Date
+
+    /// The path as text (U+FFFD for bytes that are not UTF-8).
+    public var path: String { String(decoding: pathBytes, as: UTF8.self) }
+    public var from: String? { fromBytes.map { String(decoding: $0, as: UTF8.self) } }
 }
 
 /// Fans events out to subscribers; each has a bounded queue of its own (a slow reader
@@ -81,14 +86,20 @@ public final class EventBus: @unchecked Sendable {
 }
 
 extension FileSystem {
-    /// The path of `ino` inside the mount (its first name), or nil when it has none.
+    /// The path of `ino` inside the mount (its first name), or nil when it has none, as text
+    /// (U+FFFD for bytes that are not UTF-8: `pathBytes(of:)` has them).
     public func path(of ino: UInt64) -> String? {
-        if ino == rootIno { return "" }
+        pathBytes(of: ino).map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// The path of `ino` inside the mount, its names' own bytes joined with "/".
+    public func pathBytes(of ino: UInt64) -> [UInt8]? {
+        if ino == rootIno { return [] }
         let isDir = withLock { nodes[ino]?.isDirectory }
         guard let isDir else { return nil }
         if !isDir {
             // A file: its entry tells the folder it is in.
-            guard let e = try? state.read({ try $0.entries(of: ino).first }), let dir = path(of: e.parent) else { return nil }
+            guard let e = try? state.read({ try $0.entries(of: ino).first }), let dir = pathBytes(of: e.parent) else { return nil }
             return Self.join(dir, e.name)
         }
         // Folders know their parent.
@@ -105,13 +116,13 @@ extension FileSystem {
             }
             return out.reversed()
         }
-        return names.map { $0.map { String(decoding: $0, as: UTF8.self) }.joined(separator: "/") }
+        return names.map { Array($0.joined(separator: [UInt8(ascii: "/")])) }
     }
 
     /// Publishes an event about `ino` (nothing is computed when nobody listens).
-    func emit(_ kind: ItemEvent.Kind, _ ino: UInt64, path known: String? = nil, from: String? = nil) {
+    func emit(_ kind: ItemEvent.Kind, _ ino: UInt64, path known: [UInt8]? = nil, from: [UInt8]? = nil) {
         guard events.hasSubscribers else { return }
-        guard let p = known ?? path(of: ino) else { return }
-        events.publish(ItemEvent(kind: kind, path: p, from: from, ino: ino, time: Date()))
+        guard let p = known ?? pathBytes(of: ino) else { return }
+        events.publish(ItemEvent(kind: kind, pathBytes: p, fromBytes: from, ino: ino, time: Date()))
     }
 }

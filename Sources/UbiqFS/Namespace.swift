@@ -125,7 +125,7 @@ extension FileSystem {
         if let made {
             // (Nothing queued yet: the close queues the upload and kicks the uploader.) The path
             // from the folder's: the file's own rows wait for a transaction (`deferCreate`).
-            if events.hasSubscribers, let dir = path(of: parent) { emit(.changed, made.0.ino, path: Self.join(dir, name)) }
+            if events.hasSubscribers, let dir = pathBytes(of: parent) { emit(.changed, made.0.ino, path: Self.join(dir, name)) }
             return made
         }
         // Opening an existing file through create: count the lookup as the kernel will.
@@ -191,7 +191,7 @@ extension FileSystem {
 
     private func removeName(_ parent: UInt64, _ name: [UInt8], directory wantDir: Bool) throws {
         if name.count > maxNameBytes { throw FSError.nameTooLong }
-        let gone = events.hasSubscribers ? path(of: parent).map { Self.join($0, name) } : nil
+        let gone = events.hasSubscribers ? pathBytes(of: parent).map { Self.join($0, name) } : nil
         var removed: UInt64 = 0
         while true {
             let target = try peek(parent, name)
@@ -238,9 +238,9 @@ extension FileSystem {
         if let gone { emit(.deleted, removed, path: gone) }
     }
 
-    static func join(_ dir: String, _ name: [UInt8]) -> String {
-        let n = String(decoding: name, as: UTF8.self)
-        return dir.isEmpty ? n : dir + "/" + n
+    /// `name` under the folder path `dir` (empty: the root).
+    static func join(_ dir: [UInt8], _ name: [UInt8]) -> [UInt8] {
+        dir.isEmpty ? name : dir + [UInt8(ascii: "/")] + name
     }
 
     /// rename(2) and renameat2(2) with RENAME_NOREPLACE / RENAME_EXCHANGE.
@@ -255,7 +255,7 @@ extension FileSystem {
         if folderLevels.withLock({ $0 }) != nil, let src = try? peek(parent, name), withLock({ nodes[src]?.isDirectory }) == true {
             try checkFolderLevels(parent: newParent, name: newName)
         }
-        let from = events.hasSubscribers ? path(of: parent).map { Self.join($0, name) } : nil
+        let from = events.hasSubscribers ? pathBytes(of: parent).map { Self.join($0, name) } : nil
         var moved: UInt64 = 0
         while true {
             let src = try peek(parent, name)
@@ -269,7 +269,7 @@ extension FileSystem {
             if done { break }
         }
         kickUploader()
-        if let from { emit(.moved, moved, path: path(of: newParent).map { Self.join($0, newName) }, from: from) }
+        if let from { emit(.moved, moved, path: pathBytes(of: newParent).map { Self.join($0, newName) }, from: from) }
     }
 
     private func renameLocked(_ parent: UInt64, _ name: [UInt8], _ newParent: UInt64, _ newName: [UInt8],
@@ -432,7 +432,7 @@ extension FileSystem {
             parts.removeFirst()
         }
         if parts.count + 1 > rule.max {
-            let shown = Self.join(p, name)
+            let shown = String(decoding: Self.join(Array(p.utf8), name), as: UTF8.self)
             logger.warning("refused folder \(shown): this container allows \(rule.max == 0 ? "no folders" : "\(rule.max) folder level\(rule.max == 1 ? "" : "s")")\(rule.under.map { " in \($0)" } ?? "")")
             throw FSError.notPermitted
         }

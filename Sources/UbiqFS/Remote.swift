@@ -263,7 +263,7 @@ extension FileSystem {
             kickUploader()
             return true
         }
-        let gone = events.hasSubscribers ? path(of: ino) : nil
+        let gone = events.hasSubscribers ? pathBytes(of: ino) : nil
         let c = try claim([e.parent, ino], .delete)
         let removed: Bool = try {
             defer { coordinator.release(c) }

@@ -210,6 +210,7 @@ struct Watch: ParsableCommand {
             downloaded, failed), conflict, deleted, moved (with "from"). Each line:
               {"event":"changed","path":"/home/me/Ubiquity/a.txt",
                "time":"2026-11-23T12:00:00.000Z"}
+            A path whose bytes are not UTF-8 has them in "rawPath" (and "rawFrom"), as numbers.
 
             Example:
               ubiq watch ~/Ubiquity/Projects
@@ -224,9 +225,12 @@ struct Watch: ParsableCommand {
         let abs = Paths.absolute(path)
         _ = client.request(.watch(scope: client.relative(abs)), as: Done.self)
         let base = client.mount
+        let prefix = Array(base.utf8) + [UInt8(ascii: "/")]
         while var e = client.next(WatchEvent.self) {
             e.path = e.path.map { $0.isEmpty ? base : base + "/" + $0 }
             e.from = e.from.map { $0.isEmpty ? base : base + "/" + $0 }
+            e.rawPath = e.rawPath.map { prefix + $0 }
+            e.rawFrom = e.rawFrom.map { prefix + $0 }
             say(jsonLine(e))
         }
         fail("the daemon of \(client.mount) went away")

@@ -139,7 +139,20 @@ import UbiqSync
         _ = try w.request(.watch(scope: ""), as: Done.self)
         try a.write("notes.txt", "hello")
         let event = try #require(try w.next(WatchEvent.self))
-        #expect(event.event == "changed" && event.path == "notes.txt")
+        #expect(event.event == "changed" && event.path == "notes.txt" && event.rawPath == nil)
+        // A name that is not UTF-8 comes through as its bytes, in a move's both paths too.
+        let odd: [UInt8] = [0x63, 0x61, 0x66, 0xe9]
+        let (_, fh) = try a.fs.create(rootIno, odd, mode: 0o644, flags: O_WRONLY, caller: .root)
+        try a.fs.flush(fh)
+        a.fs.release(fh)
+        // (Other files' events may come first: notes.txt's close, plan.txt's status.)
+        var created = try #require(try w.next(WatchEvent.self))
+        while !(created.path ?? "").hasPrefix("caf") { created = try #require(try w.next(WatchEvent.self)) }
+        #expect(created.event == "changed" && created.rawPath == odd && created.path == "caf\u{FFFD}", "\(created)")
+        try a.fs.rename(rootIno, odd, rootIno, Array("cafe".utf8))
+        var moved = try #require(try w.next(WatchEvent.self))
+        while moved.event != "moved" { moved = try #require(try w.next(WatchEvent.self)) }
+        #expect(moved.path == "cafe" && moved.rawPath == nil && moved.rawFrom == odd)
 
         // The key-value store: a JSON value keeps its structure (keys sorted), a removal wins.
         let set = try c.request(.kvSet(entry: KVEntry(key: "prefs", value: .json(#"{"b":1,"a":[true,null]}"#), timeNs: 10,
