@@ -369,6 +369,25 @@ import Testing
                 "\(sync.out)")
         let listed = m.sh("\(ubiqBinary) query .")
         #expect(listed.status == 0 && listed.out.contains("/caf\\xe9.txt\n"), "\(listed.out)\(listed.err)")
+        // `ubiq watch` names such a file by its bytes too: rawPath, the mount's and the name's.
+        let watchOut = m.base + "/watch.json"
+        let watcher = Process()
+        watcher.executableURL = URL(fileURLWithPath: "/bin/bash")
+        watcher.arguments = ["-c", "cd \(m.mnt) && exec \(ubiqBinary) watch . > \(watchOut) 2>&1"]
+        watcher.environment = ProcessInfo.processInfo.environment.merging(m.env) { $1 }
+        try watcher.run()
+        defer { if watcher.isRunning { watcher.terminate(); watcher.waitUntilExit() } }
+        // (A new name each try: the first may come before the watch has begun.)
+        expectOK(eventually(m, "python3 -c \"open(b'na\\xefve-' + str(__import__('time').time()).encode(), 'wb').close()\" && grep -q rawPath \(watchOut)",
+                            seconds: 10), "\(m.sh("cat \(watchOut)").out)")
+        watcher.terminate()
+        watcher.waitUntilExit()
+        let raw = m.sh("""
+            python3 -c "import os; [os.remove(f) for f in os.listdir(b'.') if f.startswith(b'na\\xefve-')]"
+            python3 -c "import json, sys; ls = [json.loads(l) for l in open('\(watchOut)') if 'rawPath' in l]; \
+            sys.exit(0 if any(bytes(l['rawPath']).startswith(b'\(m.mnt)/na\\xefve-') and l['path'].startswith('\(m.mnt)/na') for l in ls) else 1)"
+            """)
+        expectOK(raw, "\(m.sh("cat \(watchOut)").out)")
         // One answer everywhere: `ubiq status` of the name, and of its folder with -r, say local.
         let one = m.sh("\(ubiqBinary) status \"$(printf 'caf\\351.txt')\"")
         #expect(one.status == 0 && one.out.hasPrefix("local ") && one.out.contains("caf\\xe9.txt"), "\(one.out)\(one.err)")
