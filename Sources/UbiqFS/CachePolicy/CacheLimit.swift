@@ -8,8 +8,8 @@ import UbiqState
 extension FileSystem {
     /// Local content bytes: downloaded files in full, downloads under way as far as they got.
     public var localContentBytes: Int64 {
-        withLock {
-            nodes.values.reduce(0) { sum, n in
+        inodes.locked { t in
+            t.all.reduce(0) { sum, n in
                 guard n.isRegular else { return sum }
                 return sum + (n.rec.present ? n.rec.size : (materializer.localBytes(n.rec.ino) ?? 0))
             }
@@ -24,8 +24,8 @@ extension FileSystem {
         guard let limit = target ?? cacheLimit else { return 0 }
         var usage = localContentBytes
         if usage <= limit { return 0 }
-        let candidates = withLock {
-            nodes.values.filter { $0.isRegular && $0.rec.present && $0.opens == 0 && !$0.unpersisted && !$0.rec.pinned }
+        let candidates = inodes.locked { t in
+            t.all.filter { $0.isRegular && $0.rec.present && $0.opens == 0 && !$0.unpersisted && !$0.rec.pinned }
                 .sorted { $0.lastUsed < $1.lastUsed }
                 .map { ($0.rec.ino, $0.rec.size) }
         }
@@ -53,11 +53,5 @@ extension FileSystem {
             // Space freed since the disk filled up: hold the state database's reserve again.
             self?.state.reserve.restore()
         }
-    }
-
-    /// Records a use of `ino`'s content (for least-recently-used order). Call with `lock` held.
-    func touchLocked(_ n: Node) {
-        useClock += 1
-        n.lastUsed = useClock
     }
 }

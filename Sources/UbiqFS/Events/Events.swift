@@ -95,7 +95,7 @@ extension FileSystem {
     /// The path of `ino` inside the mount, its names' own bytes joined with "/".
     public func pathBytes(of ino: UInt64) -> [UInt8]? {
         if ino == rootIno { return [] }
-        let isDir = withLock { nodes[ino]?.isDirectory }
+        let isDir = inodes.locked { t in t[ino]?.isDirectory }
         guard let isDir else { return nil }
         if !isDir {
             // A file: its entry tells the folder it is in.
@@ -103,12 +103,12 @@ extension FileSystem {
             return Self.join(dir, e.name)
         }
         // Folders know their parent.
-        let names: [[UInt8]]? = withLock {
+        let names: [[UInt8]]? = inodes.locked { t in
             var out: [[UInt8]] = []
             var cur = ino
             var depth = 0
             while cur != rootIno && depth < 4096 {
-                guard let n = nodes[cur], let parent = nodes[n.parent],
+                guard let n = t[cur], let parent = t[n.parent],
                       let name = parent.children.first(where: { $0.value == cur })?.key else { return nil }
                 out.append(name)
                 cur = n.parent

@@ -13,21 +13,19 @@ public struct ReadBuffer: @unchecked Sendable {
 
 /// Content: open, read, write, flush, fsync, release, setattr, fallocate.
 extension FileSystem {
-    /// Opens a file handle on a present regular file (with `lock` held).
-    func openHandle(_ n: Node, flags: Int32) throws -> UInt64 {
+    /// Opens a file handle on a present regular file.
+    func openHandle(_ n: Node, _ t: Inodes, flags: Int32) throws -> UInt64 {
         guard n.isRegular else { throw n.isDirectory ? FSError.isDirectory : FSError.invalid }
         let fd = cache.open(n.rec.ino, writable: (flags & O_ACCMODE) != O_RDONLY)
         if fd < 0 { throw FSError.fromErrno(errno) }
-        return adoptHandle(n, fd: fd, flags: flags)
+        return adoptHandle(n, t, fd: fd, flags: flags)
     }
 
-    /// Registers a handle over an already open cache file descriptor (with `lock` held).
-    func adoptHandle(_ n: Node, fd: Int32, flags: Int32) -> UInt64 {
+    /// Registers a handle over an already open cache file descriptor.
+    func adoptHandle(_ n: Node, _ t: Inodes, fd: Int32, flags: Int32) -> UInt64 {
         let handle = Handle(ino: n.rec.ino, fd: fd, flags: flags)
-        touchLocked(n)
-        let fh = nextHandle
-        nextHandle += 1
-        handles[fh] = handle
+        t.touch(n)
+        let fh = t.add(handle)
         n.opens += 1
         if handle.canWrite { n.writers += 1 }
         // An open that was under way when the last name went: its close may write the rows
@@ -36,18 +34,18 @@ extension FileSystem {
         return fh
     }
 
-    /// What an open file handle refers to (takes `lock`).
+    /// What an open file handle refers to (takes the inode table's lock).
     private func handle(_ fh: UInt64) throws -> (ino: UInt64, fd: Int32, canWrite: Bool) {
-        try withLock {
-            guard let h = handles[fh] else { throw FSError.badHandle }
+        try inodes.locked { t in
+            guard let h = t.handle(fh) else { throw FSError.badHandle }
             return (h.ino, h.fd, h.canWrite)
         }
     }
 
     /// A download finished: the file is local from now on (called by the Materializer).
     public func contentArrived(_ ino: UInt64, version: String) {
-        withLock {
-            guard let n = nodes[ino], !n.rec.present else { return }
+        inodes.locked { t in
+            guard let n = t[ino], !n.rec.present else { return }
             // Only if the item still stands for the version downloaded: a remote update may have
             // made it the placeholder of a newer one meanwhile (its cache file removed).
             let current = try? state.read { tx in try tx.entries(of: ino).first { $0.remoteKey != nil }?.remoteVersion }
@@ -73,10 +71,10 @@ extension FileSystem {
         if case StoreError.notFound = error { storeFeed?.kick() }
     }
 
-    /// Brings a placeholder's content into the cache (call holding an exclusive claim, without `lock`).
+    /// Brings a placeholder's content into the cache (call holding an exclusive claim, without the inode table's lock).
     private func materialize(_ ino: UInt64) throws {
-        let needed = try withLock { () -> Bool in
-            let n = try node(ino)
+        let needed = try inodes.locked { t -> Bool in
+            let n = try t.node(ino)
             return n.isRegular && !n.rec.present
         }
         guard needed else { return }
@@ -85,8 +83,8 @@ extension FileSystem {
             versionGone(error)
             throw Self.downloadError(error)
         }
-        try withLock {
-            let n = try node(ino)
+        try inodes.locked { t in
+            let n = try t.node(ino)
             n.rec.present = true
             let rec = n.rec
             try persist { tx in tx.upsert(rec) }
@@ -104,8 +102,8 @@ extension FileSystem {
     /// a placeholder opened for writing, or cut to a length other than 0, is downloaded whole
     /// first. The FUSE binding answers such requests from another thread.
     public func waitsForStore(_ ino: UInt64, flags: Int32? = nil, size: Int64? = nil) -> Bool {
-        withLock {
-            guard let n = nodes[ino], n.isRegular, !n.rec.present else { return false }
+        inodes.locked { t in
+            guard let n = t[ino], n.isRegular, !n.rec.present else { return false }
             if let flags { return (flags & O_ACCMODE) != O_RDONLY && (flags & O_TRUNC) == 0 }
             if let size { return size != 0 }
             return false
@@ -123,8 +121,8 @@ extension FileSystem {
     private func openOnce(_ ino: UInt64, flags: Int32, caller: Caller) throws -> UInt64? {
         let writable = (flags & O_ACCMODE) != O_RDONLY
         let truncate = writable && (flags & O_TRUNC) != 0
-        let (isDir, present, epoch) = try withLock { () -> (Bool, Bool, Int) in
-            let n = try node(ino)
+        let (isDir, present, epoch) = try inodes.locked { t -> (Bool, Bool, Int) in
+            let n = try t.node(ino)
             return (n.isDirectory, n.rec.present, n.contentEpoch)
         }
         if isDir { throw FSError.isDirectory }
@@ -148,10 +146,10 @@ extension FileSystem {
                 throw FSError.io("download failed: \(error)")
             }
         }
-        return try withLock { () -> UInt64? in
-            let n = try node(ino)
+        return try inodes.locked { t -> UInt64? in
+            let n = try t.node(ino)
             if n.contentEpoch != epoch { return nil }
-            return try openHandle(n, flags: flags & ~O_TRUNC)
+            return try openHandle(n, t, flags: flags & ~O_TRUNC)
         }
     }
 
@@ -184,7 +182,7 @@ extension FileSystem {
             coordinator.release(c)
             reply(r)
         }
-        if withLock({ nodes[ino]?.rec.present ?? true }) {
+        if inodes.locked({ t in t[ino]?.rec.present ?? true }) {
             finish(nil)
         } else {
             materializer.whenLocal(ino, range: offset ..< offset + Int64(count), finish)
@@ -211,8 +209,8 @@ extension FileSystem {
     /// access time lost to a crash loses no data.
     private func touchAccessTime(_ ino: UInt64) {
         let day: Int64 = 86_400_000_000_000
-        withLock {
-            guard let n = nodes[ino], n.nlink > 0 else { return }
+        inodes.locked { t in
+            guard let n = t[ino], n.nlink > 0 else { return }
             let now = nowNanos()
             let r = n.rec
             guard r.atimeNs <= r.mtimeNs || r.atimeNs <= r.ctimeNs || now - r.atimeNs >= day else { return }
@@ -223,8 +221,8 @@ extension FileSystem {
 
     /// Writes access times kept in memory (at unmount).
     public func writeAccessTimes() {
-        withLock {
-            let dirty = nodes.values.filter { $0.atimeDirty && !$0.rowsDeleted }
+        inodes.locked { t in
+            let dirty = t.all.filter { $0.atimeDirty && !$0.rowsDeleted }
             guard !dirty.isEmpty else { return }
             do {
                 try persist { tx in for n in dirty { tx.upsert(n.rec) } }
@@ -241,8 +239,8 @@ extension FileSystem {
     /// that differs from a version marked as uploaded is damage, not a write (FileSystem.load).
     /// Not synced: it only has to come before the bytes, which a killed daemon keeps in order.
     private func markBeingWritten(_ ino: UInt64) throws {
-        try withLock {
-            guard let n = nodes[ino], !n.unpersisted else { return }
+        try inodes.locked { t in
+            guard let n = t[ino], !n.unpersisted else { return }
             n.rec.contentGen += 1
             let rec = n.rec, named = n.nlink > 0, delay = uploadDelay
             try persist { tx in
@@ -284,8 +282,8 @@ extension FileSystem {
             }
             done += n
         }
-        withLock {
-            guard let n = nodes[ino] else { return }
+        inodes.locked { t in
+            guard let n = t[ino] else { return }
             let now = nowNanos()
             n.rec.size = max(n.rec.size, offset + Int64(done))
             n.rec.mtimeNs = now
@@ -315,7 +313,7 @@ extension FileSystem {
     /// Commits what was written through any handle of `ino`; `sync`: and makes it durable
     /// (`evenIfCommitted`: also when a close committed it before, without a sync).
     private func commitWrites(_ ino: UInt64, fd: Int32, sync: Bool, evenIfCommitted: Bool = false) throws {
-        if withLock({ nodes[ino]?.unpersisted ?? false }) {
+        if inodes.locked({ t in t[ino]?.unpersisted ?? false }) {
             // Exclusive, so no write lands between the sync and the commit of the size it produced.
             let c = try claim([ino], .write)
             defer { coordinator.release(c) }
@@ -329,10 +327,10 @@ extension FileSystem {
 
     /// Commits the new size and times of `ino` and queues its upload (under its write claim).
     private func commitSize(_ ino: UInt64) throws {
-        guard withLock({ nodes[ino]?.unpersisted ?? false }) else { return }
+        guard inodes.locked({ t in t[ino]?.unpersisted ?? false }) else { return }
         let delay = uploadDelay
-        try withLock {
-            guard let n = nodes[ino] else { return }
+        try inodes.locked { t in
+            guard let n = t[ino] else { return }
             let rec = n.rec
             let named = n.nlink > 0
             try persist { tx in
@@ -356,14 +354,14 @@ extension FileSystem {
     }
 
     public func release(_ fh: UInt64) {
-        guard let h = withLock({ handles.removeValue(forKey: fh) }) else { return }
+        guard let h = inodes.locked({ t in t.removeHandle(fh) }) else { return }
         if h.canWrite { try? commitWrites(h.ino, fd: h.fd, sync: syncOnClose) }
         close(h.fd)
-        let (lastClose, closed) = withLock { () -> (Bool, Bool) in
-            guard let n = nodes[h.ino] else { return (false, false) }
+        let (lastClose, closed) = inodes.locked { t -> (Bool, Bool) in
+            guard let n = t[h.ino] else { return (false, false) }
             n.opens -= 1
             if h.canWrite { n.writers -= 1 }
-            reapIfUnreferenced(n)
+            reapIfUnreferenced(n, t)
             return (n.opens == 0 && !n.rec.present, n.opens == 0)
         }
         // Opened and never read: no download keeps waiting for it.
@@ -382,8 +380,8 @@ extension FileSystem {
         defer { coordinator.release(c) }
         if let size = ch.size {
             if size < 0 { throw FSError.invalid }
-            let (isDir, isReg, present) = try withLock { () -> (Bool, Bool, Bool) in
-                let n = try node(ino)
+            let (isDir, isReg, present) = try inodes.locked { t -> (Bool, Bool, Bool) in
+                let n = try t.node(ino)
                 return (n.isDirectory, n.isRegular, n.rec.present)
             }
             if isDir { throw FSError.isDirectory }
@@ -391,7 +389,7 @@ extension FileSystem {
             if !present {
                 if size == 0 {
                     do { try cache.createEmpty(ino) } catch { throw FSError.fromErrno(errno) }
-                    try withLock { try node(ino).rec.present = true }
+                    try inodes.locked { t in try t.node(ino).rec.present = true }
                 } else {
                     try materialize(ino)
                 }
@@ -399,8 +397,8 @@ extension FileSystem {
             if cache.truncate(ino, to: size) != 0 { throw FSError.fromErrno(errno) }
         }
         let delay = uploadDelay
-        let a = try withLock { () -> Attributes in
-            let n = try node(ino)
+        let a = try inodes.locked { t -> Attributes in
+            let n = try t.node(ino)
             let now = nowNanos()
             if let size = ch.size {
                 n.rec.size = size
@@ -449,8 +447,8 @@ extension FileSystem {
         }
         var st = stat()
         if fstat(fd, &st) != 0 { throw FSError.fromErrno(errno) }
-        withLock {
-            guard let n = nodes[ino] else { return }
+        inodes.locked { t in
+            guard let n = t[ino] else { return }
             let now = nowNanos()
             n.rec.size = Int64(st.st_size)
             n.rec.mtimeNs = now
@@ -475,8 +473,8 @@ extension FileSystem {
             if let v = try controlAttribute(ino, name) { return v }
             throw FSError.noAttribute
         }
-        return try withLock {
-            let n = try node(ino)
+        return try inodes.locked { t in
+            let n = try t.node(ino)
             guard let v = n.xattrs[name] else { throw FSError.noAttribute }
             return v
         }
@@ -486,7 +484,7 @@ extension FileSystem {
     /// only, never listed (as CephFS does with `ceph.*`): status is not the file's data, so
     /// `cp -a`, `rsync -X` and `tar --xattrs` copy exactly what a local disk would.
     public func listxattr(_ ino: UInt64) throws -> [[UInt8]] {
-        try withLock { try node(ino).xattrs.keys.sorted { $0.lexicographicallyPrecedes($1) } }
+        try inodes.locked { t in try t.node(ino).xattrs.keys.sorted { $0.lexicographicallyPrecedes($1) } }
     }
 
     public func setxattr(_ ino: UInt64, _ name: [UInt8], _ value: [UInt8], mode: XattrSetMode) throws {
@@ -495,8 +493,8 @@ extension FileSystem {
         if name.starts(with: Self.reservedPrefix) { return try setControlAttribute(ino, name, value) }
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
-        try withLock {
-            let n = try node(ino)
+        try inodes.locked { t in
+            let n = try t.node(ino)
             if name.starts(with: Array("user.".utf8)) && !(n.isRegular || n.isDirectory) { throw FSError.notPermitted }
             let exists = n.xattrs[name] != nil
             if mode == .create && exists { throw FSError.exists }
@@ -522,8 +520,8 @@ extension FileSystem {
         try Self.checkXattrName(name)
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
-        try withLock {
-            let n = try node(ino)
+        try inodes.locked { t in
+            let n = try t.node(ino)
             guard n.xattrs[name] != nil else { throw FSError.noAttribute }
             n.rec.ctimeNs = nowNanos()
             n.rec.metaGen += 1

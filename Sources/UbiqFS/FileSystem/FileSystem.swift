@@ -6,68 +6,17 @@ import UbiqState
 import UbiqStore
 import UbiqSync
 
-/// One inode in memory. Guarded by `FileSystem.lock`.
-final class Node {
-    var rec: InodeRecord
-    var nlink: UInt32 = 0
-    /// Directories: the parent directory (root: itself).
-    var parent: UInt64 = 0
-    /// Directories: name → inode.
-    var children: [[UInt8]: UInt64] = [:] { didSet { conflictIndex = nil } }
-    /// Directories: the conflict copies among `children`, by the name they were made for
-    /// (worked out when asked, dropped when `children` changes).
-    var conflictIndex: [[UInt8]: [[UInt8]]]?
-    /// The kernel's lookup count (lookup, create, readdirplus add; forget subtracts).
-    var lookups: UInt64 = 0
-    var opens = 0
-    var writers = 0
-    var xattrs: [[UInt8]: [UInt8]] = [:]
-    /// Content or size changed in memory and not yet committed (close/fsync commit).
-    var unpersisted = false
-    /// Its rows are gone from the state database already: its last name was removed while
-    /// nothing had it open (the kernel may still hold it until `forget`, from memory).
-    var rowsDeleted = false
-    /// Removing the name it is being removed by leaves it with none, and nothing has it open:
-    /// its rows can go in the same transaction (`rowsDeleted`).
-    var losesRowsWithThisName: Bool { (isDirectory || nlink <= 1) && opens == 0 }
-    /// When the content was last opened (a counter, for least-recently-used eviction).
-    var lastUsed: UInt64 = 0
-    /// atime changed by a read and not written yet (see `writeAccessTimes`).
-    var atimeDirty = false
-    /// Counts replacements of the content by a remote version (an open in progress starts over).
-    var contentEpoch = 0
-
-    init(_ rec: InodeRecord) { self.rec = rec }
-    var isDirectory: Bool { rec.type == UInt32(S_IFDIR) }
-    var isRegular: Bool { rec.type == UInt32(S_IFREG) }
-}
-
-/// An open file or directory.
-final class Handle {
-    let ino: UInt64
-    /// The cache file, for regular files; -1 otherwise.
-    let fd: Int32
-    let flags: Int32
-    /// Directories: the listing taken at opendir, so readdir is stable while the directory changes.
-    var listing: [DirEntry] = []
-    init(ino: UInt64, fd: Int32, flags: Int32) { self.ino = ino; self.fd = fd; self.flags = flags }
-    var canWrite: Bool { (flags & O_ACCMODE) != O_RDONLY }
-}
-
 /// The POSIX filesystem: inodes, names, handles. No libfuse types here; the
 /// FUSE binding translates. Tests drive it directly.
 ///
-/// STATE: every inode lives in `nodes` (loaded from LocalState at start) and each
-/// change to it is recorded in LocalState (`persist`: its intent log now, its
-/// database with the next transaction) while `lock` is held — so memory and
+/// STATE: every inode lives in the inode table (`inodes`, loaded from LocalState at start)
+/// and each change to it is recorded in LocalState (`persist`: its intent log now, its
+/// database with the next transaction) while the table's lock is held — so memory and
 /// database change in the same order. One exception: a new file's rows wait to be
 /// recorded with the next change, which is at the latest its first close
 /// (`pendingCreates`). Content lives in cache files (`ContentCache`).
 ///
-/// LOCK ORDERING: Coordinator claims first, then `lock`. Never wait for a
-/// claim while holding `lock`. Pure metadata reads (lookup, getattr, readdir,
-/// getxattr) read the consistent in-memory table under `lock` and take no
-/// claim, so `stat` never waits behind a download.
+/// LOCK ORDERING: Coordinator claims first, then the inode table's lock (`InodeTable`).
 public final class FileSystem: @unchecked Sendable {
     // Dependencies.
     let state: LocalState
@@ -94,8 +43,8 @@ public final class FileSystem: @unchecked Sendable {
     /// or anything else (a rename, an rm, a remote change, a status read), or a commit half a
     /// second on. A create thus costs no transaction of its own (tar x, cp -r: one a file, at
     /// the close, not two). A killed daemon loses such a file only if no close returned for it.
-    /// Its own lock, held across the transaction that writes them (inside `lock` when that is
-    /// held: claims, `lock`, this, the database).
+    /// Its own lock, held across the transaction that writes them (inside the inode table's
+    /// lock when that is held: claims, the table, this, the database).
     let pendingCreates = Mutex<[(ino: UInt64, changes: [StateChange])]>([])
     /// How long a new file's rows may wait for a transaction (tests make it long).
     var pendingCreatesDelay: TimeInterval = 0.5
@@ -116,13 +65,8 @@ public final class FileSystem: @unchecked Sendable {
     /// A container's folder levels (nil: any depth).
     public let folderLevels = Mutex<FolderLevels?>(nil)
 
-    // Mutable state, guarded by `lock`.
-    let lock = NSLock()
-    var nodes: [UInt64: Node] = [:]
-    var handles: [UInt64: Handle] = [:]
-    var nextHandle: UInt64 = 1
-    var nextIno: UInt64 = 2
-    var useClock: UInt64 = 0
+    /// Every inode and open handle (reached under its lock: `inodes.locked { t in … }`).
+    let inodes = InodeTable()
     /// When the last local change happened (uptime ns); its own lock, read by the uploader.
     let lastChange = Mutex<UInt64>(0)
 
@@ -153,21 +97,22 @@ public final class FileSystem: @unchecked Sendable {
         var lost: [UInt64] = []
         var dropped: [UInt64] = []
         var damaged: [UInt64] = []
-        try state.write { tx in
-            for r in try tx.allInodes() { nodes[r.ino] = Node(r) }
-            if nodes[rootIno] == nil {
+        var kept = Set<UInt64>()
+        try inodes.locked { t in try state.write { tx in
+            for r in try tx.allInodes() { t.insert(Node(r)) }
+            if t[rootIno] == nil {
                 let now = nowNanos()
                 let root = InodeRecord(ino: rootIno, type: UInt32(S_IFDIR), perm: 0o755, uid: rootOwner.uid,
                                        gid: rootOwner.gid, atimeNs: now, mtimeNs: now, ctimeNs: now)
                 try tx.upsert(root)
-                nodes[rootIno] = Node(root)
+                t.insert(Node(root))
             }
-            nodes[rootIno]!.parent = rootIno
+            t[rootIno]!.parent = rootIno
             // Every directory starts at 2 ("." and its name); entries are read in no
             // particular order, so subdirectories add to it whenever they come.
-            for n in nodes.values where n.isDirectory { n.nlink = 2 }
+            for n in t.all where n.isDirectory { n.nlink = 2 }
             for e in try tx.allEntries() {
-                guard let dir = nodes[e.parent], dir.isDirectory, let child = nodes[e.ino] else {
+                guard let dir = t[e.parent], dir.isDirectory, let child = t[e.ino] else {
                     try tx.removeEntry(parent: e.parent, name: e.name)
                     continue
                 }
@@ -179,17 +124,18 @@ public final class FileSystem: @unchecked Sendable {
                     child.nlink += 1
                 }
             }
-            for (ino, attrs) in try tx.allXattrs() { nodes[ino]?.xattrs = attrs }
+            for (ino, attrs) in try tx.allXattrs() { t[ino]?.xattrs = attrs }
             // Inodes with no name left were open-unlinked when the last run ended: gone now.
             var named: Set<UInt64> = [rootIno]
-            for n in nodes.values { named.formUnion(n.children.values) }
-            for (ino, _) in nodes where !named.contains(ino) {
+            for n in t.all { named.formUnion(n.children.values) }
+            for n in t.all where !named.contains(n.rec.ino) {
+                let ino = n.rec.ino
                 try tx.deleteInode(ino)
                 dropped.append(ino)
             }
-            for ino in dropped { nodes[ino] = nil }
+            for ino in dropped { t.remove(ino) }
             // Content written but not committed before a crash: the cache file is the truth.
-            for node in nodes.values where node.isRegular && node.rec.present {
+            for node in t.all where node.isRegular && node.rec.present {
                 let actual = cache.size(of: node.rec.ino)
                 if actual == nil, let up = try tx.uploadState(node.rec.ino), up.uploadedContentGen == node.rec.contentGen,
                    try tx.entries(of: node.rec.ino).contains(where: { $0.remoteVersion != nil }) {
@@ -219,13 +165,14 @@ public final class FileSystem: @unchecked Sendable {
                     repairs.append(node.rec)
                 }
             }
-            // Numbers are never reused within a run; one freed before a restart may be.
-            nextIno = (nodes.keys.max() ?? 1) + 1
-        }
+            // (Numbers are never reused within a run: the table numbers past every one it was
+            // given. One freed before a restart may be.)
+            kept = Set(t.all.map(\.rec.ino))
+        } }
         for ino in dropped { cache.remove(ino) }
         // Cache files of inodes without rows: a new file whose create returned but no close
         // did before a crash (its rows wait for a transaction: `pendingCreates`).
-        let orphans = cache.sweep(keeping: Set(nodes.keys))
+        let orphans = cache.sweep(keeping: kept)
         if orphans > 0 { logger.info("recycled \(orphans) cache files of items the state database does not have (a crash left them)") }
         for r in repairs { logger.warning("recovered size of inode \(r.ino) from its cache file: \(r.size) bytes") }
         for ino in lost { logger.warning("the cache file of inode \(ino) is gone; its content is in the store: a placeholder again") }
@@ -235,19 +182,9 @@ public final class FileSystem: @unchecked Sendable {
         }
     }
 
-    // MARK: - Helpers (call with `lock` held unless noted)
+    // MARK: - Helpers
 
-    func node(_ ino: UInt64) throws -> Node {
-        guard let n = nodes[ino] else { throw FSError.notFound }
-        return n
-    }
-
-    func directory(_ ino: UInt64) throws -> Node {
-        let n = try node(ino)
-        guard n.isDirectory else { throw FSError.notDirectory }
-        return n
-    }
-
+    /// (A `Node` is reached only under the inode table's lock.)
     func attributes(_ n: Node) -> Attributes {
         let r = n.rec
         let size: Int64
@@ -301,18 +238,13 @@ public final class FileSystem: @unchecked Sendable {
         }
     }
 
-    /// Claims `inos` through the Coordinator (call without `lock`). `timeout` 0: only if
+    /// Claims `inos` through the Coordinator (call without the inode table's lock). `timeout` 0: only if
     /// nobody holds them now (what may be claimed while holding another claim: it never waits).
     func claim(_ inos: [UInt64], _ intent: Intent, timeout: TimeInterval? = nil) throws -> Claim {
         do { return try coordinator.claim(inos, intent, timeout: timeout) } catch {
             if timeout != 0 { logger.warning("\(error)") }
             throw FSError.timedOut
         }
-    }
-
-    func withLock<T>(_ body: () throws -> T) rethrows -> T {
-        lock.lock(); defer { lock.unlock() }
-        return try body()
     }
 
     /// `.ubiquity` at the root is the store's own (the key-value store): nobody makes it.
@@ -333,7 +265,7 @@ public final class FileSystem: @unchecked Sendable {
     }
 
     /// Keeps a new file's rows for the next transaction, which comes half a second on at the
-    /// latest. Call with `lock` held.
+    /// latest. Call under the inode table's lock (the file is in the table already).
     func deferCreate(_ ino: UInt64, _ changes: [StateChange]) {
         let first = pendingCreates.withLock { pending in
             pending.append((ino, changes))
@@ -348,9 +280,9 @@ public final class FileSystem: @unchecked Sendable {
     }
 
     /// Drops an inode that has no name, no kernel reference and no open handle.
-    func reapIfUnreferenced(_ n: Node) {
+    func reapIfUnreferenced(_ n: Node, _ t: Inodes) {
         guard n.nlink == 0, n.lookups == 0, n.opens == 0, n.rec.ino != rootIno else { return }
-        nodes[n.rec.ino] = nil
+        t.remove(n.rec.ino)
         pendingCreates.withLock { pending in pending.removeAll { $0.ino == n.rec.ino } }
         if !n.rowsDeleted {
             do { try state.record([.deleteInode(n.rec.ino)]) } catch {
@@ -368,19 +300,8 @@ public final class FileSystem: @unchecked Sendable {
     /// Waits until the cache files of the inodes dropped so far are in the pool (at unmount).
     public func waitForRecycling() { recycling.sync {} }
 
-    /// Inodes under (and including) `ino`, for re-uploading a moved folder.
-    func subtree(_ ino: UInt64) -> [UInt64] {
-        var out: [UInt64] = []
-        var stack = [ino]
-        while let i = stack.popLast() {
-            out.append(i)
-            if let n = nodes[i], n.isDirectory { stack.append(contentsOf: n.children.values) }
-        }
-        return out
-    }
-
     public func isOpenForWriting(_ ino: UInt64) -> Bool {
-        withLock { (nodes[ino]?.writers ?? 0) > 0 || (nodes[ino]?.unpersisted ?? false) }
+        inodes.locked { t in (t[ino]?.writers ?? 0) > 0 || (t[ino]?.unpersisted ?? false) }
     }
 
     /// Every local change ends here: notes the time (the uploader waits for quiet) and wakes the uploader.
@@ -433,14 +354,14 @@ public final class FileSystem: @unchecked Sendable {
     // MARK: - Queries
 
     public func getattr(_ ino: UInt64) throws -> Attributes {
-        try withLock { attributes(try node(ino)) }
+        try inodes.locked { t in attributes(try t.node(ino)) }
     }
 
     /// Resolves `name` in `parent` and counts one kernel reference to the result.
     public func lookup(_ parent: UInt64, _ name: [UInt8]) throws -> Attributes {
         if name.count > maxNameBytes { throw FSError.nameTooLong }
-        return try withLock {
-            let dir = try directory(parent)
+        return try inodes.locked { t in
+            let dir = try t.directory(parent)
             let ino: UInt64
             if name == [UInt8(ascii: ".")] { ino = parent } else if name == [UInt8(ascii: "."), UInt8(ascii: ".")] {
                 ino = dir.parent
@@ -448,7 +369,7 @@ public final class FileSystem: @unchecked Sendable {
                 guard let c = dir.children[name] else { throw FSError.notFound }
                 ino = c
             }
-            let n = try node(ino)
+            let n = try t.node(ino)
             n.lookups += 1
             return attributes(n)
         }
@@ -456,16 +377,16 @@ public final class FileSystem: @unchecked Sendable {
 
     /// The kernel dropped `count` references to `ino`.
     public func forget(_ ino: UInt64, _ count: UInt64) {
-        withLock {
-            guard let n = nodes[ino] else { return }
+        inodes.locked { t in
+            guard let n = t[ino] else { return }
             n.lookups = n.lookups >= count ? n.lookups - count : 0
-            reapIfUnreferenced(n)
+            reapIfUnreferenced(n, t)
         }
     }
 
     public func readlink(_ ino: UInt64) throws -> [UInt8] {
-        try withLock {
-            let n = try node(ino)
+        try inodes.locked { t in
+            let n = try t.node(ino)
             guard n.rec.type == UInt32(S_IFLNK), let t = n.rec.target else { throw FSError.invalid }
             return t
         }
@@ -476,7 +397,7 @@ public final class FileSystem: @unchecked Sendable {
     public func statfs() -> FSStats {
         var s = statvfs()
         _ = statvfs(cache.directory.path, &s)
-        let files = UInt64(withLock { nodes.count })
+        let files = UInt64(inodes.locked { t in t.count })
         if let u = uploader?.storeUsage, let quota = u.quotaBytes {
             let bs: UInt64 = 4096
             let total = UInt64(max(0, quota)) / bs
@@ -492,8 +413,8 @@ public final class FileSystem: @unchecked Sendable {
     /// access(2): with `default_permissions` the kernel checks modes itself;
     /// this answers existence and the same mode check for direct callers.
     public func access(_ ino: UInt64, mask: Int32, caller: Caller) throws {
-        try withLock {
-            let n = try node(ino)
+        try inodes.locked { t in
+            let n = try t.node(ino)
             if mask == F_OK || caller.uid == 0 {
                 if caller.uid == 0 && (mask & X_OK) != 0 && !n.isDirectory && (n.rec.perm & 0o111) == 0 {
                     throw FSError.accessDenied
@@ -517,8 +438,8 @@ public final class FileSystem: @unchecked Sendable {
     }
 
     /// Number of inodes in memory.
-    public var inodeCount: Int { withLock { nodes.count } }
+    public var inodeCount: Int { inodes.locked { t in t.count } }
 
     /// The kernel's current lookup count of `ino` (tests check forget accounting).
-    public func lookupCount(_ ino: UInt64) -> UInt64? { withLock { nodes[ino]?.lookups } }
+    public func lookupCount(_ ino: UInt64) -> UInt64? { inodes.locked { t in t[ino]?.lookups } }
 }

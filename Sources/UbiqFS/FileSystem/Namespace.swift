@@ -4,10 +4,10 @@ import UbiqState
 
 /// Names: create, mkdir, mknod, symlink, link, unlink, rmdir, rename, readdir.
 extension FileSystem {
-    /// Creates a node named `name` in `parent` (with `lock` held and the parent claimed).
+    /// Creates a node named `name` in `dir` (the parent claimed).
     /// For a regular file, `openFD` receives its new cache file, open read-write.
     /// `deferRows`: the rows wait for the next transaction (`deferCreate`; a file from `create`).
-    private func makeNode(in dir: Node, name: [UInt8], type: UInt32, perm: UInt32, caller: Caller,
+    private func makeNode(in dir: Node, of t: Inodes, name: [UInt8], type: UInt32, perm: UInt32, caller: Caller,
                           rdev: UInt64 = 0, target: [UInt8]? = nil, openFD: UnsafeMutablePointer<Int32>? = nil,
                           deferRows: Bool = false) throws -> Node {
         try Self.validate(name: name)
@@ -21,7 +21,7 @@ extension FileSystem {
             if type == UInt32(S_IFDIR) { perm |= UInt32(S_ISGID) }
         }
         let now = nowNanos()
-        let ino = nextIno
+        let ino = t.nextIno
         let rec = InodeRecord(ino: ino, type: type, perm: perm, uid: caller.uid, gid: gid, size: 0,
                               atimeNs: now, mtimeNs: now, ctimeNs: now, rdev: rdev, target: target)
         var fd: Int32 = -1
@@ -37,25 +37,8 @@ extension FileSystem {
         changes.upsert(dir.rec)
         changes.enqueue(ino, delay: uploadDelay)
         if deferRows { deferCreate(ino, changes.list) } else { try persist { $0.append(changes.list) } }
-        let n = attachLocked(rec, in: dir, name: name)
+        let n = t.attach(rec, in: dir, name: name)
         n.lookups = 1
-        return n
-    }
-
-    /// Puts a new inode, already recorded in LocalState, in memory under `name` in `dir`
-    /// (with `lock` held).
-    func attachLocked(_ rec: InodeRecord, in dir: Node, name: [UInt8]) -> Node {
-        nextIno = max(nextIno, rec.ino + 1)
-        let n = Node(rec)
-        if n.isDirectory {
-            n.parent = dir.rec.ino
-            n.nlink = 2
-            dir.nlink += 1
-        } else {
-            n.nlink = 1
-        }
-        nodes[rec.ino] = n
-        dir.children[name] = rec.ino
         return n
     }
 
@@ -63,8 +46,8 @@ extension FileSystem {
         try checkFolderLevels(parent: parent, name: name)
         let c = try claim([parent], .write)
         defer { coordinator.release(c) }
-        let a = try withLock {
-            attributes(try makeNode(in: try directory(parent), name: name, type: UInt32(S_IFDIR), perm: mode, caller: caller))
+        let a = try inodes.locked { t in
+            attributes(try makeNode(in: try t.directory(parent), of: t, name: name, type: UInt32(S_IFDIR), perm: mode, caller: caller))
         }
         kickUploader()
         emit(.changed, a.ino)
@@ -78,8 +61,8 @@ extension FileSystem {
         guard type == 0 || allowed.contains(type) else { throw FSError.invalid }
         let c = try claim([parent], .write)
         defer { coordinator.release(c) }
-        let a = try withLock {
-            attributes(try makeNode(in: try directory(parent), name: name, type: type == 0 ? UInt32(S_IFREG) : type,
+        let a = try inodes.locked { t in
+            attributes(try makeNode(in: try t.directory(parent), of: t, name: name, type: type == 0 ? UInt32(S_IFREG) : type,
                                     perm: mode, caller: caller, rdev: (type == UInt32(S_IFCHR) || type == UInt32(S_IFBLK)) ? rdev : 0))
         }
         kickUploader()
@@ -91,8 +74,8 @@ extension FileSystem {
         if target.count > 4095 { throw FSError.nameTooLong }
         let c = try claim([parent], .write)
         defer { coordinator.release(c) }
-        let a = try withLock {
-            attributes(try makeNode(in: try directory(parent), name: name, type: UInt32(S_IFLNK), perm: 0o777,
+        let a = try inodes.locked { t in
+            attributes(try makeNode(in: try t.directory(parent), of: t, name: name, type: UInt32(S_IFLNK), perm: 0o777,
                                     caller: caller, target: target))
         }
         kickUploader()
@@ -108,18 +91,18 @@ extension FileSystem {
         var existing: UInt64?
         let made: (Attributes, UInt64)? = try {
             defer { coordinator.release(c) }
-            return try withLock {
-                let dir = try directory(parent)
+            return try inodes.locked { t in
+                let dir = try t.directory(parent)
                 if let ino = dir.children[name] {
                     if flags & O_EXCL != 0 { throw FSError.exists }
                     existing = ino
                     return nil
                 }
                 var fd: Int32 = -1
-                let n = try makeNode(in: dir, name: name, type: UInt32(S_IFREG), perm: mode, caller: caller, openFD: &fd,
+                let n = try makeNode(in: dir, of: t, name: name, type: UInt32(S_IFREG), perm: mode, caller: caller, openFD: &fd,
                                      deferRows: true)
                 n.unpersisted = true  // the first close makes the new file durable
-                return (attributes(n), adoptHandle(n, fd: fd, flags: flags & ~(O_TRUNC | O_CREAT | O_EXCL)))
+                return (attributes(n), adoptHandle(n, t, fd: fd, flags: flags & ~(O_TRUNC | O_CREAT | O_EXCL)))
             }
         }()
         if let made {
@@ -130,8 +113,8 @@ extension FileSystem {
         }
         // Opening an existing file through create: count the lookup as the kernel will.
         let fh = try open(existing!, flags: flags & ~(O_CREAT | O_EXCL))
-        let a = try withLock { () -> Attributes in
-            let n = try node(existing!)
+        let a = try inodes.locked { t -> Attributes in
+            let n = try t.node(existing!)
             n.lookups += 1
             return attributes(n)
         }
@@ -143,10 +126,10 @@ extension FileSystem {
         try Self.checkNotReserved(parent: newParent, name: newName)
         let c = try claim([ino, newParent], .write)
         defer { coordinator.release(c) }
-        let a = try withLock {
-            let n = try node(ino)
+        let a = try inodes.locked { t in
+            let n = try t.node(ino)
             if n.isDirectory { throw FSError.notPermitted }
-            let dir = try directory(newParent)
+            let dir = try t.directory(newParent)
             if dir.children[newName] != nil { throw FSError.exists }
             if n.nlink == 0 { throw FSError.notFound }
             if n.nlink >= 65000 { throw FSError.tooManyLinks }
@@ -173,8 +156,8 @@ extension FileSystem {
 
     /// Resolves `name` under `parent` now, for claiming before the change.
     private func peek(_ parent: UInt64, _ name: [UInt8]) throws -> UInt64 {
-        try withLock {
-            guard let ino = try directory(parent).children[name] else { throw FSError.notFound }
+        try inodes.locked { t in
+            guard let ino = try t.directory(parent).children[name] else { throw FSError.notFound }
             return ino
         }
     }
@@ -197,10 +180,10 @@ extension FileSystem {
             let target = try peek(parent, name)
             let c = try claim([parent, target], .delete)
             defer { coordinator.release(c) }
-            let done: Bool = try withLock {
-                let dir = try directory(parent)
+            let done: Bool = try inodes.locked { t in
+                let dir = try t.directory(parent)
                 guard dir.children[name] == target else { return false }  // changed meanwhile: again
-                let n = try node(target)
+                let n = try t.node(target)
                 if wantDir {
                     if !n.isDirectory { throw FSError.notDirectory }
                     if !n.children.isEmpty { throw FSError.notEmpty }
@@ -229,7 +212,7 @@ extension FileSystem {
                     n.nlink -= 1
                 }
                 removed = target
-                reapIfUnreferenced(n)
+                reapIfUnreferenced(n, t)
                 return true
             }
             if done { break }
@@ -252,7 +235,7 @@ extension FileSystem {
         if name.count > maxNameBytes || newName.count > maxNameBytes { throw FSError.nameTooLong }
         try Self.validate(name: newName)
         try Self.checkNotReserved(parent: newParent, name: newName)
-        if folderLevels.withLock({ $0 }) != nil, let src = try? peek(parent, name), withLock({ nodes[src]?.isDirectory }) == true {
+        if folderLevels.withLock({ $0 }) != nil, let src = try? peek(parent, name), inodes.locked({ t in t[src]?.isDirectory }) == true {
             try checkFolderLevels(parent: newParent, name: newName)
         }
         let from = events.hasSubscribers ? pathBytes(of: parent).map { Self.join($0, name) } : nil
@@ -265,19 +248,19 @@ extension FileSystem {
             if let dst { items.append(dst) }
             let c = try claim(items, .move)
             defer { coordinator.release(c) }
-            let done = try withLock { try renameLocked(parent, name, newParent, newName, flags, src: src, dst: dst) }
+            let done = try inodes.locked { t in try rename(in: t, parent, name, newParent, newName, flags, src: src, dst: dst) }
             if done { break }
         }
         kickUploader()
         if let from { emit(.moved, moved, path: pathBytes(of: newParent).map { Self.join($0, newName) }, from: from) }
     }
 
-    private func renameLocked(_ parent: UInt64, _ name: [UInt8], _ newParent: UInt64, _ newName: [UInt8],
+    private func rename(in t: Inodes, _ parent: UInt64, _ name: [UInt8], _ newParent: UInt64, _ newName: [UInt8],
                               _ flags: RenameFlags, src: UInt64, dst: UInt64?) throws -> Bool {
-        let fromDir = try directory(parent)
-        let toDir = try directory(newParent)
+        let fromDir = try t.directory(parent)
+        let toDir = try t.directory(newParent)
         guard fromDir.children[name] == src, toDir.children[newName] == dst else { return false }
-        let s = try node(src)
+        let s = try t.node(src)
         if toDir.nlink == 0 { throw FSError.notFound }
         // A directory may not move into itself or below itself.
         if s.isDirectory {
@@ -285,26 +268,26 @@ extension FileSystem {
             while true {
                 if p == src { throw FSError.invalid }
                 if p == rootIno { break }
-                p = nodes[p]?.parent ?? rootIno
+                p = t[p]?.parent ?? rootIno
             }
         }
         let now = nowNanos()
         if flags.contains(.exchange) {
             guard let dst else { throw FSError.notFound }
-            let d = try node(dst)
+            let d = try t.node(dst)
             if d.isDirectory, dst != src {
                 var p = parent
                 while true {
                     if p == dst { throw FSError.invalid }
                     if p == rootIno { break }
-                    p = nodes[p]?.parent ?? rootIno
+                    p = t[p]?.parent ?? rootIno
                 }
             }
             if src == dst { return true }
             for n in [s, d, fromDir, toDir] { n.rec.ctimeNs = now }
             fromDir.rec.mtimeNs = now
             toDir.rec.mtimeNs = now
-            let moved = subtree(src) + subtree(dst)
+            let moved = t.subtree(src) + t.subtree(dst)
             try persist { tx in
                 tx.exchangeEntries((parent, name), (newParent, newName))
                 for n in [s, d, fromDir, toDir] { tx.upsert(n.rec) }
@@ -323,7 +306,7 @@ extension FileSystem {
         if let dst {
             if flags.contains(.noReplace) { throw FSError.exists }
             if dst == src { return true }  // two names of one inode: rename does nothing
-            let d = try node(dst)
+            let d = try t.node(dst)
             if s.isDirectory {
                 if !d.isDirectory { throw FSError.notDirectory }
                 if !d.children.isEmpty { throw FSError.notEmpty }
@@ -338,7 +321,7 @@ extension FileSystem {
         toDir.rec.mtimeNs = now
         toDir.rec.ctimeNs = now
         if let r = replaced { r.rec.ctimeNs = now }
-        let moved = subtree(src)
+        let moved = t.subtree(src)
         // A replaced file's last name, and nothing has it open: its rows go now (see removeName).
         let dropReplaced = replaced?.losesRowsWithThisName ?? false
         try persist { tx in
@@ -356,7 +339,7 @@ extension FileSystem {
         toDir.children[newName] = src
         if let r = replaced {
             if r.isDirectory { r.nlink = 0; toDir.nlink -= 1 } else { r.nlink -= 1 }
-            reapIfUnreferenced(r)
+            reapIfUnreferenced(r, t)
         }
         if s.isDirectory {
             s.parent = newParent
@@ -369,8 +352,8 @@ extension FileSystem {
 
     /// Opens a directory, taking the listing that readdir will page through.
     public func opendir(_ ino: UInt64) throws -> UInt64 {
-        try withLock {
-            let dir = try directory(ino)
+        try inodes.locked { t in
+            let dir = try t.directory(ino)
             let h = Handle(ino: ino, fd: -1, flags: O_RDONLY)
             var list: [DirEntry] = [
                 DirEntry(name: [UInt8(ascii: ".")], ino: ino, type: UInt32(S_IFDIR), nextOffset: 1),
@@ -378,21 +361,18 @@ extension FileSystem {
             ]
             list.reserveCapacity(dir.children.count + 2)
             for (name, child) in dir.children {
-                let t = nodes[child]?.rec.type ?? UInt32(S_IFREG)
+                let t = t[child]?.rec.type ?? UInt32(S_IFREG)
                 list.append(DirEntry(name: name, ino: child, type: t, nextOffset: Int64(list.count + 1)))
             }
             h.listing = list
-            let fh = nextHandle
-            nextHandle += 1
-            handles[fh] = h
-            return fh
+            return t.add(h)
         }
     }
 
     /// Entries from `offset` on (0: from the start), at most `limit`.
     public func readdir(_ fh: UInt64, offset: Int64, limit: Int = .max) throws -> [DirEntry] {
-        try withLock {
-            guard let h = handles[fh] else { throw FSError.badHandle }
+        try inodes.locked { t in
+            guard let h = t.handle(fh) else { throw FSError.badHandle }
             let start = Int(max(0, offset))
             if start >= h.listing.count { return [] }
             return Array(h.listing[start ..< min(h.listing.count, start + min(limit, h.listing.count))])
@@ -402,15 +382,15 @@ extension FileSystem {
     /// For readdirplus: the attributes of a listed entry, counting a lookup.
     /// Nil if it was removed since the listing was taken.
     public func lookupListed(_ entry: DirEntry, in parent: UInt64) -> Attributes? {
-        withLock {
-            guard let n = nodes[entry.ino], n.nlink > 0 else { return nil }
+        inodes.locked { t in
+            guard let n = t[entry.ino], n.nlink > 0 else { return nil }
             n.lookups += 1
             return attributes(n)
         }
     }
 
     public func releasedir(_ fh: UInt64) {
-        _ = withLock { handles.removeValue(forKey: fh) }
+        _ = inodes.locked { t in t.removeHandle(fh) }
     }
 }
 

@@ -75,9 +75,9 @@ extension FileSystem {
         var parent = rootIno
         for seg in parts.dropLast() {
             let name = Array(seg.utf8)
-            let existing = try withLock { try directory(parent).children[name] }
+            let existing = try inodes.locked { t in try t.directory(parent).children[name] }
             if let existing {
-                guard withLock({ nodes[existing]?.isDirectory ?? false }) else {
+                guard inodes.locked({ t in t[existing]?.isDirectory ?? false }) else {
                     // Tried again at each poll: the file may go, or move away.
                     logger.info("not adding \(key) yet: a file here stands where its folder would be")
                     return false
@@ -93,7 +93,7 @@ extension FileSystem {
         }
         let name = Array(parts.last!.utf8)
         let type = (isDirKey ? ObjectKind.directory : info.metadata.kind).fileType
-        if let existing = try withLock({ try directory(parent).children[name] }) {
+        if let existing = try inodes.locked({ t in try t.directory(parent).children[name] }) {
             // The same folder made on both sides is one folder.
             let adopt: EntryRecord? = try state.read { tx in
                 guard let e = try tx.entry(parent: parent, name: name), e.remoteKey == nil,
@@ -129,10 +129,10 @@ extension FileSystem {
                                 remote: ObjectInfo?) throws -> UInt64? {
         let c = try claim([parent], .write)
         defer { coordinator.release(c) }
-        let ino: UInt64? = try withLock {
-            let dir = try directory(parent)
+        let ino: UInt64? = try inodes.locked { t in
+            let dir = try t.directory(parent)
             if dir.children[name] != nil || dir.nlink == 0 { return nil }
-            let ino = nextIno
+            let ino = t.nextIno
             let now = nowNanos()
             let isFile = type == UInt32(S_IFREG)
             var rec = InodeRecord(ino: ino, type: type, perm: meta.mode & 0o7777, uid: meta.uid, gid: meta.gid,
@@ -151,7 +151,7 @@ extension FileSystem {
                                    remoteDigest: remote?.metadata.sha256)
                 try tx.replaceXattrs(ino, xattrs)
             }
-            attachLocked(rec, in: dir, name: name).xattrs = xattrs
+            t.attach(rec, in: dir, name: name).xattrs = xattrs
             return ino
         }
         if ino != nil { invalidateKernelEntry(parent, name) }
@@ -170,7 +170,7 @@ extension FileSystem {
         // Metadata changed here only (a chmod, an xattr, a rename waiting to be uploaded): the
         // store's content comes, and this device's metadata stays on it, to be uploaded on top.
         let keepLocalMeta = local.metadata
-        guard let kind = withLock({ nodes[ino].map { $0.rec.type } }) else { return true }
+        guard let kind = inodes.locked({ t in t[ino].map { $0.rec.type } }) else { return true }
         let newType = (info.key.hasSuffix("/") ? ObjectKind.directory : info.metadata.kind).fileType
         if kind != newType {
             // A different kind of item under the same name: the old one goes, the new one comes.
@@ -180,7 +180,7 @@ extension FileSystem {
         let isFile = kind == UInt32(S_IFREG)
         let contentChanged = isFile && (e.remoteTag == nil || info.contentTag == nil || e.remoteTag != info.contentTag)
         // A reader keeps the version it opened until it closes.
-        if contentChanged && withLock({ (nodes[ino]?.opens ?? 0) > 0 }) {
+        if contentChanged && inodes.locked({ t in (t[ino]?.opens ?? 0) > 0 }) {
             waitingForClose.withLock { _ = $0.insert(ino) }
             return false
         }
@@ -188,8 +188,8 @@ extension FileSystem {
         var refetch = false
         let applied: Bool = try {
             defer { coordinator.release(c) }
-            return try withLock {
-                guard let n = nodes[ino] else { return true }
+            return try inodes.locked { t in
+                guard let n = t[ino] else { return true }
                 if contentChanged && n.opens > 0 { return false }
                 // Uploaded by this device since the store was asked: not replaced by what was read.
                 let recorded = try state.read { try $0.entries(of: ino).first(where: { $0.id == e.id })?.remoteVersion }
@@ -245,9 +245,9 @@ extension FileSystem {
         if e.remoteVersion != before { return false }
         let ino = e.ino
         let local = try state.read { try $0.localChanges(ino) }
-        let (isDir, hasChildren, isPlaceholder) = withLock {
-            (nodes[ino]?.isDirectory ?? false, !(nodes[ino]?.children.isEmpty ?? true),
-             nodes[ino].map { $0.isRegular && !$0.rec.present } ?? false)
+        let (isDir, hasChildren, isPlaceholder) = inodes.locked { t in
+            (t[ino]?.isDirectory ?? false, !(t[ino]?.children.isEmpty ?? true),
+             t[ino].map { $0.isRegular && !$0.rec.present } ?? false)
         }
         // An edit beats a delete; so does a rename or a metadata change of what is here in
         // full. A placeholder renamed or chmod-ed here goes: its bytes went with the delete.
@@ -267,8 +267,8 @@ extension FileSystem {
         let c = try claim([e.parent, ino], .delete)
         let removed: Bool = try {
             defer { coordinator.release(c) }
-            return try withLock {
-                guard let dir = nodes[e.parent], dir.children[e.name] == ino, let n = nodes[ino] else { return true }
+            return try inodes.locked { t in
+                guard let dir = t[e.parent], dir.children[e.name] == ino, let n = t[ino] else { return true }
                 if n.isDirectory && !n.children.isEmpty { return false }
                 let now = nowNanos()
                 dir.rec.mtimeNs = now
@@ -297,7 +297,7 @@ extension FileSystem {
                     n.nlink -= 1
                 }
                 if n.nlink == 0 && n.opens == 0 { materializer.cancel(ino) }
-                reapIfUnreferenced(n)
+                reapIfUnreferenced(n, t)
                 return true
             }
         }()

@@ -6,8 +6,9 @@ import UbiqSync
 /// An item with such a copy beside it shows `conflict`; deleting the copies (or `ubiq
 /// resolve`) settles it, on every device.
 extension FileSystem {
-    /// The conflict copies in folder `dir`, by the name each was made for. Under `lock`.
-    func conflictIndexLocked(_ dir: Node) -> [[UInt8]: [[UInt8]]] {
+    /// The conflict copies in folder `dir`, by the name each was made for (under the inode
+    /// table's lock, where a `Node` is reached).
+    func conflictIndex(of dir: Node) -> [[UInt8]: [[UInt8]]] {
         if let index = dir.conflictIndex { return index }
         var index: [[UInt8]: [[UInt8]]] = [:]
         for name in dir.children.keys where name.count > 28 {
@@ -21,18 +22,18 @@ extension FileSystem {
 
     /// True when a conflict copy sits beside any of `names` ((folder, name) pairs of one item).
     func hasConflictCopies(_ names: [(UInt64, [UInt8])]) -> Bool {
-        withLock {
-            names.contains { folder, name in nodes[folder].map { conflictIndexLocked($0)[name] != nil } ?? false }
+        inodes.locked { t in
+            names.contains { folder, name in t[folder].map { conflictIndex(of: $0)[name] != nil } ?? false }
         }
     }
 
     /// The items among `inos` (folders' contents included) that have conflict copies beside them.
     func itemsWithConflictCopies(_ inos: [UInt64]) -> Set<UInt64> {
-        withLock {
+        inodes.locked { t in
             var out = Set<UInt64>()
             for i in inos {
-                guard let dir = nodes[i], dir.isDirectory else { continue }
-                for target in conflictIndexLocked(dir).keys {
+                guard let dir = t[i], dir.isDirectory else { continue }
+                for target in conflictIndex(of: dir).keys {
                     if let item = dir.children[target] { out.insert(item) }
                 }
             }
@@ -44,10 +45,10 @@ extension FileSystem {
 extension FileSystem {
     /// The item at `path` (names below the root, "/"-separated; "" is the root).
     public func item(at path: String) throws -> UInt64 {
-        try withLock {
+        try inodes.locked { t in
             var cur = rootIno
             for part in path.split(separator: "/") where part != "." {
-                guard let next = try directory(cur).children[Array(part.utf8)] else { throw FSError.notFound }
+                guard let next = try t.directory(cur).children[Array(part.utf8)] else { throw FSError.notFound }
                 cur = next
             }
             return cur

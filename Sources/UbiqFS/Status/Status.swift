@@ -81,14 +81,14 @@ extension FileSystem {
 
     /// The sync state of `ino` (for a folder, summed over everything under it).
     public func itemStatus(_ ino: UInt64) throws -> ItemStatus {
-        let isDir = try withLock { try node(ino).isDirectory }
+        let isDir = try inodes.locked { t in try t.node(ino).isDirectory }
         if !isDir { return try fileStatus(ino) }
         // Three queries for the whole subtree, whatever its size (partial indexes keep them
         // proportional to what is pending, not to the tree).
         let (queued, errors, notInStore) = try readState { tx in
             (try tx.outboxInodes(), try tx.uploadErrors(), try tx.inodesNotInStore())
         }
-        let inos = withLock { subtree(ino) }
+        let inos = inodes.locked { t in t.subtree(ino) }
         let withCopies = itemsWithConflictCopies(inos)
         var s = ItemStatus(status: .current, isDirectory: true, downloadingStatus: "", downloading: false,
                            percentDownloaded: 0, uploaded: true, uploading: false, conflict: false,
@@ -161,8 +161,8 @@ extension FileSystem {
 
     /// The status of one item, its own (`known`: facts read in bulk for a summary).
     private func fileStatus(_ ino: UInt64, known: SyncFacts? = nil, ownPinOnly: Bool = false) throws -> ItemStatus {
-        let (rec, isDir) = try withLock { () -> (InodeRecord, Bool) in
-            let n = try node(ino)
+        let (rec, isDir) = try inodes.locked { t -> (InodeRecord, Bool) in
+            let n = try t.node(ino)
             return (n.rec, n.isDirectory)
         }
         let facts = try known ?? syncFacts(ino)
@@ -204,7 +204,7 @@ extension FileSystem {
     /// The folder at `path` (names below the root, "/"-separated; "" is the root).
     public func folder(at path: String) throws -> UInt64 {
         let ino = try item(at: path)
-        _ = try withLock { try directory(ino) }
+        _ = try inodes.locked { t in try t.directory(ino) }
         return ino
     }
 
@@ -212,7 +212,7 @@ extension FileSystem {
     public func query(scope: String, _ spec: QuerySpec) throws -> [QueryRow] {
         let start = try folder(at: scope)
         var rows = try readState { try $0.query(scope: start, spec) }
-        let withCopies = itemsWithConflictCopies(withLock { subtree(start) })
+        let withCopies = itemsWithConflictCopies(inodes.locked { t in t.subtree(start) })
         for i in rows.indices where withCopies.contains(rows[i].ino) { rows[i].status = .conflict }
         for i in rows.indices where rows[i].status == .placeholder && materializer.localBytes(rows[i].ino) != nil {
             rows[i].status = .downloading

@@ -52,9 +52,9 @@ extension FileSystem {
 
     /// Starts downloading a placeholder, or every placeholder under a folder. Returns at once.
     public func download(_ ino: UInt64) throws {
-        let files = try withLock { () -> [UInt64] in
-            _ = try node(ino)
-            return subtree(ino).filter { i in nodes[i].map { $0.isRegular && !$0.rec.present } ?? false }
+        let files = try inodes.locked { t -> [UInt64] in
+            _ = try t.node(ino)
+            return t.subtree(ino).filter { i in t[i].map { $0.isRegular && !$0.rec.present } ?? false }
         }
         for f in files {
             do { try materializer.start(f) } catch {
@@ -69,9 +69,9 @@ extension FileSystem {
     /// refusal is the answer). Refuses, losing nothing: an open file (EBUSY), a file
     /// whose changes are not all in the store (EINPROGRESS), a pinned one (EPERM).
     public func evict(_ ino: UInt64) throws {
-        let isDir = try withLock { try node(ino).isDirectory }
+        let isDir = try inodes.locked { t in try t.node(ino).isDirectory }
         if !isDir { return try evictFile(ino, waiting: true) }
-        let files = withLock { subtree(ino).filter { nodes[$0]?.isRegular ?? false } }
+        let files = inodes.locked { t in t.subtree(ino).filter { t[$0]?.isRegular ?? false } }
         var refusal: Error?
         for f in files {
             do { try evictFile(f, waiting: true) } catch { refusal = refusal ?? error }
@@ -87,13 +87,13 @@ extension FileSystem {
         // ago still counts as open. Give pending releases a moment (before claiming: a
         // writer's release takes a claim of its own).
         let deadline = Date(timeIntervalSinceNow: waiting ? 1 : 0)
-        while withLock({ (nodes[ino]?.opens ?? 0) > 0 }) && Date() < deadline { usleep(5_000) }
+        while inodes.locked({ t in (t[ino]?.opens ?? 0) > 0 }) && Date() < deadline { usleep(5_000) }
         let c = try claim([ino], .evict, timeout: waiting ? nil : 0)
         defer { coordinator.release(c) }
         materializer.cancelIfIdle(ino)
         let downloading = materializer.settle(ino)
-        let already = try withLock { () -> Bool in
-            let n = try node(ino)
+        let already = try inodes.locked { t -> Bool in
+            let n = try t.node(ino)
             guard n.isRegular else { throw FSError.invalid }
             if !n.rec.present && !downloading { return true }
             if n.opens > 0 { throw FSError.busy }
@@ -106,8 +106,8 @@ extension FileSystem {
         let uploaded: Bool
         do { uploaded = try state.read { try $0.isUploaded(ino) } } catch { throw FSError.io("state database: \(error)") }
         guard uploaded else { throw FSError.notUploaded }
-        try withLock {
-            let n = try node(ino)
+        try inodes.locked { t in
+            let n = try t.node(ino)
             n.rec.present = false
             let rec = n.rec
             try persist { tx in
@@ -124,8 +124,8 @@ extension FileSystem {
         let c = try claim([ino], .write)
         try {
             defer { coordinator.release(c) }
-            try withLock {
-                let n = try node(ino)
+            try inodes.locked { t in
+                let n = try t.node(ino)
                 guard n.rec.pinned != pinned else { return }
                 n.rec.pinned = pinned
                 let rec = n.rec
@@ -138,8 +138,8 @@ extension FileSystem {
 
     /// Pinned itself, or under a pinned folder.
     public func isPinned(_ ino: UInt64) throws -> Bool {
-        let (own, isDir, dirParent) = try withLock { () -> (Bool, Bool, UInt64) in
-            let n = try node(ino)
+        let (own, isDir, dirParent) = try inodes.locked { t -> (Bool, Bool, UInt64) in
+            let n = try t.node(ino)
             return (n.rec.pinned, n.isDirectory, n.parent)
         }
         if own { return true }
@@ -150,11 +150,11 @@ extension FileSystem {
         } else {
             do { starts = try state.read { try $0.entries(of: ino).map(\.parent) } } catch { starts = [] }
         }
-        return withLock {
+        return inodes.locked { t in
             for start in starts {
                 var p = start
                 var depth = 0
-                while let n = nodes[p], depth < 4096 {
+                while let n = t[p], depth < 4096 {
                     if n.rec.pinned { return true }
                     if p == rootIno { break }
                     p = n.parent
@@ -167,7 +167,7 @@ extension FileSystem {
 
     /// At start: placeholders under pinned items begin downloading.
     func resumePinnedDownloads() {
-        let pinned = withLock { nodes.values.filter { $0.rec.pinned }.map { $0.rec.ino } }
+        let pinned = inodes.locked { t in t.all.filter { $0.rec.pinned }.map { $0.rec.ino } }
         for p in pinned { try? download(p) }
     }
 }
