@@ -1,4 +1,5 @@
 import Foundation
+import UbiqSync
 
 /// One end of a control socket connection: JSON lines in both directions. The daemon's server
 /// answers on one; the CLI and the tests ask on one (`ControlConnection.dial`, `request`).
@@ -81,10 +82,8 @@ public final class ControlConnection: @unchecked Sendable {
 
     @discardableResult
     public func send<T: Encodable>(_ value: T) -> Bool {
-        let e = JSONEncoder()
-        e.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        guard let d = try? e.encode(value) else { return false }
-        return sendRaw(String(decoding: d, as: UTF8.self) + "\n")
+        guard let line = jsonText(value) else { return false }
+        return sendRaw(line + "\n")
     }
 
     public func sendRaw(_ text: String) -> Bool {

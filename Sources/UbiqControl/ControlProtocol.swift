@@ -185,12 +185,6 @@ public struct WatchEvent: Codable, Sendable, Equatable {
         self.event = event; self.path = path; self.rawPath = rawPath; self.from = from; self.rawFrom = rawFrom
         self.time = time; self.dropped = dropped
     }
-
-    /// The text of `bytes`, and the bytes themselves when they are not valid UTF-8.
-    public static func text(_ bytes: [UInt8]) -> (String, [UInt8]?) {
-        if let s = String(validating: bytes, as: UTF8.self) { return (s, nil) }
-        return (String(decoding: bytes, as: UTF8.self), bytes)
-    }
 }
 
 public struct KVGetReply: Codable, Sendable, Equatable {

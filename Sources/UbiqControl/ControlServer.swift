@@ -193,8 +193,8 @@ public final class ControlServer: @unchecked Sendable {
             if dropped > 0, !conn.send(WatchEvent(event: "overflow", dropped: dropped)) { return false }
             for e in events where scope.isEmpty || e.path == scope || e.path.hasPrefix(scope + "/")
                 || (e.from.map { $0 == scope || $0.hasPrefix(scope + "/") } ?? false) {
-                let (path, rawPath) = WatchEvent.text(e.pathBytes)
-                let from = e.fromBytes.map(WatchEvent.text)
+                let (path, rawPath) = PathText.of(e.pathBytes)
+                let from = e.fromBytes.map(PathText.of)
                 if !conn.send(WatchEvent(event: e.kind.rawValue, path: path, rawPath: rawPath, from: from?.0, rawFrom: from?.1,
                                          time: iso.string(from: e.time))) {
                     return false

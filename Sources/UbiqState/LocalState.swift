@@ -1,7 +1,7 @@
 import Foundation
 import GRDB
 import Synchronization
-@_exported import UbiqClock
+import UbiqClock
 
 /// The wall clock, nanoseconds since the epoch (file times).
 public func nowNanos() -> Int64 {

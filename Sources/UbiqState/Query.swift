@@ -103,12 +103,20 @@ extension StateTransaction {
             case UInt32(S_IFLNK): t = "symlink"
             default: t = "other"
             }
-            let bytes = [UInt8]((r["path"] as Data?) ?? Data())
-            let valid = String(validating: bytes, as: UTF8.self)
-            return QueryRow(ino: UInt64(bitPattern: r["ino"]), path: valid ?? String(decoding: bytes, as: UTF8.self),
-                            rawPath: valid == nil ? bytes : nil, name: r["name"], depth: r["depth"], type: t,
+            let (path, rawPath) = PathText.of([UInt8]((r["path"] as Data?) ?? Data()))
+            return QueryRow(ino: UInt64(bitPattern: r["ino"]), path: path, rawPath: rawPath, name: r["name"], depth: r["depth"], type: t,
                             size: t == "file" ? r["size"] : 0, mtimeNs: r["mtime"],
                             status: SyncStatus(rawValue: r["status"]) ?? .current, pinned: r["pinned"])
         }
+    }
+}
+
+/// A path as text for the CLI and the control socket: its text, and its bytes as well when
+/// they are not valid UTF-8 (a name may be any bytes but "/" and NUL; the text alone would
+/// lose them to U+FFFD).
+public enum PathText {
+    public static func of(_ bytes: [UInt8]) -> (text: String, raw: [UInt8]?) {
+        if let s = String(validating: bytes, as: UTF8.self) { return (s, nil) }
+        return (String(decoding: bytes, as: UTF8.self), bytes)
     }
 }

@@ -313,11 +313,7 @@ public enum JSONValue: Codable, Equatable, Sendable {
     }
 
     /// The value as JSON text, keys sorted (as a `json` value is kept).
-    public var text: String {
-        let e = JSONEncoder()
-        e.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return (try? e.encode(self)).map { String(decoding: $0, as: UTF8.self) } ?? "null"
-    }
+    public var text: String { jsonText(self) ?? "null" }
 }
 
 /// An entry in messages (the control socket): the stored form's keys and values, `value` as

@@ -3,6 +3,7 @@ import CUbiq
 import Foundation
 import UbiqControl
 import UbiqState
+import UbiqSync
 
 /// The paths given, resolved, each checked to be inside a ubiq mount, as Strings (for the
 /// commands on one file or a whole mount; `BytePath.inMounts` keeps names that are not UTF-8).
@@ -33,11 +34,7 @@ func jsonLine(_ object: [String: Any]) -> String {
 }
 
 /// `value` as one line of JSON, keys sorted.
-func jsonLine<T: Encodable>(_ value: T) -> String {
-    let e = JSONEncoder()
-    e.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-    return (try? e.encode(value)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
-}
+func jsonLine<T: Encodable>(_ value: T) -> String { jsonText(value) ?? "{}" }
 
 struct Download: ParsableCommand {
     static let configuration = CommandConfiguration(

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import UbiqFS
+import UbiqClock
 import UbiqState
 import UbiqStore
 import UbiqSync

@@ -3,6 +3,7 @@ import Synchronization
 import Logging
 import Testing
 import TestSupport
+import UbiqClock
 @testable import UbiqCoordinator
 @testable import UbiqFS
 @testable import UbiqState

@@ -99,7 +99,10 @@ final class MountFixture: @unchecked Sendable {
         shell("\(ubiqBinary) \(args)", env: env, timeout: timeout)
     }
 
-    /// Runs a script inside the mount.
+    /// Runs a script inside the mount. Leave nothing running in the background (`cmd &`): it
+    /// inherits the script's output, and Foundation's `Process` waits for that to close, so the
+    /// call hangs until its timeout. Run a long-lived process as a `Process` of its own (see
+    /// `KVTests` and the watcher in `LifecycleTests`).
     @discardableResult
     func sh(_ script: String, timeout: TimeInterval = 300) -> ShellResult {
         shell(script, cwd: mnt, env: env, timeout: timeout)
