@@ -72,6 +72,10 @@ public final class Materializer: @unchecked Sendable {
     /// Seconds between saves of a download's progress.
     public var progressInterval: TimeInterval = 5
     private var jobs: [UInt64: Job] = [:]
+    /// Why the last download of an item failed, kept once its job is dropped (its reader
+    /// closed): `downloading-error` and the `error` status say so until a download of it starts
+    /// again or the item changes in the store.
+    private var failures: [UInt64: String] = [:]
     private var fetched: Int64 = 0
     /// Fetching threads of all downloads together, at most `maxWorkers` (more only for chunks a
     /// reader waits for: a read never queues behind a folder's download).
@@ -206,6 +210,7 @@ public final class Materializer: @unchecked Sendable {
             job.presentCount = resume.filter { $0 }.count
         }
         jobs[ino] = job
+        failures[ino] = nil
         if job.done && job.expected != nil {
             // Every chunk came in an earlier run, but the whole was never checked: the last is
             // fetched again, and its arrival checks the whole, as for any download.
@@ -397,6 +402,7 @@ public final class Materializer: @unchecked Sendable {
     /// finish into the old cache file, which the caller replaces; a waiting reader fails.
     public func cancel(_ ino: UInt64) {
         cond.lock(); defer { cond.unlock() }
+        failures[ino] = nil
         guard let job = jobs[ino] else { return }
         jobs[ino] = nil
         job.cancelled = true
@@ -412,6 +418,7 @@ public final class Materializer: @unchecked Sendable {
         cond.lock(); defer { cond.unlock() }
         guard let job = jobs[ino], job.presentCount == 0, job.inFlight.isEmpty, job.workers == 0,
               job.waiters.isEmpty else { return }
+        if let e = job.error { failures[ino] = "\(e)" }
         jobs[ino] = nil
         cache.closeHeld(job.ino, job.fd)
         cond.broadcast()
@@ -426,10 +433,12 @@ public final class Materializer: @unchecked Sendable {
         return jobs[ino] != nil
     }
 
-    /// Why `ino`'s download last failed, while its download is under way (nil: it has not).
+    /// Why `ino`'s download last failed (nil: it has not, or a download of it is under way
+    /// again and has not failed yet).
     public func lastError(_ ino: UInt64) -> String? {
         cond.lock(); defer { cond.unlock() }
-        return jobs[ino]?.error.map { "\($0)" }
+        if let job = jobs[ino] { return job.error.map { "\($0)" } }
+        return failures[ino]
     }
 
     /// Bytes of `ino` already local, while it is downloading (nil: no download under way).

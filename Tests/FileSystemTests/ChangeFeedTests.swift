@@ -258,8 +258,17 @@ import UbiqStore
             #expect("\(error)".contains("do not match the digest"), "\(error)")
         }
         #expect(try b.fs.getattr(try b.ino("f1")).blocks == 0)
+        // The failure outlives its read: once the reader closed, f1 still shows `error`, and why.
+        func said(_ name: String) throws -> String {
+            String(decoding: try b.fs.getxattr(try b.ino("f1"), n("user.ubiq." + name)), as: UTF8.self)
+        }
+        #expect(try said("status") == "error")
+        let why = try said("downloading-error")
+        #expect(why.contains("do not match the digest"), "\(why)")
         faulty.setChaos(nil)
         #expect(try b.read("f1") == "new")
+        _ = b.materializer.settle(try b.ino("f1"))  // the whole is here; its recording may not be yet
+        #expect(try said("status") == "current" && said("downloading-error") == "", "a download that passed left the error shown")
         #expect(try b.read("big2") == String(big2.prefix(1 << 20)))
     }
 
