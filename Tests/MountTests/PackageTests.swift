@@ -33,6 +33,10 @@ import Testing
         let completion = shell("bash -c 'source /usr/share/bash-completion/completions/ubiq && complete -p ubiq'")
         #expect(completion.out.contains("ubiq"), "\(completion.out)\(completion.err)")
         #expect(files.contains("/usr/share/zsh/vendor-completions/_ubiq") && files.contains("/usr/share/fish/vendor_completions.d/ubiq.fish"))
+        // GNOME Files' extension, where nautilus-python loads extensions from, and its emblems.
+        #expect(files.contains("/usr/share/nautilus-python/extensions/ubiq_nautilus.py"), "\(files)")
+        #expect(files.filter { $0.hasPrefix("/usr/share/icons/hicolor/scalable/emblems/emblem-ubiq-") }.count == 8)
+        #expect(shell("dpkg-deb --field \(deb) Suggests").out.contains("python3-nautilus"))
 
         // mount(8) finds it on the system PATH (no /usr/local/bin, where a developer's link may be).
         try FileManager.default.createDirectory(atPath: base + "/mnt", withIntermediateDirectories: true)
