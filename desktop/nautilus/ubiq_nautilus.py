@@ -125,7 +125,8 @@ def menu_plan(paths: List[str]) -> List[tuple]:
     plan = []
     if any(w in ("placeholder", "error") or os.path.isdir(p) for p, w in words.items()):
         plan.append(("UbiqNautilus::download", "Download now", "download"))
-    if any(w in ("current", "pinned", "conflict") for w in words.values()):
+    # A file kept on this device is never evicted: Stop keeping comes first (as in iCloud Drive).
+    if any(w in ("current", "conflict") and attribute(p, PINNED) != "1" for p, w in words.items()):
         plan.append(("UbiqNautilus::evict", "Free up space", "evict"))
     if all(attribute(p, PINNED) == "1" for p in paths):
         plan.append(("UbiqNautilus::unpin", "Stop keeping on this device", "unpin"))
@@ -176,8 +177,11 @@ class Watcher:
 class UbiqExtension(GObject.GObject, Nautilus.InfoProvider, Nautilus.ColumnProvider, Nautilus.MenuProvider):
     def __init__(self):
         super().__init__()
-        # The items the file manager asked about, by path: an event about one asks it again.
+        # The items the file manager asked about lately, by path (at most `remembered`, the
+        # oldest forgotten first): an event about one asks the file manager about it again. One
+        # not remembered is asked about when the file manager shows it next.
         self.files: Dict[str, object] = {}
+        self.remembered = 20000
         self.watchers: Dict[str, Watcher] = {}
 
     # InfoProvider: an emblem and the column's text.
@@ -191,7 +195,10 @@ class UbiqExtension(GObject.GObject, Nautilus.InfoProvider, Nautilus.ColumnProvi
         emblem, text = SHOWN[word]
         file.add_emblem(emblem)
         file.add_string_attribute("ubiq_status", text)
+        self.files.pop(path, None)
         self.files[path] = file
+        if len(self.files) > self.remembered:
+            del self.files[next(iter(self.files))]
         self.watch(mount_of(path))
         log(f"item {path} {word} {emblem}")
 

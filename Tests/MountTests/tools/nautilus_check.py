@@ -150,6 +150,15 @@ def main():
             extension.update_file_info(f)
             check(f.emblems == [ext.SHOWN[shown][0]], f"{name}: emblems {f.emblems}")
             check(f.attributes.get("ubiq_status") == ext.SHOWN[shown][1], f"{name}: column {f.attributes}")
+        # It remembers the latest items only (a huge tree does not pin every one in memory).
+        small = ext.UbiqExtension()
+        small.remembered = 2
+        for name in ["placeholder.txt", "downloaded.txt", "pinned.txt"]:
+            small.update_file_info(FakeFile(os.path.join(m, name)))
+        check(list(small.files) == [os.path.join(m, "downloaded.txt"), os.path.join(m, "pinned.txt")],
+              f"remembered: {list(small.files)}")
+        for w in small.watchers.values():
+            w.stop()
         outside = FakeFile(work)
         extension.update_file_info(outside)
         check(outside.emblems == [] and outside.attributes == {}, "a folder outside the mount got an emblem")
@@ -161,7 +170,7 @@ def main():
             return [i.get_property("label") for i in items]
         check(labels("placeholder.txt") == ["Download now", "Always keep on this device"], f"placeholder menu: {labels('placeholder.txt')}")
         check(labels("downloaded.txt") == ["Free up space", "Always keep on this device"], f"downloaded menu: {labels('downloaded.txt')}")
-        check(labels("pinned.txt") == ["Free up space", "Stop keeping on this device"], f"pinned menu: {labels('pinned.txt')}")
+        check(labels("pinned.txt") == ["Stop keeping on this device"], f"pinned menu: {labels('pinned.txt')}")
         check(labels("report.txt") == ["Free up space", "Always keep on this device", "Show versions"], f"conflict menu: {labels('report.txt')}")
         check("Download now" in labels("Photos"), f"folder menu: {labels('Photos')}")
         check(extension.get_file_items([FakeFile(work)]) == [], "a menu for a folder outside the mount")
