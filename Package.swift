@@ -39,7 +39,7 @@ let package = Package(
             "UbiqClock",
             .product(name: "GRDB", package: "GRDB.swift"),
         ]),
-        .target(name: "UbiqCoordinator"),
+        .target(name: "UbiqCoordinator", dependencies: ["UbiqClock"]),
         .target(name: "UbiqSync", dependencies: [
             "UbiqStore", "UbiqState", "UbiqClock", "UbiqCoordinator", "CUbiq",
             .product(name: "Logging", package: "swift-log"),
@@ -65,7 +65,7 @@ let package = Package(
         ]),
         // Helpers the test targets share (temporary paths).
         .target(name: "TestSupport", path: "Tests/TestSupport"),
-        .testTarget(name: "CoordinatorTests", dependencies: ["UbiqCoordinator"]),
+        .testTarget(name: "CoordinatorTests", dependencies: ["UbiqCoordinator", "UbiqClock"]),
         .testTarget(name: "StoreTests", dependencies: [
             "UbiqStore", "UbiqS3", "TestSupport",
             .product(name: "Logging", package: "swift-log"),

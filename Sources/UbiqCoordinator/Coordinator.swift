@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 
 /// What a claimant means to do with an item. Like `NSFileCoordinator`'s
 /// reading/writing options: the intent decides whether a claim shares the
@@ -68,11 +69,16 @@ public final class Coordinator: @unchecked Sendable {
 
     private let condition = NSCondition()
     private var items: [UInt64: ItemState] = [:]
+    /// Claimants waiting now (guarded by `condition`).
+    private var waiting = 0
     /// How long a claim waits by default before failing.
     public let defaultTimeout: TimeInterval
+    /// The clock deadlines go by (a test's `ManualTime`: a claim gives up when the test says).
+    let time: any TimeSource
 
-    public init(defaultTimeout: TimeInterval = 30) {
+    public init(defaultTimeout: TimeInterval = 30, time: any TimeSource = SystemTime()) {
         self.defaultTimeout = defaultTimeout
+        self.time = time
     }
 
     /// Claims `items` with `intent`, waiting up to `timeout` seconds in all.
@@ -80,7 +86,7 @@ public final class Coordinator: @unchecked Sendable {
     /// holding nothing if the deadline passes.
     public func claim(_ items: [UInt64], _ intent: Intent, timeout: TimeInterval? = nil) throws -> Claim {
         let ordered = Array(Set(items)).sorted()
-        let deadline = Date(timeIntervalSinceNow: timeout ?? defaultTimeout)
+        let deadline = time.now.addingTimeInterval(timeout ?? defaultTimeout)
         condition.lock()
         defer { condition.unlock() }
         var held: [UInt64] = []
@@ -124,6 +130,19 @@ public final class Coordinator: @unchecked Sendable {
         return items.count
     }
 
+    /// Number of claims waiting now (for tests and status).
+    public var waitingClaimCount: Int {
+        condition.lock(); defer { condition.unlock() }
+        return waiting
+    }
+
+    /// Waits for a change, or until `deadline` by the clock; false when it has passed.
+    private func waitLocked(until deadline: Date) -> Bool {
+        waiting += 1
+        defer { waiting -= 1 }
+        return time.wait(condition, until: deadline) || time.now < deadline
+    }
+
     // MARK: - Under `condition`
 
     private func acquireLocked(_ item: UInt64, _ intent: Intent, deadline: Date) -> Bool {
@@ -134,7 +153,7 @@ public final class Coordinator: @unchecked Sendable {
                     items[item, default: ItemState()].readers += 1
                     return true
                 }
-                if !condition.wait(until: deadline) && Date() >= deadline {
+                if !waitLocked(until: deadline) {
                     dropIfIdle(item)
                     return false
                 }
@@ -148,7 +167,7 @@ public final class Coordinator: @unchecked Sendable {
                     items[item]!.writer = true
                     return true
                 }
-                if !condition.wait(until: deadline) && Date() >= deadline {
+                if !waitLocked(until: deadline) {
                     items[item]!.waitingWriters -= 1
                     dropIfIdle(item)
                     // Readers held back by this waiter may go now.

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import UbiqClock
 @testable import UbiqCoordinator
 
 /// Tracks who holds what, independently of the Coordinator, and records any
@@ -60,6 +61,39 @@ final class Shared<T>: @unchecked Sendable {
         // The failed multi-claim released item 3: it can be had now.
         let other = try c.claim(3, .write, timeout: 0.05)
         c.release(other)
+        c.release(w)
+        #expect(c.activeItemCount == 0)
+    }
+
+    /// A claim's deadline goes by the coordinator's clock: behind a writer, a claim with 30 s
+    /// to wait is still waiting when the clock has moved 29 s, and gives up, holding nothing,
+    /// as soon as it has moved past 30 s, whatever the real time.
+    @Test func aClaimGivesUpWhenItsClockSaysSo() throws {
+        let time = ManualTime()
+        let c = Coordinator(defaultTimeout: 30, time: time)
+        let w = try c.claim(7, .write)
+        let outcome = Shared<Result<Bool, CoordinatorError>?>(nil)
+        let ended = DispatchSemaphore(value: 0)
+        Thread {
+            do {
+                let r = try c.claim([3, 7], .delete)
+                c.release(r)
+                outcome.with { $0 = .success(true) }
+            } catch let e as CoordinatorError {
+                outcome.with { $0 = .failure(e) }
+            } catch {}
+            ended.signal()
+        }.start()
+        let deadline = Date(timeIntervalSinceNow: 10)
+        while c.waitingClaimCount == 0 && Date() < deadline { usleep(1000) }
+        #expect(c.waitingClaimCount == 1, "the claim never waited")
+        time.advance(by: 29)
+        #expect(ended.wait(timeout: .now() + 0.3) == .timedOut, "gave up before its deadline")
+        time.advance(by: 2)
+        #expect(ended.wait(timeout: .now() + 10) == .success, "still waiting past its deadline")
+        #expect(outcome.get == .failure(.timedOut(item: 7, intent: .delete)))
+        // It held nothing: item 3 is free, and only the writer's item is claimed.
+        #expect(c.activeItemCount == 1)
         c.release(w)
         #expect(c.activeItemCount == 0)
     }

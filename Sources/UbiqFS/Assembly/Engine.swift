@@ -47,7 +47,7 @@ public struct Engine {
     /// the key-value store's changes that the feed finds (a mount of a whole container).
     public init(state: LocalState, store: any CloudStore, cache: ContentCache, deviceID: String, logger: Logger,
                 options: Options, keyValues: (any KeyValueSink)? = nil) throws {
-        coordinator = Coordinator(defaultTimeout: options.claimTimeout)
+        coordinator = Coordinator(defaultTimeout: options.claimTimeout, time: state.time)
         uploader = Uploader(state: state, store: store, coordinator: coordinator, cache: cache, deviceID: deviceID,
                             logger: logger, tracing: options.traceUploads)
         uploader.deviceName = options.deviceName
