@@ -17,12 +17,12 @@ import Testing
             .filter { !FileManager.default.isExecutableFile(atPath: $0) }
         try #require(missing.isEmpty, "not installed: \(missing) (UBIQ_SETUP_TESTS=1 scripts/setup installs them)")
         // A slow link keeps a big file downloading; a quota keeps a file over it uploading.
-        let m = try MountFixture(extra: "--quota 80M", daemonEnv: ["UBIQ_STORE_READ_RATE": "524288"])
+        let m = try MountFixture(extra: "--quota 32M", daemonEnv: ["UBIQ_STORE_READ_RATE": "131072"])
         defer { m.cleanup() }
         let shot = Self.artifacts + "/nautilus.png"
         let run = shell("/usr/bin/python3 \(Self.tool) --mount \(m.mnt) --store \(m.store) "
                         + "--desktop \(packageRoot.appendingPathComponent("desktop").path) --ubiq \(ubiqBinary) --out \(shot)",
-                        env: m.env, timeout: 400)
+                        env: m.env, timeout: 900)
         #expect(run.status == 0, "\(run.out)\(run.err.suffix(3000))")
         #expect(FileManager.default.fileExists(atPath: shot), "no screenshot at \(shot)")
     }
