@@ -72,8 +72,10 @@ def ubiq_mounts() -> List[str]:
     return sorted(found, key=len, reverse=True)
 
 
-def mount_of(path: str) -> Optional[str]:
-    for point in ubiq_mounts():
+def mount_of(path: str, mounts: Optional[List[str]] = None) -> Optional[str]:
+    """The ubiq mount `path` is in (`mounts`: as `ubiq_mounts` says, read once by a caller
+    asking of many paths)."""
+    for point in mounts if mounts is not None else ubiq_mounts():
         if path == point or path.startswith(point.rstrip("/") + "/"):
             return point
     return None
@@ -122,13 +124,14 @@ def menu_plan(paths: List[str]) -> List[tuple]:
     words = {p: shown_status(p) for p in paths}
     if not paths or any(w is None for w in words.values()):
         return []
+    pinned = {p: attribute(p, PINNED) == "1" for p in paths}
     plan = []
     if any(w in ("placeholder", "error") or os.path.isdir(p) for p, w in words.items()):
         plan.append(("UbiqNautilus::download", "Download now", "download"))
     # A file kept on this device is never evicted: Stop keeping comes first (as in iCloud Drive).
-    if any(w in ("current", "conflict") and attribute(p, PINNED) != "1" for p, w in words.items()):
+    if any(w in ("current", "conflict") and not pinned[p] for p, w in words.items()):
         plan.append(("UbiqNautilus::evict", "Free up space", "evict"))
-    if all(attribute(p, PINNED) == "1" for p in paths):
+    if all(pinned.values()):
         plan.append(("UbiqNautilus::unpin", "Stop keeping on this device", "unpin"))
     else:
         plan.append(("UbiqNautilus::pin", "Always keep on this device", "pin"))
@@ -187,7 +190,8 @@ class UbiqExtension(GObject.GObject, Nautilus.InfoProvider, Nautilus.ColumnProvi
     # InfoProvider: an emblem and the column's text.
     def update_file_info(self, file) -> None:
         path = path_of(file)
-        if path is None or mount_of(path) is None:
+        mount = mount_of(path) if path is not None else None
+        if mount is None:
             return
         word = shown_status(path)
         if word is None:
@@ -199,7 +203,7 @@ class UbiqExtension(GObject.GObject, Nautilus.InfoProvider, Nautilus.ColumnProvi
         self.files[path] = file
         if len(self.files) > self.remembered:
             del self.files[next(iter(self.files))]
-        self.watch(mount_of(path))
+        self.watch(mount)
         log(f"item {path} {word} {emblem}")
 
     def watch(self, mount: str) -> None:
@@ -211,8 +215,9 @@ class UbiqExtension(GObject.GObject, Nautilus.InfoProvider, Nautilus.ColumnProvi
         """Asks the file manager again about each item an event names, and the folders above
         it (their status sums up what is under them)."""
         again = set()
+        mounts = ubiq_mounts()
         for p in paths:
-            mount = mount_of(p)
+            mount = mount_of(p, mounts)
             while p and mount:
                 again.add(p)
                 if p == mount:
@@ -231,7 +236,8 @@ class UbiqExtension(GObject.GObject, Nautilus.InfoProvider, Nautilus.ColumnProvi
     # MenuProvider
     def get_file_items(self, files):
         paths = [path_of(f) for f in files]
-        if not paths or any(p is None or mount_of(p) is None for p in paths):
+        mounts = ubiq_mounts()
+        if not paths or any(p is None or mount_of(p, mounts) is None for p in paths):
             return []
         items = []
         for name, label, action in menu_plan(paths):
