@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import UbiqClock
 
 // Changes recorded now and written to the database later: a file system request's writes cost
 // an append to the intent log, and many requests' changes go to the database in one transaction.
@@ -37,13 +38,13 @@ extension LocalState {
     }
 
     func scheduleApply(after delay: TimeInterval) {
-        applier.asyncAfter(deadline: .now() + delay) { [weak self] in
+        time.after(delay, on: applier, execute: DispatchWorkItem { [weak self] in
             guard let self else { return }
             do { try self.applyRecordedNow() } catch {
                 self.report("could not write recorded changes to the state database (kept in its intent log; trying again): \(error)")
                 self.scheduleApply(after: 1)
             }
-        }
+        })
     }
 
     /// Runs the recorded changes the database lacks (in a transaction, under `writeLock`) and

@@ -1,12 +1,16 @@
 import Foundation
+import UbiqClock
 
 /// A thread that runs rounds of work until stopped, and between two rounds waits as the round
 /// asks: until a kick, a stop or a deadline. The Uploader's and the ChangeFeed's loop.
+///
+/// Its waits go by `time` (the state's clock: a test's `ManualTime` decides when a pause is over).
 ///
 /// Its owner may guard more of its own state with `cond` (the Uploader's `hurryAndWait` waits
 /// on it); `running`, `kicked` and `idle` are read and written only with `cond` held.
 final class BackgroundLoop: @unchecked Sendable {
     let cond = NSCondition()
+    let time: any TimeSource
     /// Started and not stopped.
     private(set) var running = false
     private var stopped = true
@@ -18,12 +22,17 @@ final class BackgroundLoop: @unchecked Sendable {
     /// What a round asks for before the next: wait up to `upTo` seconds unless kicked (no kick
     /// came already), then, if kicked, `atLeast` seconds more (a burst of kicks is taken in one
     /// round instead of one round each).
+    init(time: any TimeSource = SystemTime()) { self.time = time }
+
     struct Pause {
         var upTo: TimeInterval
         var atLeast: TimeInterval = 0
         /// The next round at once.
         static let none = Pause(upTo: 0)
     }
+
+    /// Whether the loop waits with nothing to do now (a test that moves its clock waits for this).
+    var isIdle: Bool { cond.lock(); defer { cond.unlock() }; return idle }
 
     /// Starts a thread named `name` that runs `round` until `stop`.
     func start(name: String, _ round: @escaping @Sendable () -> Pause) {
@@ -62,11 +71,11 @@ final class BackgroundLoop: @unchecked Sendable {
             cond.lock()
             if running && !kicked && pause.upTo > 0 {
                 idle = true
-                let deadline = Date(timeIntervalSinceNow: pause.upTo)
-                while running && !kicked && Date() < deadline { _ = cond.wait(until: deadline) }
+                let deadline = time.now + pause.upTo
+                while running && !kicked && time.wait(cond, until: deadline) {}
                 idle = false
             }
-            if running && kicked && pause.atLeast > 0 { _ = cond.wait(until: Date(timeIntervalSinceNow: pause.atLeast)) }
+            if running && kicked && pause.atLeast > 0 { _ = time.wait(cond, until: time.now + pause.atLeast) }
             kicked = false
             cond.unlock()
         }

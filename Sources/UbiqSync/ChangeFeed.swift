@@ -38,7 +38,7 @@ public final class ChangeFeed: @unchecked Sendable {
     static let cursorKey = "feed_cursor"
 
     /// The polling thread.
-    private let loop = BackgroundLoop()
+    private let loop: BackgroundLoop
     /// Guards `lastPoll`.
     private var cond: NSCondition { loop.cond }
     /// Polls in a row that failed (the thread's own).
@@ -57,6 +57,7 @@ public final class ChangeFeed: @unchecked Sendable {
                 changes: any RemoteChangeSink, keyValues: (any KeyValueSink)? = nil) {
         self.store = store; self.state = state; self.deviceID = deviceID; self.logger = logger
         self.interval = interval; self.changes = changes; self.keyValues = keyValues
+        loop = BackgroundLoop(time: state.time)
     }
 
     /// Call before the first listing of the store (the Importer): records where the feed
@@ -72,6 +73,9 @@ public final class ChangeFeed: @unchecked Sendable {
     }
 
     public func stop() { loop.stop() }
+
+    /// The polling thread waits for its next round (a test that moves the clock waits for this).
+    var isIdle: Bool { loop.isIdle }
 
     /// Poll now rather than at the next interval.
     public func kick() {
@@ -105,10 +109,10 @@ public final class ChangeFeed: @unchecked Sendable {
         pollLock.lock(); defer { pollLock.unlock() }
         do {
             let n = try pollLocked()
-            cond.lock(); lastPoll = (Date(), nil); cond.unlock()
+            cond.lock(); lastPoll = (state.time.now, nil); cond.unlock()
             return n
         } catch {
-            cond.lock(); lastPoll = (Date(), "\(error)"); cond.unlock()
+            cond.lock(); lastPoll = (state.time.now, "\(error)"); cond.unlock()
             throw error
         }
     }

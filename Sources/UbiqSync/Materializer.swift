@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import UbiqClock
 import UbiqState
 import UbiqStore
 
@@ -46,6 +47,8 @@ public final class Materializer: @unchecked Sendable {
     let state: LocalState
     let cache: ContentCache
     let logger: Logger
+    /// What read timeouts, retries of failed fetches and progress saves go by (the state's).
+    var time: any TimeSource { state.time }
     public let chunkSize: Int64
     public let parallelism: Int
     /// Chunks fetched ahead of a read at first; the window doubles with each sequential
@@ -121,7 +124,7 @@ public final class Materializer: @unchecked Sendable {
         /// Reads waiting for chunks (`whenLocal`).
         var waiters: [Waiter] = []
         /// When progress was last saved, and whether a save is under way.
-        var savedAt = Date()
+        var savedAt: Date
         var saving = false
         /// The SHA-256 written beside this version's bytes (nil: nothing to check).
         let expected: String?
@@ -137,8 +140,9 @@ public final class Materializer: @unchecked Sendable {
         /// answer in a file of many chunks no longer costs the whole download again.
         var fetchedSums: [Int: [String]] = [:]
         var done: Bool { presentCount == present.count }
-        init(ino: UInt64, key: String, version: String, size: Int64, fd: Int32, chunks: Int, expected: String?) {
+        init(ino: UInt64, key: String, version: String, size: Int64, fd: Int32, chunks: Int, expected: String?, at now: Date) {
             self.ino = ino; self.key = key; self.version = version; self.size = size; self.fd = fd
+            savedAt = now
             self.expected = expected
             present = Array(repeating: false, count: chunks)
         }
@@ -204,7 +208,7 @@ public final class Materializer: @unchecked Sendable {
             throw SyncError.local("cannot size cache file: \(String(cString: strerror(errno)))")
         }
         let job = Job(ino: ino, key: key, version: version, size: rec.size, fd: fd, chunks: chunks,
-                      expected: entry.remoteDigest)
+                      expected: entry.remoteDigest, at: time.now)
         if let resume {
             job.present = resume
             job.presentCount = resume.filter { $0 }.count
@@ -279,7 +283,7 @@ public final class Materializer: @unchecked Sendable {
         }
         if needed.isEmpty { return false }
         let w = Waiter(needed: needed, strict: job.mismatches > 0,
-                       retryUntil: Date(timeIntervalSinceNow: min(readTimeout, retryWindow)), inline: inline, done: done)
+                       retryUntil: time.now + min(readTimeout, retryWindow), inline: inline, done: done)
         job.waiters.append(w)
         let timeout = readTimeout
         let timer = DispatchWorkItem { [self] in
@@ -288,7 +292,7 @@ public final class Materializer: @unchecked Sendable {
             cond.unlock()
         }
         w.timer = timer
-        answers.asyncAfter(deadline: .now() + timeout, execute: timer)
+        time.after(timeout, on: answers, execute: timer)
         settleLocked(job)
         return true
     }
@@ -329,13 +333,13 @@ public final class Materializer: @unchecked Sendable {
             guard let c = w.needed.first(where: { job.failed[$0] != nil }), let e = job.failed[c] else { continue }
             // A store that fails now and then (a cut connection, a timeout) is asked again
             // until the read's deadline; an answer (gone, changed) or a local error is final.
-            guard Self.worthRetrying(e), Date(timeIntervalSinceNow: 0.25) < w.retryUntil, !job.cancelled else {
+            guard Self.worthRetrying(e), time.now + 0.25 < w.retryUntil, !job.cancelled else {
                 answerLocked(job, w, e)
                 continue
             }
             if w.retrying { continue }
             w.retrying = true
-            answers.asyncAfter(deadline: .now() + 0.25) { [self] in
+            time.after(0.25, on: answers, execute: DispatchWorkItem { [self] in
                 cond.lock()
                 defer { cond.unlock() }
                 w.retrying = false
@@ -348,7 +352,7 @@ public final class Materializer: @unchecked Sendable {
                     spawnWorkersLocked(job)
                 }
                 settleLocked(job)
-            }
+            })
         }
     }
 
@@ -431,6 +435,12 @@ public final class Materializer: @unchecked Sendable {
         cond.lock(); defer { cond.unlock() }
         while let job = jobs[ino], job.done, Date() < deadline { _ = cond.wait(until: deadline) }
         return jobs[ino] != nil
+    }
+
+    /// Reads waiting for their bytes, of all files.
+    var waitingReads: Int {
+        cond.lock(); defer { cond.unlock() }
+        return jobs.values.reduce(0) { $0 + $1.waiters.count }
     }
 
     /// Why `ino`'s download last failed (nil: it has not, or a download of it is under way
@@ -578,7 +588,7 @@ public final class Materializer: @unchecked Sendable {
         job.urgent.remove(chunk)
         fetched += min(chunkSize, job.size - Int64(chunk) * chunkSize)
         spawnWorkersLocked(job)
-        if !job.done && !job.saving && Date().timeIntervalSince(job.savedAt) >= progressInterval {
+        if !job.done && !job.saving && time.now.timeIntervalSince(job.savedAt) >= progressInterval {
             saveProgressLocked(job)
         }
     }
@@ -667,7 +677,7 @@ public final class Materializer: @unchecked Sendable {
             close(fd)
             cond.lock()
             job.saving = false
-            job.savedAt = Date()
+            job.savedAt = time.now
             cond.unlock()
         }
     }
@@ -717,7 +727,7 @@ public final class Materializer: @unchecked Sendable {
         // The space the state database's reserve gave up is not for content.
         if let reserve = cache.reserve, !reserve.contentHasRoom(for: Int64(range.count)) { return .failure(SyncError.noSpace) }
         for attempt in 0 ..< attempts {
-            if attempt > 0 { usleep(UInt32(100_000 << min(attempt, 5))) }
+            if attempt > 0 { time.sleep(0.1 * Double(1 << min(attempt, 5))) }
             do {
                 let key = job.key, version = job.version, fd = job.fd
                 let got = try runBlocking { try await store.read(key, version: version, range: range, into: fd, at: lower) }

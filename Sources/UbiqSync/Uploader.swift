@@ -48,7 +48,7 @@ public final class Uploader: @unchecked Sendable {
     /// broadcast: `hurryAndWait` waits on the same condition). In a burst of changes (a `tar x`:
     /// several kicks a file) the loop looks again every 50 ms instead: it was woken 38,000 times
     /// for 10,000 new files, a context switch each.
-    let loop = BackgroundLoop()
+    let loop: BackgroundLoop
     // Guarded by `cond`.
     var cond: NSCondition { loop.cond }
     /// The next round uploads what is queued without waiting out the delay that gathers saves.
@@ -82,6 +82,7 @@ public final class Uploader: @unchecked Sendable {
     public init(state: LocalState, store: any CloudStore, coordinator: Coordinator, cache: ContentCache,
                 deviceID: String, logger: Logger, tracing: Bool = false) {
         self.state = state; self.store = store; self.coordinator = coordinator; self.cache = cache
+        loop = BackgroundLoop(time: state.time)
         self.deviceID = deviceID; self.logger = logger; self.tracing = tracing
         self.deviceName = String(deviceID.prefix(8))
     }
@@ -183,8 +184,8 @@ public final class Uploader: @unchecked Sendable {
 
     /// Asks the store for its usage every 30 s (on the uploader's thread).
     public func refreshUsage(force: Bool = false) {
-        guard force || Date().timeIntervalSince(usageCheckedAt) > 30 else { return }
-        usageCheckedAt = Date()
+        guard force || state.time.now.timeIntervalSince(usageCheckedAt) > 30 else { return }
+        usageCheckedAt = state.time.now
         let store = self.store
         if let u = try? runBlocking({ try await store.usage() }) { usage.withLock { $0 = u } }
     }

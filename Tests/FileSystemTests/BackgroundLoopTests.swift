@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
+import UbiqClock
 @testable import UbiqSync
 
 /// The loop the Uploader and the ChangeFeed run on.
@@ -39,5 +40,29 @@ import Testing
         loop.cond.lock(); loop.kickLocked(wake: true); loop.cond.unlock()
         usleep(100_000)
         #expect(rounds.load(ordering: .relaxed) == stopped, "a round ran after stop returned")
+    }
+
+    /// A pause goes by the loop's clock: with a clock that stands still, the loop waits however
+    /// long the test takes; once the clock has passed the pause, the next round runs unkicked.
+    @Test func aPauseIsOverWhenTheClockSaysSo() throws {
+        let time = ManualTime()
+        let loop = BackgroundLoop(time: time)
+        let rounds = Atomic<Int>(0)
+        loop.start(name: "test-clock-loop") {
+            rounds.add(1, ordering: .relaxed)
+            return BackgroundLoop.Pause(upTo: 60)
+        }
+        defer { loop.stop() }
+        func waitUntil(_ ok: () -> Bool) -> Bool {
+            let deadline = Date(timeIntervalSinceNow: 30)
+            while !ok() && Date() < deadline { usleep(1000) }
+            return ok()
+        }
+        #expect(waitUntil { loop.isIdle }, "the first round never ended")
+        time.advance(by: 59)
+        usleep(200_000)
+        #expect(rounds.load(ordering: .relaxed) == 1, "the next round ran 59 s into a 60 s pause by the clock")
+        time.advance(by: 2)
+        #expect(waitUntil { rounds.load(ordering: .relaxed) == 2 }, "the pause did not end when the clock passed it")
     }
 }

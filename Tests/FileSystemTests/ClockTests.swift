@@ -5,7 +5,7 @@ import TestSupport
 import UbiqClock
 import UbiqState
 import UbiqStore
-import UbiqSync
+@testable import UbiqSync
 
 /// Upload delays and retries go by the state's clock (`LocalState.time`): with a `ManualTime`
 /// the test decides when time passes, and nothing here sleeps.
@@ -53,5 +53,31 @@ import UbiqSync
         time.advance(by: 0.6)
         a.uploader.processRound(ignoringDelay: false)
         #expect(await Self.inStore(store, "notes.txt"))
+    }
+
+    /// The change feed looks at the store again when its interval (3 s) has passed by the
+    /// clock, not before.
+    @Test func theFeedLooksAgainWhenItsIntervalHasPassedByTheClock() throws {
+        let store = try DirectoryStore(root: TempPaths.make("ubiq-clock-store"))
+        let time = ManualTime()
+        let a = try Device(store: store)
+        let b = try Device(store: store, time: time)
+        func waitUntil(_ ok: () -> Bool) -> Bool {
+            let deadline = Date(timeIntervalSinceNow: 30)
+            while !ok() && Date() < deadline { usleep(1000) }
+            return ok()
+        }
+        b.feed.start()
+        defer { b.feed.stop() }
+        #expect(waitUntil { b.feed.isIdle }, "the first poll never ended")
+        #expect(b.feed.lastPollOutcome?.at == time.now, "the poll's time is the clock's")
+        try a.write("news.txt", "from a")
+        a.sync()
+        time.advance(by: 2.9)
+        usleep(300_000)
+        #expect((try? b.ino("news.txt")) == nil, "polled 2.9 s into a 3 s interval by the clock")
+        time.advance(by: 0.2)
+        #expect(waitUntil { (try? b.ino("news.txt")) != nil }, "no poll once the interval had passed by the clock")
+        #expect(try b.read("news.txt") == "from a")
     }
 }

@@ -440,10 +440,11 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
     /// A create commits nothing: the new file's rows wait for the next transaction, which is at
     /// the latest its first close (tar x, cp -r: one transaction a file, not two). Any other
     /// transaction writes them first, and so does whatever reads the rows (a status, a remote
-    /// change), or half a second. A restart finds every file whose close returned; one whose
-    /// close never came may be gone, with its cache file.
+    /// change), or half a second by the state's clock. A restart finds every file whose close
+    /// returned; one whose close never came may be gone, with its cache file.
     @Test func aNewFilesRowsWaitForItsCloseOrTheNextTransaction() throws {
-        let d = try Device(store: try newStore())
+        let time = ManualTime()
+        let d = try Device(store: try newStore(), time: time)
         func recorded(_ name: String) throws -> Bool { try d.state.read { try $0.entry(parent: rootIno, name: n(name)) } != nil }
         let watch = d.fs.events.subscribe()
         let (a, ah) = try d.fs.create(rootIno, n("a"), mode: 0o644, flags: O_CREAT | O_WRONLY, caller: .root)
@@ -465,8 +466,9 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         d.fs.release(ch)
 
         let (e, _) = try d.fs.create(rootIno, n("e"), mode: 0o644, flags: O_CREAT | O_WRONLY, caller: .root)
-        let deadline = Date(timeIntervalSinceNow: 10)
-        while try !recorded("e") && Date() < deadline { usleep(20_000) }
+        time.advance(by: 0.4)
+        #expect(try !recorded("e"), "written before half a second had passed by the clock")
+        time.advance(by: 0.2)  // the transaction made for them is over when this returns
         #expect(try recorded("e"), "nothing wrote the rows of a file left open")
 
         try d.open()
@@ -655,10 +657,11 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
 
     /// A device over a store that faults on demand, with a `size`-byte placeholder open
     /// for reading (fetched only as it is read).
-    static func openOverFaultyStore(_ size: Int) throws -> (Device, DirectoryStore, FaultyStore, [UInt8], UInt64) {
+    static func openOverFaultyStore(_ size: Int, time: any TimeSource = SystemTime())
+        throws -> (Device, DirectoryStore, FaultyStore, [UInt8], UInt64) {
         let (store, bytes) = try storeWithFile(size)
         let faulty = FaultyStore(store)
-        let d = try Device(store: store, remote: faulty, completeInBackground: false)
+        let d = try Device(store: store, remote: faulty, completeInBackground: false, time: time)
         return (d, store, faulty, bytes, try d.fs.open(try d.ino("big.bin"), flags: O_RDONLY))
     }
 
@@ -798,8 +801,10 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
     /// A failed readahead fetch fails no reader: a read waits for its own range only, and
     /// only the failure of that range fails it.
     @Test func aFailedReadaheadFailsNoOtherRead() throws {
-        let (d, _, faulty, bytes, fh) = try Self.openOverFaultyStore(16 << 20)
+        let time = ManualTime()
+        let (d, _, faulty, bytes, fh) = try Self.openOverFaultyStore(16 << 20, time: time)
         defer { d.fs.release(fh) }
+        let ino = try d.ino("big.bin")
         let chunk: Int64 = 1 << 20  // the Device's chunk size
         faulty.hold(readsAt: chunk)  // the readahead of the first read
         faulty.hold(readsAt: 10 * chunk)
@@ -807,9 +812,19 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         nonisolated(unsafe) var result: Result<[UInt8], Error>?
         let done = DispatchSemaphore(value: 0)
         Thread { result = Result { try self.read(d, fh, 10 * chunk, 100) }; done.signal() }.start()
-        usleep(200_000)
+        var deadline = Date(timeIntervalSinceNow: 20)
+        while d.materializer.waitingReads == 0 && Date() < deadline { usleep(1000) }
         faulty.release(readsAt: chunk, failing: .unavailable("injected fault"))
-        usleep(1_500_000)  // every retry of the readahead chunk has failed
+        // Every fetch of the readahead chunk fails; between two, the fetch waits by the clock
+        // (0.2 s, then 0.4 s). Moved on a tenth of a second at a time, well short of the
+        // waiting read's retry window (5 s) and timeout (60 s).
+        deadline = Date(timeIntervalSinceNow: 20)
+        while d.materializer.lastError(ino) == nil && Date() < deadline {
+            time.advance(by: 0.1)
+            usleep(2000)
+        }
+        #expect(d.materializer.lastError(ino) != nil, "the readahead chunk's fetches did not all fail")
+        #expect(done.wait(timeout: .now()) == .timedOut, "the read was answered by another chunk's failure")
         faulty.release(readsAt: 10 * chunk)
         #expect(done.wait(timeout: .now() + 20) == .success)
         #expect(try result?.get() == Array(bytes[Int(10 * chunk) ..< Int(10 * chunk) + 100]))
@@ -840,17 +855,25 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(try d.fs.getattr(ino).blocks * 512 >= 6 << 20, "downloaded whole")
     }
 
-    /// A store that does not answer: the read fails after the read timeout (EIO at the
-    /// mount), the fetch goes on, and a later read gets the bytes.
+    /// A store that does not answer: the read fails once the read timeout has passed by the
+    /// state's clock, not before (EIO at the mount), the fetch goes on, and a later read gets
+    /// the bytes.
     @Test func aReadThatWaitsTooLongFailsAndALaterOneWorks() throws {
-        let (d, _, faulty, bytes, fh) = try Self.openOverFaultyStore(8 << 20)
+        let time = ManualTime()
+        let (d, _, faulty, bytes, fh) = try Self.openOverFaultyStore(8 << 20, time: time)
         defer { d.fs.release(fh) }
-        d.materializer.readTimeout = 1
         faulty.hold(readsAt: 5 << 20)
-        let start = Date()
-        #expect(throws: FSError.self) { try read(d, fh, 5 << 20, 100) }
-        let waited = Date().timeIntervalSince(start)
-        #expect(waited >= 0.9 && waited < 5, "waited \(waited) s")
+        nonisolated(unsafe) var result: Result<[UInt8], Error>?
+        let done = DispatchSemaphore(value: 0)
+        Thread { result = Result { try self.read(d, fh, 5 << 20, 100) }; done.signal() }.start()
+        let deadline = Date(timeIntervalSinceNow: 20)
+        while d.materializer.waitingReads == 0 && Date() < deadline { usleep(1000) }
+        #expect(d.materializer.waitingReads == 1, "the read waits for its bytes")
+        time.advance(by: d.materializer.readTimeout - 1)
+        #expect(done.wait(timeout: .now() + 0.3) == .timedOut, "the read gave up before its timeout by the clock")
+        time.advance(by: 2)  // the read's timer has run when this returns; its thread wakes
+        #expect(done.wait(timeout: .now() + 20) == .success, "the read still waits past its timeout by the clock")
+        #expect(throws: FSError.self) { try result?.get() }
         faulty.release(readsAt: 5 << 20)
         #expect(try read(d, fh, 5 << 20, 100) == Array(bytes[(5 << 20) ..< (5 << 20) + 100]))
     }
@@ -1058,15 +1081,17 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
     @Test func theCacheLimitHoldsOnceUploadsFinish() throws {
         let store = try newStore()
         let limit: Int64 = 10 << 20
-        let a = try Device(store: store, cacheLimit: limit)
+        let time = ManualTime()
+        let a = try Device(store: store, cacheLimit: limit, time: time)
         for i in 0 ..< 3 { try a.write("f\(i)", String(repeating: Character(String(i)), count: 8 << 20)) }
         #expect(a.fs.localContentBytes == 24 << 20)
         a.fs.enforceCacheLimit()
         #expect(a.fs.localContentBytes == 24 << 20, "nothing uploaded yet: nothing may go")
-        a.uploader.start()
-        defer { a.uploader.stop() }
-        let deadline = Date(timeIntervalSinceNow: 30)
-        while a.fs.localContentBytes > limit && Date() < deadline { usleep(50_000) }
+        a.sync()
+        // The check an upload asks for is made a tenth of a second later by the clock: not
+        // before, and by the time the clock has moved on.
+        #expect(a.fs.localContentBytes == 24 << 20, "checked before the clock moved")
+        time.advance(by: 0.1)
         #expect(a.fs.localContentBytes <= limit, "\(a.fs.localContentBytes) bytes local after the uploads")
         // (read() reads the first MiB.)
         for i in 0 ..< 3 { #expect(try a.read("f\(i)") == String(repeating: Character(String(i)), count: 1 << 20)) }

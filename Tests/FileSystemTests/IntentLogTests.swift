@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import Testing
 import TestSupport
+import UbiqClock
 @testable import UbiqState
 
 /// Changes recorded in the state's intent log (`LocalState.record`) and applied to its database
@@ -53,12 +54,15 @@ import TestSupport
         try s.record([.removeEntry(parent: 1, name: Array("a".utf8)), .deleteInode(5)])
         let gone = try s.write { tx in try tx.inode(5) == nil && tx.entry(parent: 1, name: Array("a".utf8)) == nil }
         #expect(gone)
-        // And one made for them after the delay, with nothing else asking.
-        let quick = try LocalState(path: try paths(), applyDelay: 0.05)
+        // And one made for them once the delay has passed by the state's clock, with nothing
+        // else asking.
+        let time = ManualTime()
+        let quick = try LocalState(path: try paths(), applyDelay: 0.05, time: time)
         try quick.record(file(9, named: "b"))
-        let deadline = Date(timeIntervalSinceNow: 10)
-        while quick.hasRecorded && Date() < deadline { usleep(10_000) }
-        #expect(!quick.hasRecorded)
+        time.advance(by: 0.04)
+        #expect(quick.hasRecorded, "applied before the delay was over by the clock")
+        time.advance(by: 0.02)  // the transaction made for them is over when this returns
+        #expect(!quick.hasRecorded, "not applied once the delay was over by the clock")
     }
 
     @Test func changesAProcessDiedWithAreAppliedAtTheNextOpenOnce() throws {

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import UbiqState
 
 /// Keeping local content under the cache limit: least recently used files
@@ -40,18 +41,19 @@ extension FileSystem {
         return freed
     }
 
-    /// Checks the limit off the request path (after a download, an upload, a close).
+    /// Checks the limit off the request path (after a download, an upload, a close), a tenth of
+    /// a second later by the state's clock.
     func scheduleCacheLimitCheck() {
         let pending = limitCheckPending.withLock { p -> Bool in
             defer { p = true }
             return p
         }
         if pending { return }
-        DispatchQueue.global().asyncAfter(deadline: .now() + 0.1) { [weak self] in
+        state.time.after(0.1, on: .global(), execute: DispatchWorkItem { [weak self] in
             self?.limitCheckPending.withLock { $0 = false }
             self?.enforceCacheLimit()
             // Space freed since the disk filled up: hold the state database's reserve again.
             self?.state.reserve.restore()
-        }
+        })
     }
 }

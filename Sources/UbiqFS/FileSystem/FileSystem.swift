@@ -264,19 +264,19 @@ public final class FileSystem: @unchecked Sendable {
         try persist { _ in }
     }
 
-    /// Keeps a new file's rows for the next transaction, which comes half a second on at the
-    /// latest. Call under the inode table's lock (the file is in the table already).
+    /// Keeps a new file's rows for the next transaction, which comes half a second on (by the
+    /// state's clock) at the latest. Call under the inode table's lock (the file is in the table already).
     func deferCreate(_ ino: UInt64, _ changes: [StateChange]) {
         let first = pendingCreates.withLock { pending in
             pending.append((ino, changes))
             return pending.count == 1
         }
         guard first else { return }
-        DispatchQueue.global().asyncAfter(deadline: .now() + pendingCreatesDelay) { [weak self] in
+        state.time.after(pendingCreatesDelay, on: .global(), execute: DispatchWorkItem { [weak self] in
             do { try self?.commitPendingCreates() } catch {
                 self?.logger.error("could not write new files' rows: \(error)")
             }
-        }
+        })
     }
 
     /// Drops an inode that has no name, no kernel reference and no open handle.
