@@ -108,7 +108,8 @@ final class Shared<T>: @unchecked Sendable {
             c.release(w)
         }
         t.start()
-        Thread.sleep(forTimeInterval: 0.1)
+        let waiting = Date(timeIntervalSinceNow: 5)
+        while c.waitingClaimCount == 0 && Date() < waiting { usleep(1000) }
         // A writer is waiting: a new reader must not overtake it forever.
         #expect(throws: CoordinatorError.self) { try c.claim(1, .read, timeout: 0.1) }
         c.release(r1)
