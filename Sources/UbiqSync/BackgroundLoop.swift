@@ -19,11 +19,11 @@ final class BackgroundLoop: @unchecked Sendable {
     /// The loop waits with nothing to do.
     private(set) var idle = false
 
+    init(time: any TimeSource = SystemTime()) { self.time = time }
+
     /// What a round asks for before the next: wait up to `upTo` seconds unless kicked (no kick
     /// came already), then, if kicked, `atLeast` seconds more (a burst of kicks is taken in one
     /// round instead of one round each).
-    init(time: any TimeSource = SystemTime()) { self.time = time }
-
     struct Pause {
         var upTo: TimeInterval
         var atLeast: TimeInterval = 0
