@@ -71,7 +71,7 @@ public final class Materializer: @unchecked Sendable {
     /// own: it gets a thread even while Dispatch's shared pool is busy with blocking work.
     private let answers = DispatchQueue(label: "ubiq.read-answers")
     /// Saves download progress (one at a time, off the fetching threads).
-    private let saver = DispatchQueue(label: "ubiq.download-progress")
+    let saver = DispatchQueue(label: "ubiq.download-progress")
     /// Seconds between saves of a download's progress.
     public var progressInterval: TimeInterval = 5
     private var jobs: [UInt64: Job] = [:]
@@ -653,10 +653,12 @@ public final class Materializer: @unchecked Sendable {
     }
 
     /// Saves the progress of every download under way and waits for it (at unmount, so the
-    /// next run resumes from everything fetched).
+    /// next run resumes from everything fetched). A save already under way is not enough: it
+    /// took its list of chunks when it began (on a busy disk, seconds and many chunks ago), so
+    /// each job is saved again, after it on the same serial queue, with the list as it is now.
     public func saveAllProgress() {
         cond.lock()
-        for job in jobs.values where !job.done && !job.cancelled && !job.saving { saveProgressLocked(job) }
+        for job in jobs.values where !job.done && !job.cancelled { saveProgressLocked(job) }
         cond.unlock()
         saver.sync {}
     }
