@@ -63,9 +63,9 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
-        // Helpers the test targets share (temporary paths).
+        // Helpers the test targets share (temporary paths, waiting for a condition).
         .target(name: "TestSupport", path: "Tests/TestSupport"),
-        .testTarget(name: "CoordinatorTests", dependencies: ["UbiqCoordinator", "UbiqClock"]),
+        .testTarget(name: "CoordinatorTests", dependencies: ["UbiqCoordinator", "UbiqClock", "TestSupport"]),
         .testTarget(name: "StoreTests", dependencies: [
             "UbiqStore", "UbiqS3", "TestSupport",
             .product(name: "Logging", package: "swift-log"),
@@ -75,6 +75,6 @@ let package = Package(
             "UbiqFS", "UbiqControl", "UbiqStore", "UbiqState", "UbiqClock", "UbiqSync", "UbiqCoordinator", "TestSupport",
             .product(name: "GRDB", package: "GRDB.swift"),
         ]),
-        .testTarget(name: "MountTests", dependencies: []),
+        .testTarget(name: "MountTests", dependencies: ["TestSupport"]),
     ]
 )

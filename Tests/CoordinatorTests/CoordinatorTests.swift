@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 import UbiqClock
 @testable import UbiqCoordinator
 
@@ -84,8 +85,7 @@ final class Shared<T>: @unchecked Sendable {
             } catch {}
             ended.signal()
         }.start()
-        let deadline = Date(timeIntervalSinceNow: 10)
-        while c.waitingClaimCount == 0 && Date() < deadline { usleep(1000) }
+        waitUntil(seconds: 10) { c.waitingClaimCount != 0 }
         #expect(c.waitingClaimCount == 1, "the claim never waited")
         time.advance(by: 29)
         #expect(ended.wait(timeout: .now() + 0.3) == .timedOut, "gave up before its deadline")
@@ -108,13 +108,11 @@ final class Shared<T>: @unchecked Sendable {
             c.release(w)
         }
         t.start()
-        let waiting = Date(timeIntervalSinceNow: 5)
-        while c.waitingClaimCount == 0 && Date() < waiting { usleep(1000) }
+        waitUntil(seconds: 5) { c.waitingClaimCount != 0 }
         // A writer is waiting: a new reader must not overtake it forever.
         #expect(throws: CoordinatorError.self) { try c.claim(1, .read, timeout: 0.1) }
         c.release(r1)
-        let deadline = Date(timeIntervalSinceNow: 5)
-        while !writerDone.get && Date() < deadline { usleep(1000) }
+        waitUntil(seconds: 5) { writerDone.get }
         #expect(writerDone.get)
     }
 

@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
+import TestSupport
 import UbiqClock
 @testable import UbiqSync
 
@@ -17,11 +18,7 @@ import UbiqClock
             return BackgroundLoop.Pause(upTo: 60, atLeast: 0.05)
         }
         defer { loop.stop() }
-        func waitFor(_ n: Int) -> Bool {
-            let deadline = Date(timeIntervalSinceNow: 30)
-            while rounds.load(ordering: .relaxed) < n && Date() < deadline { usleep(1000) }
-            return rounds.load(ordering: .relaxed) >= n
-        }
+        func waitFor(_ n: Int) -> Bool { waitUntil { rounds.load(ordering: .relaxed) >= n } }
         #expect(waitFor(1), "the first round never ran")
         usleep(200_000)
         #expect(rounds.load(ordering: .relaxed) == 1, "a round ran without a kick, long before its wait was over")
@@ -53,11 +50,6 @@ import UbiqClock
             return BackgroundLoop.Pause(upTo: 60)
         }
         defer { loop.stop() }
-        func waitUntil(_ ok: () -> Bool) -> Bool {
-            let deadline = Date(timeIntervalSinceNow: 30)
-            while !ok() && Date() < deadline { usleep(1000) }
-            return ok()
-        }
         #expect(waitUntil { loop.isIdle }, "the first round never ended")
         time.advance(by: 59)
         usleep(200_000)

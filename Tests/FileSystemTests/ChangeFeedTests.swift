@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 import UbiqFS
 import UbiqState
 import UbiqStore
@@ -349,8 +350,7 @@ import UbiqStore
         b.pull()
         // It was here before, so the new version comes down by itself.
         let ino = try b.ino("f")
-        let deadline = Date(timeIntervalSinceNow: 10)
-        while try b.fs.getattr(ino).blocks == 0 && Date() < deadline { usleep(10_000) }
+        try waitUntil(seconds: 10, every: 0.01) { try b.fs.getattr(ino).blocks != 0 }
         #expect(try b.fs.getattr(ino).blocks > 0)
         #expect(try b.read("f") == "new!")
     }
@@ -404,8 +404,7 @@ import UbiqStore
         b.pull()
         faulty.release(readsAt: 3 << 20)
         let ino = try b.ino("big")
-        let deadline = Date(timeIntervalSinceNow: 20)
-        while try b.fs.getattr(ino).blocks * 512 < Int64(size) && Date() < deadline { usleep(20_000) }
+        try waitUntil(seconds: 20, every: 0.02) { try b.fs.getattr(ino).blocks * 512 >= Int64(size) }
         let fh = try b.fs.open(ino, flags: O_RDONLY)
         defer { b.fs.release(fh) }
         var got = [UInt8](repeating: 0, count: size)
@@ -428,8 +427,7 @@ import UbiqStore
         a.sync()
         b.pull()
         let ino = try b.ino("keep/new.txt")
-        let deadline = Date(timeIntervalSinceNow: 10)
-        while try b.fs.getattr(ino).blocks == 0 && Date() < deadline { usleep(10_000) }
+        try waitUntil(seconds: 10, every: 0.01) { try b.fs.getattr(ino).blocks != 0 }
         #expect(try b.fs.getattr(ino).blocks > 0)
         #expect(try b.fs.getattr(try b.ino("elsewhere.txt")).blocks == 0)
     }
@@ -615,15 +613,14 @@ import UbiqStore
         // Downloading: the store holds one chunk back; the percent rises and stops short.
         faulty.hold(readsAt: 6 << 20)
         try d.fs.download(ino)
-        let deadline = Date(timeIntervalSinceNow: 10)
-        while (Int(try attr(d, ino, "percent-downloaded")) ?? 0) < 50 && Date() < deadline { usleep(10_000) }
+        try waitUntil(seconds: 10, every: 0.01) { (Int(try attr(d, ino, "percent-downloaded")) ?? 0) >= 50 }
         #expect(try attr(d, ino, "status") == "downloading")
         #expect(try attr(d, ino, "downloading") == "1")
         let percent = Int(try attr(d, ino, "percent-downloaded")) ?? -1
         #expect(percent >= 50 && percent < 100, "percent \(percent)")
         // Downloaded.
         faulty.release(readsAt: 6 << 20)
-        while try attr(d, ino, "downloading-status") != "current" && Date() < deadline.addingTimeInterval(10) { usleep(10_000) }
+        try waitUntil(seconds: 10, every: 0.01) { try attr(d, ino, "downloading-status") == "current" }
         #expect(try attr(d, ino, "status") == "current")
         #expect(try attr(d, ino, "percent-downloaded") == "100")
         #expect(try attr(d, ino, "uploaded") == "1")

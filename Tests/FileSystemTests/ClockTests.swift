@@ -62,11 +62,6 @@ import UbiqStore
         let time = ManualTime()
         let a = try Device(store: store)
         let b = try Device(store: store, time: time)
-        func waitUntil(_ ok: () -> Bool) -> Bool {
-            let deadline = Date(timeIntervalSinceNow: 30)
-            while !ok() && Date() < deadline { usleep(1000) }
-            return ok()
-        }
         b.feed.start()
         defer { b.feed.stop() }
         #expect(waitUntil { b.feed.isIdle }, "the first poll never ended")

@@ -712,8 +712,7 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(try read(b, fh, 0, 100) == Array("read me".utf8))
         b.fs.release(fh)
         let hereWhenReadReturned = try files.filter { try b.fs.getattr($0).blocks > 0 }.count
-        let deadline = Date(timeIntervalSinceNow: 60)
-        while try files.contains(where: { try b.fs.getattr($0).blocks == 0 }) && Date() < deadline { usleep(50_000) }
+        try waitUntil(seconds: 60, every: 0.05) { try !files.contains(where: { try b.fs.getattr($0).blocks == 0 }) }
         #expect(try files.allSatisfy { try b.fs.getattr($0).blocks > 0 }, "the whole folder came down")
         // 80 files at 0.3 s a read, 8 at a time: 3 s; the read of another file took one read's time.
         #expect(hereWhenReadReturned < 80, "the read waited for the folder: \(hereWhenReadReturned) files were here")
@@ -748,8 +747,7 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(group.wait(timeout: .now() + 60) == .success)
         #expect(bad == 0)
         // Every byte came down once, whoever asked for it first.
-        let deadline = Date(timeIntervalSinceNow: 30)
-        while try d.fs.getattr(ino).blocks * 512 < Int64(size) && Date() < deadline { usleep(10_000) }
+        try waitUntil(seconds: 30, every: 0.01) { try d.fs.getattr(ino).blocks * 512 >= Int64(size) }
         #expect(counting.bytesRead == Int64(size))
         #expect(try d.fs.getattr(ino).blocks * 512 >= Int64(size))
     }
@@ -812,16 +810,14 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         nonisolated(unsafe) var result: Result<[UInt8], Error>?
         let done = DispatchSemaphore(value: 0)
         Thread { result = Result { try self.read(d, fh, 10 * chunk, 100) }; done.signal() }.start()
-        var deadline = Date(timeIntervalSinceNow: 20)
-        while d.materializer.waitingReads == 0 && Date() < deadline { usleep(1000) }
+        waitUntil(seconds: 20) { d.materializer.waitingReads != 0 }
         faulty.release(readsAt: chunk, failing: .unavailable("injected fault"))
         // Every fetch of the readahead chunk fails; between two, the fetch waits by the clock
         // (0.2 s, then 0.4 s). Moved on a tenth of a second at a time, well short of the
         // waiting read's retry window (5 s) and timeout (60 s).
-        deadline = Date(timeIntervalSinceNow: 20)
-        while d.materializer.lastError(ino) == nil && Date() < deadline {
+        waitUntil(seconds: 20, every: 0.002) {
             time.advance(by: 0.1)
-            usleep(2000)
+            return d.materializer.lastError(ino) != nil
         }
         #expect(d.materializer.lastError(ino) != nil, "the readahead chunk's fetches did not all fail")
         #expect(done.wait(timeout: .now()) == .timedOut, "the read was answered by another chunk's failure")
@@ -845,13 +841,11 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         try d.fs.download(ino)
         usleep(300_000)  // the chunks after the held one arrive meanwhile
         faulty.release(readsAt: 1 << 20, failing: .unavailable("injected fault"))
-        var deadline = Date(timeIntervalSinceNow: 10)
-        while d.materializer.lastError(ino) == nil && Date() < deadline { usleep(50_000) }
+        waitUntil(seconds: 10, every: 0.05) { d.materializer.lastError(ino) != nil }
         #expect(d.materializer.lastError(ino) != nil, "the download halted")
         faulty.heal()
         try d.fs.download(ino)
-        deadline = Date(timeIntervalSinceNow: 10)
-        while try d.fs.getattr(ino).blocks * 512 < 6 << 20 && Date() < deadline { usleep(50_000) }
+        try waitUntil(seconds: 10, every: 0.05) { try d.fs.getattr(ino).blocks * 512 >= 6 << 20 }
         #expect(try d.fs.getattr(ino).blocks * 512 >= 6 << 20, "downloaded whole")
     }
 
@@ -866,8 +860,7 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         nonisolated(unsafe) var result: Result<[UInt8], Error>?
         let done = DispatchSemaphore(value: 0)
         Thread { result = Result { try self.read(d, fh, 5 << 20, 100) }; done.signal() }.start()
-        let deadline = Date(timeIntervalSinceNow: 20)
-        while d.materializer.waitingReads == 0 && Date() < deadline { usleep(1000) }
+        waitUntil(seconds: 20) { d.materializer.waitingReads != 0 }
         #expect(d.materializer.waitingReads == 1, "the read waits for its bytes")
         time.advance(by: d.materializer.readTimeout - 1)
         #expect(done.wait(timeout: .now() + 0.3) == .timedOut, "the read gave up before its timeout by the clock")
@@ -894,8 +887,7 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(first <= 5 << 20)
         // Six more sequential reads: the window doubles each time (8, 16, 32, 64 chunks...).
         for i in 1 ... 6 { _ = try read(d, fh, Int64(i) << 20, 1 << 20) }
-        let deadline = Date(timeIntervalSinceNow: 10)
-        while counting.bytesRead < 40 << 20 && Date() < deadline { usleep(20_000) }
+        waitUntil(seconds: 10, every: 0.02) { counting.bytesRead >= 40 << 20 }
         #expect(counting.bytesRead >= 40 << 20, "only \(counting.bytesRead) bytes fetched ahead")
     }
 
@@ -957,8 +949,7 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         let fh = try d.fs.open(ino, flags: O_RDONLY)
         #expect(try read(d, fh, 0, 10) == Array(bytes[0 ..< 10]))
         d.fs.release(fh)
-        let deadline = Date(timeIntervalSinceNow: 30)
-        while try d.state.read({ try $0.inode(ino)?.present }) != true && Date() < deadline { usleep(10_000) }
+        try waitUntil(seconds: 30, every: 0.01) { try d.state.read({ try $0.inode(ino)?.present }) == true }
         #expect(try d.state.read { try $0.inode(ino)?.present } == true)
         #expect(try d.fs.getattr(ino).blocks * 512 >= Int64(size))
         try d.open()  // a new run: the file is local, nothing more is fetched
@@ -980,8 +971,7 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
     }
 
     func waitLocal(_ d: Device, _ ino: UInt64) throws {
-        let deadline = Date(timeIntervalSinceNow: 30)
-        while try d.state.read({ try $0.inode(ino)?.present }) != true && Date() < deadline { usleep(10_000) }
+        try waitUntil(seconds: 30, every: 0.01) { try d.state.read({ try $0.inode(ino)?.present }) == true }
         #expect(try d.state.read { try $0.inode(ino)?.present } == true)
     }
 

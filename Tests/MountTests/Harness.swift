@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// The package root, from this file's path (Tests/MountTests/Harness.swift).
 let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
@@ -34,8 +35,7 @@ func shell(_ script: String, cwd: String? = nil, env: [String: String] = [:], ti
     p.standardError = try? FileHandle(forWritingTo: errURL)
     p.standardInput = FileHandle.nullDevice
     do { try p.run() } catch { return ShellResult(status: -1, out: "", err: "\(error)") }
-    let deadline = Date(timeIntervalSinceNow: timeout)
-    while p.isRunning && Date() < deadline { usleep(10_000) }
+    waitUntil(seconds: timeout, every: 0.01) { !p.isRunning }
     if p.isRunning { p.terminate(); usleep(100_000); kill(p.processIdentifier, SIGKILL) }
     p.waitUntilExit()
     let out = (try? String(contentsOf: outURL, encoding: .utf8)) ?? ""
@@ -128,8 +128,7 @@ final class MountFixture: @unchecked Sendable {
     func signalDaemon(_ signal: Int32, waitSeconds seconds: Double = 10) -> Bool {
         guard let pid = daemonPID else { return false }
         kill(pid, signal)
-        let deadline = Date(timeIntervalSinceNow: seconds)
-        while kill(pid, 0) == 0 && Date() < deadline { usleep(10_000) }
+        waitUntil(seconds: seconds, every: 0.01) { kill(pid, 0) != 0 }
         return kill(pid, 0) != 0
     }
 
@@ -155,11 +154,10 @@ struct FixtureError: Error, CustomStringConvertible {
 /// Runs `script` in `m` until it succeeds, up to `seconds` (uploads, another device's next
 /// look at the store, retries take a moment). Returns the last result.
 func eventually(_ m: MountFixture, _ script: String, seconds: Double = 20) -> ShellResult {
-    let deadline = Date(timeIntervalSinceNow: seconds)
     var r = m.sh(script)
-    while r.status != 0 && Date() < deadline {
-        usleep(200_000)
-        r = m.sh(script)
+    waitUntil(seconds: seconds, every: 0.2) {
+        if r.status != 0 { r = m.sh(script) }
+        return r.status == 0
     }
     return r
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// `ubiq kv` on a store, as two devices (two users' state homes), with a mount of the store
 /// beside it: values, errors, last writer wins, watch, and the kv objects never showing as files.
@@ -83,12 +84,10 @@ import Testing
         let a = shell("\(devA) \(kv("get")) race"), b = shell("\(devB) \(kv("get")) race")
         #expect(a.status == 0 && a.out == b.out, "devices disagree: \(a.out) \(b.out)")
         expectOK(shell("\(devB) \(kv("set")) color blue && \(devB) \(kv("remove")) race"))
-        let deadline = Date(timeIntervalSinceNow: 15)
         var lines: [String] = []
-        while Date() < deadline {
+        waitUntil(seconds: 15, every: 0.2) {
             lines = ((try? String(contentsOfFile: watchOut, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
-            if lines.contains(where: { $0.contains("\"changed\"") && $0.contains("blue") }) && lines.contains(where: { $0.contains("\"removed\":true") }) { break }
-            usleep(200_000)
+            return lines.contains(where: { $0.contains("\"changed\"") && $0.contains("blue") }) && lines.contains(where: { $0.contains("\"removed\":true") })
         }
         #expect(lines.first?.contains("\"reason\":\"initial-sync\"") == true && lines.first?.contains("red") == true, "\(lines)")
         #expect(lines.contains { $0.contains("\"reason\":\"changed\"") && $0.contains("\"color\"") && $0.contains("blue") }, "\(lines)")
@@ -113,11 +112,10 @@ import Testing
         expectOK(eventually(b, "test \"$(\(ubiqBinary) kv get theme)\" = dark"), "B has A's value")
         #expect(b.sh("\(ubiqBinary) kv list").out == "theme\tdark\nwin\t[1,2]\n")
         #expect(shell("\(ubiqBinary) kv get --store dir:\(a.store) win").out == "[1,2]\n", "not in the store")
-        let deadline = Date(timeIntervalSinceNow: 10)
         var text = ""
-        while Date() < deadline && !text.contains("\"win\"") {
+        waitUntil(seconds: 10, every: 0.2) {
             text = (try? String(contentsOfFile: watchOut, encoding: .utf8)) ?? ""
-            usleep(200_000)
+            return text.contains("\"win\"")
         }
         #expect(text.contains("\"reason\":\"changed\"") && text.contains("\"theme\"") && text.contains("\"win\""), "\(text)")
         let long = a.sh("\(ubiqBinary) kv set \(String(repeating: "k", count: 65)) v")

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// Mount, unmount, remount, second devices, crashes, and bad input.
 @Suite(.serialized) struct LifecycleTests {
@@ -102,8 +103,7 @@ import Testing
         #expect(shell("pgrep -af 'state \(base)/state'").out.contains("--sync-on-close"), "sync_on_close reaches the daemon")
         expectOK(shell("umount \(mnt)"), "umount")
         // The daemon uploads what is pending after the unmount, then exits.
-        let deadline = Date(timeIntervalSinceNow: 30)
-        while shell("pgrep -f 'state \(base)/state'").status == 0 && Date() < deadline { usleep(100_000) }
+        waitUntil(seconds: 30, every: 0.1) { shell("pgrep -f 'state \(base)/state'").status != 0 }
         let again = try MountFixture(store: base + "/store", name: "other")
         defer { again.cleanup() }
         #expect(again.sh("cat f").out == "via-fstab\n")
@@ -136,8 +136,7 @@ import Testing
         start.standardOutput = FileHandle.nullDevice
         start.standardError = FileHandle.nullDevice
         try start.run()
-        let deadline = Date(timeIntervalSinceNow: 20)
-        while shell("grep -q ' \(base)/mnt fuse.ubiq' /proc/mounts").status != 0 && Date() < deadline { usleep(100_000) }
+        waitUntil(seconds: 20, every: 0.1) { shell("grep -q ' \(base)/mnt fuse.ubiq' /proc/mounts").status == 0 }
         expectOK(shell("echo unit > \(base)/mnt/f && cat \(base)/mnt/f"), "mounted by ExecStart")
         expectOK(shell(line("ExecStop")), "ExecStop")
         start.waitUntilExit()
@@ -291,12 +290,10 @@ import Testing
             (for fd in $(ls /proc/$BASHPID/fd); do [ $fd -gt 2 ] && eval "exec $fd>&-"; done
              exec sh -c '\(ubiqBinary) mount --foreground --store dir:\(m.store) --state \(m.state) \(m.mnt) & exec sleep \(tag)') </dev/null >/dev/null 2>&1 &
             """, env: m.env)
-        let deadline = Date(timeIntervalSinceNow: 30)
-        while !(m.isMounted && m.sh("[ \"$(cat f)\" = kept ]").status == 0) && Date() < deadline { usleep(100_000) }
+        waitUntil(seconds: 30, every: 0.1) { m.isMounted && m.sh("[ \"$(cat f)\" = kept ]").status == 0 }
         guard let pid = m.daemonPID, m.isMounted else { Issue.record("the foreground daemon did not mount"); return }
         kill(pid, SIGKILL)
-        let dead = Date(timeIntervalSinceNow: 10)
-        while !readWhole("/proc/\(pid)/stat").contains(") Z ") && Date() < dead { usleep(50_000) }
+        waitUntil(seconds: 10, every: 0.05) { readWhole("/proc/\(pid)/stat").contains(") Z ") }
         #expect(readWhole("/proc/\(pid)/stat").contains(") Z "), "not a zombie: \(readWhole("/proc/\(pid)/stat"))")
         try m.mount()
         expectOK(m.sh("[ \"$(cat f)\" = kept ]"))
@@ -322,8 +319,7 @@ import Testing
         expectOK(m.sh("echo kept > f && sync f"))
         let pid = m.daemonPID
         FileManager.default.createFile(atPath: flag, contents: nil)
-        let deadline = Date(timeIntervalSinceNow: 60)
-        while let pid, kill(pid, 0) == 0, Date() < deadline { usleep(50_000) }
+        waitUntil(seconds: 60, every: 0.05) { pid.map { kill($0, 0) != 0 } ?? true }
         #expect(pid.map { kill($0, 0) != 0 } ?? false, "the daemon did not crash")
         let log = (try? String(contentsOfFile: m.state + "/ubiq.log", encoding: .utf8)) ?? ""
         #expect(log.contains("Fatal error: crash asked for by UBIQ_TEST_CRASH_FLAG"), "no reason in ubiq.log: \(log.suffix(2000))")

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// `scripts/package` builds a Debian package that installs on this machine with `dpkg -i`: a
 /// binary that needs no Swift on the machine, manual pages, completions, `ubiq` on the system
@@ -45,8 +46,7 @@ import Testing
         #expect(shell("pgrep -af 'state \(base)/state'").out.contains("/usr/bin/ubiq"), "the packaged binary serves the mount")
         expectOK(shell("echo packaged > \(base)/mnt/f && cat \(base)/mnt/f"))
         expectOK(shell("umount \(base)/mnt"), "umount")
-        let deadline = Date(timeIntervalSinceNow: 30)
-        while shell("pgrep -f 'state \(base)/state'").status == 0 && Date() < deadline { usleep(100_000) }
+        waitUntil(seconds: 30, every: 0.1) { shell("pgrep -f 'state \(base)/state'").status != 0 }
 
         expectOK(shell("dpkg -r ubiq"), "dpkg -r")
         let left = files.filter { FileManager.default.fileExists(atPath: $0) }

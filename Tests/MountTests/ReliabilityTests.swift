@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// A store on a bad day and a daemon killed at random moments: what was acknowledged is kept,
 /// byte for byte, and reaches the other devices. Seeds are printed; UBIQ_SEED replays one.
@@ -126,8 +127,7 @@ import Testing
             rng = rng &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
             usleep(UInt32(200_000 + (rng >> 33) % 1_300_000))
             #expect(a.signalDaemon(SIGKILL), "round \(rounds): the daemon survived SIGKILL")
-            let deadline = Date(timeIntervalSinceNow: 30)
-            while load.isRunning && Date() < deadline { usleep(20_000) }
+            waitUntil(seconds: 30, every: 0.02) { !load.isRunning }
             if load.isRunning { load.terminate() }
             load.waitUntilExit()
             let said = (try? String(contentsOfFile: out, encoding: .utf8)) ?? ""
