@@ -127,6 +127,25 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         }
     }
 
+    /// Whether `since` is the latest cursor.
+    func isLatest(_ since: String) throws -> Bool {
+        try run { db in
+            let gen = Int(try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'generation'") ?? "0") ?? 0
+            return since == cursor(gen)
+        }
+    }
+
+    /// The cursor after `since` when nothing but the generation moves (a look at the change
+    /// log, which leaves the listing as it was); nil when `since` is not the latest cursor.
+    func nextGeneration(since: String) throws -> String? {
+        try run { db in
+            let gen = Int(try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'generation'") ?? "0") ?? 0
+            guard since == cursor(gen) else { return nil }
+            try db.execute(sql: "UPDATE settings SET value = ? WHERE name = 'generation'", arguments: ["\(gen + 1)"])
+            return cursor(gen + 1)
+        }
+    }
+
     // MARK: MultipartJournal
 
     func upload(key: String) -> (id: String, fingerprint: String)? {

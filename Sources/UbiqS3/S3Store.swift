@@ -33,31 +33,48 @@ extension Character {
 
 /// The store in an S3-compatible bucket (AWS S3, Ceph RGW, SeaweedFS, MinIO, Garage).
 ///
-/// There is no change feed in S3: changes are found by listing the prefix and comparing
-/// with the last listing (ETag, time and size of each key), kept in a small SQLite index
-/// beside the device's state. A poll costs one LIST request per 1,000 objects, plus one HEAD
-/// for each object that changed. The index also remembers each object's metadata, so a
-/// listing at mount sends a HEAD only for objects new or changed since the last.
+/// There is no change feed in S3. Devices write what they change to a change log in the
+/// bucket (`S3ChangeLog`), and a poll reads what is new there: one LIST request when nothing
+/// changed, whatever the bucket's size. Changes the log does not have (other tools' objects, a
+/// log object lost) are found by listing the prefix and comparing with the last listing (ETag,
+/// time and size of each key), kept in a small SQLite index beside the device's state: at
+/// mount, every `fullListingInterval`, and when asked (`lookEverywhereNext`, `ubiq sync`).
+/// A listing costs one LIST request per 1,000 objects, plus one HEAD for each object that
+/// changed. The index also remembers each object's metadata, so a listing at mount sends a
+/// HEAD only for objects new or changed since the last.
 public final class S3Store: CloudStore, @unchecked Sendable {
     public let objects: S3Objects
     let index: S3Index
+    let log: S3ChangeLog
     let logger: Logger
+    /// Seconds between full listings of the bucket (the change log is read at every poll).
+    public let fullListingInterval: TimeInterval
+    /// How long log objects are kept: well past a full listing, which covers older changes.
+    var logRetention: TimeInterval { max(3600, 2 * fullListingInterval + S3ChangeLog.window) }
     private let lock = NSLock()
     private var warned = Set<[UInt8]>()
+    private var lastFullListing: Date?
+    private var fullListingAsked = false
     /// HEAD requests the last `list` sent (the rest it knew from the index).
     public private(set) var headsForLastListing = 0
+    /// Requests the last `changes(since:)` sent (the log's, or the full listing's), and
+    /// whether it listed the whole bucket.
+    public private(set) var lastLook: (requests: Int, full: Bool) = (0, false)
     /// HEAD requests sent at once when a listing needs metadata.
     static let headsInFlight = 16
 
-    init(objects: S3Objects, index: S3Index, logger: Logger) {
+    init(objects: S3Objects, index: S3Index, logger: Logger, fullListingInterval: TimeInterval) {
         self.objects = objects; self.index = index; self.logger = logger
+        self.fullListingInterval = fullListingInterval
+        log = S3ChangeLog(objects: objects, device: index.id)
     }
 
     /// Opens the store at `location` through `endpoint`: makes the bucket if it is missing,
     /// learns whether it keeps versions and whether the server honours conditional writes
     /// (one probe object, removed at once), and aborts part uploads a crash left over a day ago.
     public static func open(_ location: S3Location, endpoint: URL, region: String, credentials: S3Credentials,
-                            indexPath: String, logger: Logger, multipartThreshold: Int64 = 64 << 20) async throws -> S3Store {
+                            indexPath: String, logger: Logger, multipartThreshold: Int64 = 64 << 20,
+                            fullListingInterval: TimeInterval = 300) async throws -> S3Store {
         let client = S3Client(endpoint: S3Endpoint(url: endpoint, region: region, bucket: location.bucket, credentials: credentials),
                               logger: logger)
         let index = try S3Index(path: indexPath)
@@ -90,7 +107,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                                 multipartThreshold: multipartThreshold, journal: index, keepsFolderMetadata: folders)
         if online, let n = try? await objects.abortStaleUploads(), n > 0 { logger.info("aborted \(n) part uploads left over a day ago") }
         logger.info("S3 store s3://\(location.bucket)/\(location.prefix) at \(endpoint.absoluteString): \(versioned ? "versioned bucket (history kept)" : "bucket without versioning (no history)"), \(credentials)")
-        return S3Store(objects: objects, index: index, logger: logger)
+        return S3Store(objects: objects, index: index, logger: logger, fullListingInterval: fullListingInterval)
     }
 
     /// Logs each key that cannot be shown, once.
@@ -145,39 +162,87 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     }
 
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition) async throws -> ObjectInfo {
-        try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition)
+        try await put(key, contentsOf: source, metadata: metadata, condition: condition, progress: nil)
     }
 
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition,
                     progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
-        try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: progress)
+        let info = try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: progress)
+        log.record(.init(op: "put", key: key, version: info.version))
+        return info
     }
 
     public func copy(from source: String, version: String, to destination: String, metadata: ObjectMetadata?,
                      condition: WriteCondition) async throws -> ObjectInfo {
-        try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
+        let info = try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
+        log.record(.init(op: "put", key: destination, version: info.version))
+        return info
     }
 
     public func delete(_ key: String, condition: WriteCondition) async throws {
         try await objects.delete(key, condition: condition)
+        log.record(.init(op: "delete", key: key, version: nil))
     }
 
-    /// The keys that changed since the listing `cursor` names, found by listing again. All
-    /// at once (`limit` does not apply: the listing is taken whole). A cursor this device's
-    /// index does not hold (after a crash between the two, or from elsewhere) is a reset.
+    /// Writes what this device changed to the change log (an upload round ends).
+    public func publishChanges() async throws { try await log.publish() }
+
+    /// The next `changes(since:)` lists the whole bucket, whatever the interval says.
+    public func lookEverywhereNext() { lock.withLock { fullListingAsked = true } }
+
+    /// The keys that changed since `cursor`: from the change log, or, when a full listing is
+    /// due (at the first call, every `fullListingInterval`, when asked), by listing the whole
+    /// bucket again and comparing. All at once (`limit` does not apply). A cursor this device's
+    /// index does not hold (after a crash between the two, or from elsewhere), or one older
+    /// than its latest, is a reset.
+    ///
+    /// A cursor is `LISTING@LOG`: the index's listing generation, and the server's time (ms)
+    /// of the last look at the log.
     public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+        let parts = cursor.map { $0.split(separator: "@", maxSplits: 1).map(String.init) } ?? []
+        let since = parts.first
+        let from = parts.count == 2 ? Int64(parts[1]) : nil
+        let full = lock.withLock {
+            fullListingAsked || lastFullListing.map { Date().timeIntervalSince($0) >= fullListingInterval } ?? true
+        }
+        guard !full, let since, let from else { return try await listEverything(since: since, cursor: cursor) }
+        let reset = ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
+        guard try index.isLatest(since) else { return reset }
+        let read = try await log.look(from: from, markOnly: false)
+        guard let next = try index.nextGeneration(since: since) else { return reset }
+        lock.withLock { lastLook = (read.requests, false) }
+        return ChangeBatch(changes: read.changes, cursor: next + "@\(read.position)", reset: false, unreadable: read.unreadable)
+    }
+
+    /// A full listing, compared with the last one. The log objects there are now are noted
+    /// as read first: what they name is in this listing.
+    private func listEverything(since: String?, cursor: String?) async throws -> ChangeBatch {
+        let marked = try await log.look(from: nil, markOnly: true)
         let listing = try await objects.listAll(under: "")
         warn(listing.skipped)
-        guard let (changes, next) = try index.advance(since: cursor, to: listing, stableFolders: !objects.keepsFolderMetadata) else {
+        guard let (changes, next) = try index.advance(since: since, to: listing, stableFolders: !objects.keepsFolderMetadata) else {
             return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         }
-        return ChangeBatch(changes: changes, cursor: next, reset: false)
+        listed(requests: marked.requests + listing.requests)
+        try? await log.prune(olderThan: logRetention)
+        return ChangeBatch(changes: changes, cursor: next + "@\(marked.position)", reset: false)
+    }
+
+    private func listed(requests: Int) {
+        lock.withLock {
+            lastFullListing = Date()
+            fullListingAsked = false
+            lastLook = (requests, true)
+        }
     }
 
     public func currentCursor() async throws -> String {
+        let marked = try await log.look(from: nil, markOnly: true)
         let listing = try await objects.listAll(under: "")
         warn(listing.skipped)
-        return try index.advance(since: nil, to: listing, stableFolders: !objects.keepsFolderMetadata)!.cursor
+        let next = try index.advance(since: nil, to: listing, stableFolders: !objects.keepsFolderMetadata)!.cursor
+        listed(requests: marked.requests + listing.requests)
+        return next + "@\(marked.position)"
     }
 
     /// The bucket's versions of `key` when it keeps them; else the current one.

@@ -233,10 +233,20 @@ public protocol CloudStore: Sendable {
 
     /// Whether a version stays readable after a newer one replaces it (prior versions kept).
     var keepsPriorVersions: Bool { get }
+
+    /// Makes what this device changed visible in the feed, where the store holds it back to
+    /// send in batches (the S3 store's change log); an upload round calls it when it ends.
+    func publishChanges() async throws
+
+    /// Asks that the next `changes(since:)` also find what was changed without the feed
+    /// knowing (another tool's objects in a bucket), where that costs more than a poll.
+    func lookEverywhereNext()
 }
 
 extension CloudStore {
     public var keepsPriorVersions: Bool { true }
+    public func publishChanges() async throws {}
+    public func lookEverywhereNext() {}
 
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
                     condition: WriteCondition, progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {

@@ -97,4 +97,6 @@ public final class PrefixStore: CloudStore, Sendable {
     }
 
     public func usage() async throws -> StoreUsage? { try await inner.usage() }
+    public func publishChanges() async throws { try await inner.publishChanges() }
+    public func lookEverywhereNext() { inner.lookEverywhereNext() }
 }

@@ -68,4 +68,6 @@ public final class ThrottledStore: CloudStore, Sendable {
     public func currentCursor() async throws -> String { try await inner.currentCursor() }
     public func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
     public func usage() async throws -> StoreUsage? { try await inner.usage() }
+    public func publishChanges() async throws { try await inner.publishChanges() }
+    public func lookEverywhereNext() { inner.lookEverywhereNext() }
 }

@@ -77,8 +77,10 @@ public final class ChangeFeed: @unchecked Sendable {
     /// The polling thread waits for its next round (a test that moves the clock waits for this).
     var isIdle: Bool { loop.isIdle }
 
-    /// Poll now rather than at the next interval.
-    public func kick() {
+    /// Poll now rather than at the next interval; `everywhere`: a poll that also finds what
+    /// changed in the store without its feed knowing (another tool's objects in a bucket).
+    public func kick(everywhere: Bool = false) {
+        if everywhere { store.lookEverywhereNext() }
         cond.lock(); loop.kickLocked(wake: true); cond.unlock()
     }
 
@@ -105,8 +107,9 @@ public final class ChangeFeed: @unchecked Sendable {
     /// keys handed to the applier. Throws when the store cannot be reached (nothing is lost:
     /// the cursor stays where it was).
     @discardableResult
-    public func poll() throws -> Int {
+    public func poll(everywhere: Bool = false) throws -> Int {
         pollLock.lock(); defer { pollLock.unlock() }
+        if everywhere { store.lookEverywhereNext() }
         do {
             let n = try pollLocked()
             cond.lock(); lastPoll = (state.time.now, nil); cond.unlock()

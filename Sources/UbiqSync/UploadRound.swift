@@ -18,6 +18,7 @@ extension Uploader {
     @discardableResult
     public func processRound(ignoringDelay: Bool) -> Int {
         var handled = 0
+        defer { if handled > 0 { publishChanges() } }
         let now = state.time.now
         cond.lock(); let paused = now < pausedUntil; cond.unlock()
         if paused { return 0 }
@@ -151,6 +152,16 @@ extension Uploader {
             handled += 1
         }
         return handled
+    }
+
+    /// Makes the round's writes visible to other devices' feeds (the S3 store's change log).
+    /// Not done now (the store is down): they go with the next round's, and until then other
+    /// devices find them by listing the store.
+    func publishChanges() {
+        let store = self.store
+        do { try runBlocking { try await store.publishChanges() } } catch {
+            logger.info("the store's change log: could not write this round's changes yet: \(error)")
+        }
     }
 
     /// Removes a tombstone whose delete was done; false (and a pause) when that could not be

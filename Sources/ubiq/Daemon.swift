@@ -47,7 +47,8 @@ struct Daemon {
             ContentCache.clearStaging(in: cacheDir)
             state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true,
                                    report: { [logger] in logger.error("\($0)") })
-            store = try MountPlan.openStore(plan.store, indexPath: plan.stateDir + "/s3-index.db", logger: logger)
+            store = try MountPlan.openStore(plan.store, indexPath: plan.stateDir + "/s3-index.db", logger: logger,
+                                            fullListingInterval: plan.fullListingInterval)
             if let dir = store as? DirectoryStore {
                 // The store this device synced with, and no other made anew in its place.
                 let known = try state.read { try $0.meta("store_id") }

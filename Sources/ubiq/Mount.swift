@@ -68,6 +68,9 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds between looks at the store for other devices' changes (ubiq sync looks at once).")
     var pollInterval: Double = 3
 
+    @Option(help: "S3: seconds between listings of the whole bucket, which find what other tools changed (other devices' changes come from the bucket's change log at every poll; ubiq sync lists at once).")
+    var fullListingInterval: Double = 300
+
     @Option(help: ArgumentHelp("Programs that may not trigger downloads, comma-separated (default: common thumbnailers and indexers).",
                                valueName: "NAMES"))
     var noDownloadFor: String?
@@ -107,7 +110,8 @@ struct Mount: ParsableCommand {
         p.executableURL = exe
         var args = ["mount", "--foreground", "--notify-ready", "--store", plan.storeURL, "--state", plan.stateDir,
                     "--drain-timeout", String(drainTimeout), "--upload-delay", String(uploadDelay),
-                    "--poll-interval", String(pollInterval), "--read-timeout", String(readTimeout)]
+                    "--poll-interval", String(pollInterval), "--full-listing-interval", String(fullListingInterval),
+                    "--read-timeout", String(readTimeout)]
         for o in options { args += ["-o", o] }
         if writebackCache { args.append("--writeback-cache") }
         if syncOnClose { args.append("--sync-on-close") }
@@ -171,6 +175,7 @@ struct MountPlan {
     var drainTimeout: Double
     var uploadDelay: Double
     var pollInterval: Double
+    var fullListingInterval: Double = 300
     var readTimeout: Double
     var hydration: HydrationPolicy
     var cacheSize: Int64
@@ -187,6 +192,9 @@ struct MountPlan {
         }
         guard m.pollInterval > 0, m.pollInterval <= 86_400 else {
             throw UserError("--poll-interval must be between 0 and 86400 seconds, not \(m.pollInterval)")
+        }
+        guard m.fullListingInterval > 0, m.fullListingInterval <= 86_400 else {
+            throw UserError("--full-listing-interval must be between 0 and 86400 seconds, not \(m.fullListingInterval)")
         }
         let mp = Paths.absolute(m.mountpoint)
         var isDir: ObjCBool = false
@@ -290,7 +298,8 @@ struct MountPlan {
         case .s3(let l, _, _): storeURL = "s3://\(l.bucket)/\(l.prefix)"
         }
         return MountPlan(mountpoint: mp, storeURL: storeURL, store: store, container: m.container, scope: m.scope, stateDir: stateDir,
-                         fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay), pollInterval: m.pollInterval, readTimeout: m.readTimeout,
+                         fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay), pollInterval: m.pollInterval,
+                         fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout,
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),
@@ -325,7 +334,7 @@ struct MountPlan {
     }
 
     /// Opens the store (an S3 store keeps its index at `indexPath`).
-    static func openStore(_ store: Store, indexPath: String, logger: Logger) throws -> any CloudStore {
+    static func openStore(_ store: Store, indexPath: String, logger: Logger, fullListingInterval: Double = 300) throws -> any CloudStore {
         switch store {
         case .directory(let path):
             return try DirectoryStore(root: URL(fileURLWithPath: path))
@@ -333,7 +342,7 @@ struct MountPlan {
             let credentials = try S3Credentials.resolve(environment: ProcessInfo.processInfo.environment, home: NSHomeDirectory())
             return try runBlocking {
                 try await S3Store.open(location, endpoint: endpoint, region: region, credentials: credentials,
-                                       indexPath: indexPath, logger: logger)
+                                       indexPath: indexPath, logger: logger, fullListingInterval: fullListingInterval)
             }
         }
     }

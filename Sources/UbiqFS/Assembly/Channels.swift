@@ -14,11 +14,13 @@ public protocol KernelNotifier: AnyObject, Sendable {
 
 /// What the file system asks of the change feed.
 public protocol StoreFeed: AnyObject, Sendable {
-    /// Looks at the store's changes now (`ubiq sync`); how many it found.
-    @discardableResult func poll() throws -> Int
-    /// Asks for a poll soon: a remote update waited for a file's readers, or an upload made a
-    /// conflict copy that should arrive here.
-    func kick()
+    /// Looks at the store's changes now; how many it found. `everywhere` (`ubiq sync`): also
+    /// what changed in the store without its feed knowing (another tool's objects in a bucket).
+    @discardableResult func poll(everywhere: Bool) throws -> Int
+    /// Asks for a poll soon: a remote update waited for a file's readers, an upload made a
+    /// conflict copy that should arrive here (`everywhere`: as `poll`'s, a version read here
+    /// is gone from the store).
+    func kick(everywhere: Bool)
 }
 
 extension ChangeFeed: StoreFeed {}
@@ -29,7 +31,7 @@ extension FileSystem: UploadHost, ContentSink, RemoteChangeSink {
         // Uploaded, the file may be evicted now: the cache limit holds again.
         scheduleCacheLimitCheck()
         // A conflict copy was made in the store: bring it here now, not at the next poll.
-        if conflict { storeFeed?.kick() }
+        if conflict { storeFeed?.kick(everywhere: false) }
     }
 
     /// Bytes thrown away (they did not match their digest) may be in the kernel's cache.

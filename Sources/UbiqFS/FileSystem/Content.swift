@@ -68,7 +68,7 @@ extension FileSystem {
     /// The version a placeholder stands for is gone from the store (replaced in a store that
     /// keeps no prior versions): look at the store now, so the next open reads the new one.
     private func versionGone(_ error: Error) {
-        if case StoreError.notFound = error { storeFeed?.kick() }
+        if case StoreError.notFound = error { storeFeed?.kick(everywhere: true) }
     }
 
     /// Brings a placeholder's content into the cache (call holding an exclusive claim, without the inode table's lock).
@@ -368,7 +368,7 @@ extension FileSystem {
         if lastClose { materializer.cancelIfIdle(h.ino) }
         if h.canWrite { emit(.changed, h.ino) }
         // An update from the store waited for this close.
-        if closed, waitingForClose.withLock({ $0.remove(h.ino) != nil }) { storeFeed?.kick() }
+        if closed, waitingForClose.withLock({ $0.remove(h.ino) != nil }) { storeFeed?.kick(everywhere: false) }
         // Only writing can have grown the cache here (downloads check when they finish):
         // the check walks every inode, so a close after reading does not ask for it.
         if h.canWrite { scheduleCacheLimitCheck() }

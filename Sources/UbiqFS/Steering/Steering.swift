@@ -44,7 +44,7 @@ extension FileSystem {
     func syncWithStore() throws {
         uploader?.flush(timeout: 60)
         guard let feed = storeFeed else { return }
-        do { try feed.poll() } catch {
+        do { try feed.poll(everywhere: true) } catch {
             logger.warning("sync with the store failed: \(error)")
             throw FSError.io("sync failed: \(error)")
         }

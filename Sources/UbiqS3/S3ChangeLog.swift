@@ -1,0 +1,259 @@
+import Foundation
+import UbiqStore
+
+/// The bucket's change log (docs/s3.md): what devices changed, so that another device finds
+/// it with one small listing instead of listing the whole bucket.
+///
+/// - Each device appends what it wrote and deleted as log objects under
+///   `PREFIX/.ubiquity/s3/log/`, one object per upload round (at most `entriesPerObject`
+///   entries), never rewriting one (`If-None-Match: *` where the server honours it). An object
+///   is named `TIME-DEVICE-RANDOM`: TIME in milliseconds by the server's clock (as the device
+///   last read it from a `Date` header), 13 digits, so names sort by time.
+/// - Each line of a log object is a JSON entry: `{"op":"put"|"delete","key":…,"version":…}`.
+///   Entries are hints: the reader asks the store for each key's current state (HEAD), so a
+///   log object that is wrong, late, duplicated or out of order costs requests, never a wrong
+///   file.
+/// - A reader lists the log from `window` before its last look (`start-after`) and reads the
+///   objects it has not read, its own device's too (a conflict copy this device made must
+///   arrive here as well; the feed knows its own writes by their origin). A log object that becomes
+///   visible more than `window` after its name's time, one lost, and an object that another tool
+///   wrote are all found by the full listing that still runs at its own, slower interval.
+/// - Log objects older than the retention are deleted by whichever device lists the bucket.
+final class S3ChangeLog: @unchecked Sendable {
+    static let folder = S3Objects.reserved + "log/"
+    /// How far before its last look a reader lists the log again.
+    static let window: TimeInterval = 60
+    static let entriesPerObject = 1000
+    /// A log object larger than this is not read (its changes are found by the full listing).
+    static let maxObjectBytes = 4 << 20
+    /// Entries kept while the store cannot be reached; past it the oldest are dropped (the full
+    /// listing finds their changes).
+    static let maxPending = 100_000
+    /// A log object that cannot be fetched this many looks in a row is passed over.
+    static let attemptsPerObject = 3
+
+    struct Entry: Codable, Equatable {
+        var op: String
+        var key: String
+        var version: String?
+    }
+
+    /// What a look at the log found.
+    struct Read {
+        var changes: [StoreChange] = []
+        var unreadable: [String] = []
+        /// The server's time of the look (the next one lists from `window` before it).
+        var position: Int64 = 0
+        var requests = 0
+    }
+
+    let objects: S3Objects
+    /// This device's name in log object names (its S3 index's id).
+    let device: String
+    private let lock = NSLock()
+    private var pending: [Entry] = []
+    private var publishScheduled = false
+    /// Log objects being written now.
+    private var writing = 0
+    /// The server's clock minus this device's, from the last `Date` header read.
+    private var clockOffset: TimeInterval = 0
+    /// Log objects read (or covered by a full listing) that are still in the window, by their time.
+    private var read: [String: Int64] = [:]
+    /// Log objects that could not be fetched, and how many times in a row.
+    private var failures: [String: Int] = [:]
+
+    init(objects: S3Objects, device: String) {
+        self.objects = objects; self.device = device
+    }
+
+    // MARK: - Writing
+
+    /// Notes a change this device made; it goes to the log at the round's end (`publish`), or
+    /// within half a second for a change made outside an upload round.
+    func record(_ entry: Entry) {
+        lock.lock()
+        pending.append(entry)
+        if pending.count > Self.maxPending { pending.removeFirst(pending.count - Self.maxPending) }
+        let schedule = !publishScheduled
+        publishScheduled = true
+        lock.unlock()
+        if schedule {
+            DispatchQueue.global().asyncAfter(deadline: .now() + 0.5) { [self] in
+                Task { try? await self.publish() }
+            }
+        }
+    }
+
+    /// Writes what was noted as log objects; returns when all that was noted before the call
+    /// is in the log (a write another call has under way included). What could not be written
+    /// stays noted for the next call (and throws).
+    func publish() async throws {
+        while true {
+            let (batch, busy): ([Entry], Bool) = lock.withLock {
+                publishScheduled = false
+                let b = Array(pending.prefix(Self.entriesPerObject))
+                pending.removeFirst(b.count)
+                if !b.isEmpty { writing += 1 }
+                return (b, writing > 0)
+            }
+            if batch.isEmpty {
+                if !busy { return }
+                try await Task.sleep(for: .milliseconds(5))
+                continue
+            }
+            defer { lock.withLock { writing -= 1 } }
+            var body = Data()
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            for e in batch {
+                body.append(try encoder.encode(e))
+                body.append(0x0A)
+            }
+            let name = Self.folder + Self.name(time: serverNow(), device: device)
+            do {
+                try await objects.send(.PUT, name, headers: objects.checksConditions ? ["If-None-Match": "*"] : [:],
+                                       body: .data(body), validate: false)
+            } catch {
+                lock.withLock {
+                    pending.insert(contentsOf: batch, at: 0)
+                    if pending.count > Self.maxPending { pending.removeLast(pending.count - Self.maxPending) }
+                }
+                throw error
+            }
+        }
+    }
+
+    static func name(time ms: Int64, device: String) -> String {
+        timeText(ms) + "-" + device + "-" + UUID().uuidString.lowercased().prefix(8)
+    }
+
+    /// A time as the 13 digits that begin a name.
+    static func timeText(_ ms: Int64) -> String {
+        let t = String(max(0, min(ms, 9_999_999_999_999)))
+        return String(repeating: "0", count: 13 - t.count) + t
+    }
+
+    /// The time in a log object's name (nil: not a log object's name).
+    static func time(of name: String) -> Int64? {
+        let parts = name.split(separator: "-", omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[0].utf8.count == 13, parts[0].utf8.allSatisfy({ (48 ... 57).contains($0) }),
+              !parts[1].isEmpty, !parts[2].isEmpty else { return nil }
+        return Int64(parts[0])
+    }
+
+    private func serverNow() -> Int64 {
+        Int64((Date().timeIntervalSince1970 + lock.withLock { clockOffset }) * 1000)
+    }
+
+    // MARK: - Reading
+
+    /// The log objects after `from` (ms) less the window, each of them read unless `markOnly`
+    /// (a full listing is about to cover their changes: they are only noted as read).
+    func look(from: Int64?, markOnly: Bool) async throws -> Read {
+        // This device's own changes first: a look never misses what was done before it.
+        if !markOnly { try await publish() }
+        var out = Read()
+        let start = (from ?? serverNow()) - Int64(Self.window * 1000)
+        let listed = try await listNames(after: Self.timeText(start) + "-", into: &out)
+        let fresh: [(String, Int64)] = lock.withLock {
+            // Forget what fell out of the window: it will not be listed again.
+            read = read.filter { $0.value >= start }
+            return listed.filter { read[$0.0] == nil }
+        }
+        for (name, time) in fresh {
+            if markOnly {
+                lock.withLock { read[name] = time }
+                continue
+            }
+            let data: Data
+            do {
+                out.requests += 1
+                data = try await objects.client.send(.GET, key: objects.prefix + Self.folder + name,
+                                                     headers: ["Range": "bytes=0-\(Self.maxObjectBytes - 1)"],
+                                                     maxResponse: Self.maxObjectBytes + (64 << 10)).data
+            } catch StoreError.notFound {
+                lock.withLock { read[name] = time }  // deleted meanwhile (older than the retention)
+                continue
+            } catch {
+                let n = lock.withLock { () -> Int in
+                    failures[name, default: 0] += 1
+                    return failures[name]!
+                }
+                guard n >= Self.attemptsPerObject else { throw error }
+                out.unreadable.append("log object \(name): \(error) (\(n) times; its changes are found by the full listing)")
+                lock.withLock { read[name] = time; failures[name] = nil }
+                continue
+            }
+            lock.withLock { read[name] = time; failures[name] = nil }
+            parse(data, of: name, into: &out)
+        }
+        return out
+    }
+
+    /// The log objects' names after `after` (their time), in order, up to `pages` thousands;
+    /// the position is the server's time of the first answer.
+    private func listNames(after: String, pages: Int = .max, into out: inout Read) async throws -> [(String, Int64)] {
+        var names: [(String, Int64)] = []
+        var token: String?
+        let folder = objects.prefix + Self.folder
+        repeat {
+            var query = [("list-type", "2"), ("prefix", folder), ("start-after", folder + after), ("max-keys", "1000")]
+            if let token { query.append(("continuation-token", token)) }
+            let sent = Date()
+            let r = try await objects.client.send(.GET, key: nil, query: query)
+            out.requests += 1
+            if out.position == 0 {
+                if let d = r.header("Date").flatMap(S3Time.httpDate) {
+                    // The header is in whole seconds: the middle of that second.
+                    let offset = d.timeIntervalSince1970 + 0.5 - sent.timeIntervalSince1970
+                    lock.withLock { clockOffset = offset }
+                }
+                out.position = serverNow()
+            }
+            for block in S3Client.xmlBlocks("Contents", in: r.text) {
+                guard let key = S3Client.xmlValue("Key", in: block), key.hasPrefix(folder) else { continue }
+                let name = String(key.dropFirst(folder.count))
+                guard let time = Self.time(of: name) else { continue }  // not a log object: left alone
+                names.append((name, time))
+            }
+            token = S3Client.xmlValue("IsTruncated", in: r.text) == "true" ? S3Client.xmlValue("NextContinuationToken", in: r.text) : nil
+        } while token != nil && out.requests < pages
+        return names
+    }
+
+    /// The entries of one log object; what cannot be read is described, and passed over.
+    func parse(_ data: Data, of name: String, into out: inout Read) {
+        let decoder = JSONDecoder()
+        var lineNumber = 0
+        for line in data.split(separator: 0x0A, omittingEmptySubsequences: true) {
+            lineNumber += 1
+            guard let e = try? decoder.decode(Entry.self, from: Data(line)) else {
+                out.unreadable.append("log object \(name), line \(lineNumber): not an entry"); continue
+            }
+            let kind: StoreChange.Kind
+            switch e.op {
+            case "put": kind = .put
+            case "delete": kind = .delete
+            default: out.unreadable.append("log object \(name), line \(lineNumber): an operation this version does not know (\(e.op.prefix(40).debugDescription))"); continue
+            }
+            do {
+                try StoreKey.validate(e.key)
+                if e.key.hasPrefix(S3Objects.reserved) { throw StoreError.invalidKey(e.key, reason: "reserved for the store's own use") }
+            } catch {
+                out.unreadable.append("log object \(name), line \(lineNumber): \(error)"); continue
+            }
+            out.changes.append(StoreChange(kind: kind, key: e.key, version: e.version))
+        }
+    }
+
+    /// Deletes log objects older than `retention` (any device's: a delete of one already gone
+    /// is no harm), up to a thousand at a time.
+    func prune(olderThan retention: TimeInterval) async throws {
+        var out = Read()
+        let cutoff = serverNow() - Int64(retention * 1000)
+        let names = try await listNames(after: "", pages: 1, into: &out)
+        for (name, time) in names where time < cutoff {
+            try await objects.send(.DELETE, Self.folder + name, validate: false)
+        }
+    }
+}

@@ -1,0 +1,150 @@
+import Foundation
+import Testing
+import TestSupport
+import UbiqStore
+@testable import UbiqS3
+
+/// The bucket's change log (S3ChangeLog), on a real SeaweedFS: another device's changes come
+/// from it in a request or two whatever the bucket holds; what it lacks comes from the full
+/// listing; what is in it cannot hurt a reader.
+@Suite struct S3ChangeLogTests {
+    let meta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mtimeNs: 1_700_000_000_123_456_789, origin: "dev:7:1")
+
+    func file(_ bytes: [UInt8]) throws -> URL {
+        let url = TempPaths.make("ubiq-s3log")
+        try Data(bytes).write(to: url)
+        return url
+    }
+
+    /// The names of the log objects in the bucket.
+    func logObjects(_ store: S3Store) async throws -> [String] {
+        let folder = store.objects.prefix + S3ChangeLog.folder
+        let r = try await store.objects.client.send(.GET, key: nil, query: [("list-type", "2"), ("prefix", folder)])
+        return S3Client.xmlBlocks("Contents", in: r.text).compactMap { S3Client.xmlValue("Key", in: $0) }.map { String($0.dropFirst(folder.count)) }
+    }
+
+    func putLog(_ store: S3Store, _ name: String, _ body: String) async throws {
+        try await store.objects.client.send(.PUT, key: store.objects.prefix + S3ChangeLog.folder + name, body: .data(Data(body.utf8)))
+    }
+
+    /// Device B follows device A's puts, copies and deletes through the log: one LIST and one
+    /// GET per log object, then one LIST a poll while nothing changes. Another tool's object
+    /// is not in the log; the full listing, when asked for, finds it. A cursor older than the
+    /// latest is a reset.
+    @Test func anotherDevicesChangesComeFromTheLog() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false)
+        defer { cleanA() }
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket)
+        defer { cleanB() }
+        var cursor = try await b.currentCursor()
+        #expect(b.lastLook.full)
+        let x = try await a.put("x", contentsOf: try file([1]), metadata: meta, condition: .ifAbsent)
+        let y = try await a.put("y", contentsOf: try file([2]), metadata: meta, condition: .ifAbsent)
+        try await a.delete("y", condition: .always)
+        let z = try await a.copy(from: "x", version: x.version, to: "docs/z", metadata: nil, condition: .ifAbsent)
+        try await a.publishChanges()
+        let written = try await logObjects(a).count
+        #expect(written >= 1)
+        let batch = try await b.changes(since: cursor, limit: 1000)
+        #expect(!b.lastLook.full && b.lastLook.requests == 1 + written, "\(b.lastLook) for \(written) log objects")
+        #expect(batch.changes.map(\.key) == ["x", "y", "y", "docs/z"])
+        #expect(batch.changes.map(\.kind) == [.put, .put, .delete, .put])
+        #expect(batch.changes.map(\.version) == [x.version, y.version, nil, z.version])
+        #expect(batch.unreadable.isEmpty, "\(batch.unreadable)")
+        cursor = batch.cursor
+
+        // Nothing new: one request, nothing found.
+        let idle = try await b.changes(since: cursor, limit: 1000)
+        #expect(idle.changes.isEmpty && b.lastLook.requests == 1 && !b.lastLook.full, "\(b.lastLook)")
+        cursor = idle.cursor
+
+        // Another tool's object: not in the log; found by the full listing.
+        try await a.objects.client.send(.PUT, key: "drive/foreign.txt", body: .data(Data("f".utf8)))
+        let quiet = try await b.changes(since: cursor, limit: 1000)
+        #expect(quiet.changes.isEmpty)
+        cursor = quiet.cursor
+        b.lookEverywhereNext()
+        let full = try await b.changes(since: cursor, limit: 1000)
+        #expect(b.lastLook.full && full.changes.map(\.key).contains("foreign.txt"), "\(full.changes)")
+        cursor = full.cursor
+        // The full listing noted the log objects there were as read.
+        let after = try await b.changes(since: cursor, limit: 1000)
+        #expect(after.changes.isEmpty && b.lastLook.requests == 1)
+
+        // A cursor older than the latest, or another index's, is a reset, never a silent miss.
+        #expect(try await b.changes(since: batch.cursor, limit: 1000).reset)
+        #expect(try await b.changes(since: "elsewhere:4@\(Int64(Date().timeIntervalSince1970 * 1000))", limit: 1000).reset)
+    }
+
+    /// Log objects are hints from anyone who can write to the bucket: lines that are not
+    /// entries, operations of a newer version, keys that are not names or are the store's own,
+    /// a name that is not a log object's, one dated a year ahead, and one larger than a reader
+    /// takes. The good entries are read, each bad one is described once, nothing throws, and
+    /// none is read twice.
+    @Test func whatALogObjectHoldsCannotHurtAReader() async throws {
+        let (b, clean) = try await SeaweedFS.shared().newStore(versioned: false)
+        defer { clean() }
+        let cursor = try await b.currentCursor()
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        try await putLog(b, "\(S3ChangeLog.timeText(now))-other-1", """
+            {"op":"put","key":"good"}
+            not json
+            {"op":"rename","key":"a","to":"b"}
+            {"op":"put","key":"../etc/passwd"}
+            {"op":"put","key":".ubiquity/s3/meta/x"}
+            {"op":"put"}
+            {"op":"delete","key":"gone","version":"v1","from":"a newer client"}
+            """)
+        try await putLog(b, "not-a-log-object", #"{"op":"put","key":"never"}"#)
+        try await putLog(b, "\(S3ChangeLog.timeText(now + 365 * 86_400_000))-other-2", #"{"op":"put","key":"ahead"}"#)
+        let line = #"{"op":"put","key":"big"}"# + "\n"
+        try await putLog(b, "\(S3ChangeLog.timeText(now))-other-3",
+                         String(repeating: line, count: S3ChangeLog.maxObjectBytes / line.utf8.count + 1000))
+        let batch = try await b.changes(since: cursor, limit: 1000)
+        #expect(Set(batch.changes.map(\.key)) == ["good", "gone", "ahead", "big"])
+        #expect(batch.changes.first { $0.key == "gone" } == StoreChange(kind: .delete, key: "gone", version: "v1"))
+        #expect(batch.changes.filter { $0.key == "big" }.count == S3ChangeLog.maxObjectBytes / line.utf8.count)
+        let why = batch.unreadable.joined(separator: "\n")
+        #expect(batch.unreadable.count == 6, "\(why)")
+        for part in ["line 2: not an entry", "line 3: an operation this version does not know (\"rename\")", "dot segment",
+                     "reserved", "line 6: not an entry", "other-3, line \(S3ChangeLog.maxObjectBytes / line.utf8.count + 1): not an entry"] {
+            #expect(why.contains(part), "\(part) in \(why)")
+        }
+        let again = try await b.changes(since: batch.cursor, limit: 1000)
+        #expect(again.changes.isEmpty && again.unreadable.isEmpty, "\(again.changes) \(again.unreadable)")
+    }
+
+    /// Log objects older than the retention go at a full listing; younger ones stay. A full
+    /// listing comes when its interval has passed, without being asked.
+    @Test func oldLogObjectsGoAndTheFullListingComesByItself() async throws {
+        let (b, clean) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 1)
+        defer { clean() }
+        var cursor = try await b.currentCursor()
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let old = "\(S3ChangeLog.timeText(now - Int64(b.logRetention * 1000) - 60_000))-other-1"
+        let young = "\(S3ChangeLog.timeText(now - 60_000))-other-2"
+        try await putLog(b, old, #"{"op":"put","key":"a"}"#)
+        try await putLog(b, young, #"{"op":"put","key":"b"}"#)
+        let soon = try await b.changes(since: cursor, limit: 1000)
+        #expect(!b.lastLook.full)
+        cursor = soon.cursor
+        try await Task.sleep(for: .seconds(1.1))
+        _ = try await b.changes(since: cursor, limit: 1000)
+        #expect(b.lastLook.full, "no full listing once its interval had passed")
+        #expect(try await logObjects(b) == [young])
+    }
+
+    /// A change made outside an upload round (no `publishChanges`) goes to the log by itself
+    /// within a moment.
+    @Test func aChangeOutsideARoundIsLoggedSoon() async throws {
+        let (a, clean) = try await SeaweedFS.shared().newStore(versioned: false)
+        defer { clean() }
+        _ = try await a.put("k", contentsOf: try file([1]), metadata: meta, condition: .ifAbsent)
+        var logged: [String] = []
+        for _ in 0 ..< 100 where logged.isEmpty {
+            logged = try await logObjects(a)
+            if logged.isEmpty { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(logged.count == 1 && logged.first?.contains("-\(a.index.id)-") == true, "\(logged)")
+    }
+}
