@@ -235,16 +235,16 @@ final class S3Server: @unchecked Sendable {
         let b = try s3.mount(bucket, name: "device-b", extra: "--poll-interval 0.5 --full-listing-interval 3600")
         defer { b.cleanup() }
         expectOK(a.sh("mkdir docs && echo one > docs/a.txt && \(ubiqBinary) sync ."))
-        expectOK(eventually(b, "grep -qx one docs/a.txt"), "B has A's file by the log")
+        expectOK(eventually(b, "grep -qx one docs/a.txt", seconds: 60), "B has A's file by the log")
         expectOK(a.sh("mv docs/a.txt docs/b.txt && echo two >> docs/b.txt && \(ubiqBinary) sync ."))
-        expectOK(eventually(b, "test ! -e docs/a.txt && test \"$(tr '\\n' ' ' < docs/b.txt)\" = 'one two '"), "B has A's move and edit")
+        expectOK(eventually(b, "test ! -e docs/a.txt && test \"$(tr '\\n' ' ' < docs/b.txt)\" = 'one two '", seconds: 60), "B has A's move and edit")
         let body = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-body-\(UUID().uuidString)").path
         try Data("from elsewhere\n".utf8).write(to: URL(fileURLWithPath: body))
         defer { unlink(body) }
         expectOK(s3.curl("-T \(body)", "/\(bucket)/drive/docs/foreign.txt"))
         // Polls go on (each a look at the log), and none lists the bucket.
         expectOK(a.sh("echo three > docs/c.txt && \(ubiqBinary) sync ."))
-        expectOK(eventually(b, "test -e docs/c.txt"), "B has A's newer file")
+        expectOK(eventually(b, "test -e docs/c.txt", seconds: 60), "B has A's newer file")
         #expect(b.sh("test -e docs/foreign.txt").status != 0, "another tool's object came before a full listing")
         expectOK(b.sh("\(ubiqBinary) sync . && grep -qx 'from elsewhere' docs/foreign.txt"), "ubiq sync lists the bucket")
     }

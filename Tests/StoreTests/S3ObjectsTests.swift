@@ -24,12 +24,6 @@ import UbiqStore
     let meta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mtimeNs: 1_700_000_000_123_456_789,
                               xattrs: ["user.color": Data("blue".utf8)])
 
-    func file(_ bytes: [UInt8]) throws -> URL {
-        let url = TempPaths.make("ubiq-s3src")
-        try Data(bytes).write(to: url)
-        return url
-    }
-
     func objects(versioned: Bool) async throws -> S3Objects {
         let client = try await SeaweedFS.shared().newBucket(versioned ? "v" : "u")
         if versioned {
@@ -44,7 +38,7 @@ import UbiqStore
     func putHeadReadWithMetadata(versioned: Bool) async throws {
         let s = try await objects(versioned: versioned)
         let bytes = (0 ..< 100_000).map { UInt8($0 % 251) }
-        let src = try file(bytes)
+        let src = try tempFile(bytes)
         defer { try? FileManager.default.removeItem(at: src) }
         let put = try await s.put("a/b c.bin", contentsOf: src, metadata: meta, condition: .ifAbsent)
         #expect(put.size == 100_000)
@@ -61,7 +55,7 @@ import UbiqStore
     @Test(arguments: [false, true])
     func conditionsAndPinnedReads(versioned: Bool) async throws {
         let s = try await objects(versioned: versioned)
-        let one = try file([1, 1, 1]), two = try file([2, 2, 2])
+        let one = try tempFile([1, 1, 1]), two = try tempFile([2, 2, 2])
         defer { try? FileManager.default.removeItem(at: one); try? FileManager.default.removeItem(at: two) }
         let v1 = try await s.put("k", contentsOf: one, metadata: meta, condition: .ifAbsent)
         await #expect(throws: StoreError.self) { try await s.put("k", contentsOf: two, metadata: meta, condition: .ifAbsent) }
@@ -84,7 +78,7 @@ import UbiqStore
     @Test(arguments: [false, true])
     func serverSideCopyMovesAndUpdatesMetadata(versioned: Bool) async throws {
         let s = try await objects(versioned: versioned)
-        let src = try file([9, 8, 7])
+        let src = try tempFile([9, 8, 7])
         defer { try? FileManager.default.removeItem(at: src) }
         let v = try await s.put("src", contentsOf: src, metadata: meta, condition: .ifAbsent)
         let c = try await s.copy(from: "src", version: v.version, to: "dir/dst", metadata: nil, condition: .ifAbsent)

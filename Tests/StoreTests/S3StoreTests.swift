@@ -9,12 +9,6 @@ import UbiqStore
 @Suite struct S3StoreTests {
     let meta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mtimeNs: 1_700_000_000_123_456_789, origin: "dev:7:1")
 
-    func file(_ bytes: [UInt8]) throws -> URL {
-        let url = TempPaths.make("ubiq-s3src")
-        try Data(bytes).write(to: url)
-        return url
-    }
-
     @Test func addressesAreParsedOrRefusedClearly() throws {
         let l = try S3Location("s3://my-bucket/photos/2024/")
         #expect(l.bucket == "my-bucket" && l.prefix == "photos/2024/")
@@ -82,13 +76,13 @@ import UbiqStore
     @Test func listingsHeadOnlyWhatChanged() async throws {
         let (store, cleanup) = try await SeaweedFS.shared().newStore(versioned: false)
         defer { cleanup() }
-        for i in 0 ..< 20 { _ = try await store.put("f\(i)", contentsOf: try file([UInt8(i)]), metadata: meta, condition: .ifAbsent) }
+        for i in 0 ..< 20 { _ = try await store.put("f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: meta, condition: .ifAbsent) }
         try await Task.sleep(for: .seconds(2.2))  // settled (S3 times are in seconds)
         let first = try await store.list(prefix: "")
         #expect(first.count == 20 && store.headsForLastListing == 20)
         let again = try await store.list(prefix: "")
         #expect(again == first && store.headsForLastListing == 0)
-        _ = try await store.put("f3", contentsOf: try file([9, 9]), metadata: meta, condition: .always)
+        _ = try await store.put("f3", contentsOf: try tempFile([9, 9]), metadata: meta, condition: .always)
         let third = try await store.list(prefix: "")
         #expect(store.headsForLastListing == 1 && third.first { $0.key == "f3" }?.size == 2)
     }
@@ -98,7 +92,7 @@ import UbiqStore
         let (store, cleanup) = try await SeaweedFS.shared().newStore(versioned: false, multipartThreshold: 8 << 20)
         defer { cleanup() }
         let bytes = (0 ..< (40 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 16) }
-        let src = try file(bytes)
+        let src = try tempFile(bytes)
         defer { unlink(src.path) }
         let seen = Seen()
         let info = try await store.put("big.bin", contentsOf: src, metadata: meta, condition: .ifAbsent,
@@ -122,7 +116,7 @@ import UbiqStore
         let (store, cleanup) = try await SeaweedFS.shared().newStore(versioned: false, multipartThreshold: 8 << 20)
         defer { cleanup() }
         let bytes = (0 ..< (40 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7) }
-        let src = try file(bytes)
+        let src = try tempFile(bytes)
         defer { unlink(src.path) }
         let o = store.objects
         // As a crash leaves it: the upload begun and journalled, its first part sent.
