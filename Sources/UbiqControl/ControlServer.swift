@@ -135,7 +135,7 @@ public final class ControlServer: @unchecked Sendable {
                     lastPoll: poll.map { ISO8601DateFormatter().string(from: $0.at) }, lastPollError: poll?.error))
             case .sync:
                 try fs.commitPendingCreates()
-                try engine.feed.poll(everywhere: true)
+                try engine.feed.poll(everywhere: false)
                 engine.uploader.kick()
                 return conn.send(Done())
             case .query(let scope, let spec):

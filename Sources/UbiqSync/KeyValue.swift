@@ -272,6 +272,8 @@ public struct KVStoreClient: Sendable {
             do {
                 _ = try await store.put(key, contentsOf: body, metadata: Self.metadata(entry),
                                         condition: now.map { .ifMatch($0.version) } ?? .ifAbsent)
+                // Other devices' feeds see it at their next poll (`ubiq kv set --store` exits now).
+                try? await store.publishChanges()
                 return entry
             } catch StoreError.preconditionFailed {
                 continue  // another device wrote it meanwhile: compare again

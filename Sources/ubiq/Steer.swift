@@ -194,18 +194,24 @@ struct Sync: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Bring in other devices' changes now, and start pending uploads.",
         discussion: prose("""
-            The mount also looks for changes on its own, every few seconds (mount --poll-interval).
+            The mount also looks for changes on its own, every few seconds (mount --poll-interval). \
+            On S3, other devices' changes come from the bucket's change log; --full also lists the \
+            whole bucket, for objects other tools put there (the mount does that on its own every \
+            --full-listing-interval seconds).
 
             Example:
               ubiq sync ~/Ubiquity
             """))
+
+    @Flag(help: "Also list the whole store (S3: objects other tools put in the bucket).")
+    var full = false
 
     @Argument(help: "A path in a ubiq mount (the whole mount is synced).")
     var path: String
 
     func run() throws {
         guard let p = pathsInMounts([path]).first else { return }
-        let e = setAttribute(p, "user.ubiq.action", "sync")
+        let e = setAttribute(p, "user.ubiq.action", full ? "sync-full" : "sync")
         if e != 0 { fail("cannot sync \(path): \(e == EIO ? "the store could not be reached" : String(cString: strerror(e)))") }
         let mount = Mounts.ubiqMount(containing: p) ?? p
         // Never "synced" while something is not in the store: name each, with why.

@@ -226,7 +226,7 @@ final class S3Server: @unchecked Sendable {
 
     /// Another device's changes come from the bucket's change log at each poll; an object
     /// another tool put there is not in the log and waits for the full listing, which
-    /// `ubiq sync` asks for at once (here the interval is an hour).
+    /// `ubiq sync --full` asks for at once (here the interval is an hour).
     @Test func otherDevicesChangesComeFromTheLogAndOtherToolsFromTheFullListing() throws {
         let s3 = try S3Server.shared()
         let bucket = s3.bucket("log")
@@ -246,7 +246,8 @@ final class S3Server: @unchecked Sendable {
         expectOK(a.sh("echo three > docs/c.txt && \(ubiqBinary) sync ."))
         expectOK(eventually(b, "test -e docs/c.txt", seconds: 60), "B has A's newer file")
         #expect(b.sh("test -e docs/foreign.txt").status != 0, "another tool's object came before a full listing")
-        expectOK(b.sh("\(ubiqBinary) sync . && grep -qx 'from elsewhere' docs/foreign.txt"), "ubiq sync lists the bucket")
+        expectOK(b.sh("\(ubiqBinary) sync . && test ! -e docs/foreign.txt"), "ubiq sync reads the log only")
+        expectOK(b.sh("\(ubiqBinary) sync --full . && grep -qx 'from elsewhere' docs/foreign.txt"), "ubiq sync --full lists the bucket")
     }
 
     /// A server that is down: a device that never reached it cannot mount (a clear error); one

@@ -18,7 +18,8 @@ extension FileSystem {
             switch v {
             case "download": try download(ino)
             case "evict": try evict(ino)
-            case "sync": try syncWithStore()
+            case "sync": try syncWithStore(everywhere: false)
+            case "sync-full": try syncWithStore(everywhere: true)
             case "pin": try setPinned(ino, true)
             case "unpin": try setPinned(ino, false)
             default: throw FSError.invalid
@@ -40,11 +41,13 @@ extension FileSystem {
     }
 
     /// `ubiq sync`: sends what is queued (waiting while that makes progress, at most a
-    /// minute), then looks for other devices' changes.
-    func syncWithStore() throws {
+    /// minute), then looks for other devices' changes; `everywhere` (`ubiq sync --full`): also
+    /// for what changed in the store without its feed knowing (another tool's objects in a
+    /// bucket, found by listing it whole).
+    func syncWithStore(everywhere: Bool) throws {
         uploader?.flush(timeout: 60)
         guard let feed = storeFeed else { return }
-        do { try feed.poll(everywhere: true) } catch {
+        do { try feed.poll(everywhere: everywhere) } catch {
             logger.warning("sync with the store failed: \(error)")
             throw FSError.io("sync failed: \(error)")
         }

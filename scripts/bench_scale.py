@@ -1,0 +1,222 @@
+"""`scripts/bench --scale N`: what following a bucket of N objects costs, counted at the server.
+
+A counting proxy on loopback stands between the mounts and SeaweedFS and counts every request
+by kind (LIST, GET, HEAD, PUT, POST, DELETE): the figures are the server's, not ubiq's own
+claims. The bucket is filled by `rclone copy` (objects another tool wrote), then, each on a
+fresh device through the proxy:
+
+- ubiq as it is (the bucket's change log at every poll, a full listing every 300 s);
+- ubiq with a full listing at every poll (`--full-listing-interval` = `--poll-interval`): the
+  feed before the change log;
+- rclone mount (`--vfs-cache-mode full`), which does not look for changes unless asked.
+
+For each: mount time and requests, `ls -lR` time and requests, requests per idle poll (over
+`idle` seconds), RSS after mount and after `ls -lR`, and the time from a write on another ubiq
+device to this one seeing it.
+"""
+import http.client
+import http.server
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.parse
+
+
+class CountingProxy:
+    """Forwards every request to `upstream` (host:port) as it came (the Host header too, so
+    signatures stay valid) and counts them by kind."""
+
+    def __init__(self, upstream):
+        self.upstream = upstream
+        self.lock = threading.Lock()
+        self.counts = {}
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def forward(self):
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query, keep_blank_values=True)
+                kind = self.command
+                if self.command == "GET" and ("list-type" in query or urllib.parse.urlsplit(self.path).path.count("/") <= 1):
+                    kind = "LIST"
+                proxy.count(kind)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                conn = http.client.HTTPConnection(proxy.upstream, timeout=300)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "proxy-connection", "expect")}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                r = conn.getresponse()
+                data = r.read()
+                self.send_response_only(r.status, r.reason)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def count(self, kind):
+        with self.lock:
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+
+    def take(self):
+        """The counts since the last call (and starts again)."""
+        with self.lock:
+            c, self.counts = self.counts, {}
+        return c
+
+    def stop(self):
+        self.server.shutdown()
+
+
+def total(c):
+    return sum(c.values())
+
+
+def shown(c):
+    return ", ".join(f"{k} {v:,}" for k, v in sorted(c.items())) or "none"
+
+
+def rss_mib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def mount_pid(mnt):
+    """The pid of the process serving the FUSE mount at `mnt` (ubiq's daemon, rclone)."""
+    out = subprocess.run(["pgrep", "-f", mnt], capture_output=True, text=True).stdout.split()
+    pids = [int(p) for p in out if int(p) != os.getpid()]
+    return max(pids) if pids else None
+
+
+def run(s3, binary, objects, idle=30.0, poll=3.0):
+    """`s3`: the bench's S3Bench (SeaweedFS started). Returns the figures by target."""
+    sh = lambda cmd: subprocess.run(cmd, shell=True, check=True, env=s3.env, stdout=subprocess.DEVNULL)
+    upstream = urllib.parse.urlsplit(s3.endpoint).netloc
+    proxy = CountingProxy(upstream)
+    via = f"http://127.0.0.1:{proxy.port}"
+    tree = os.path.join(s3.base, "scale-tree")
+    per_dir = 1000
+    for d in range((objects + per_dir - 1) // per_dir):
+        os.makedirs(f"{tree}/d{d:04d}", exist_ok=True)
+        for i in range(min(per_dir, objects - d * per_dir)):
+            with open(f"{tree}/d{d:04d}/f{i:04d}", "wb") as f:
+                f.write(b"s" * 64)
+    s3.curl("-X PUT", "/scale")
+    t0 = time.perf_counter()
+    sh(f"rclone copy --transfers 64 --checkers 64 --config /dev/null {tree} sw:scale/bench")
+    fill_s = time.perf_counter() - t0
+    results = {"objects": objects, "fill_s": fill_s, "idle_s": idle, "poll_s": poll}
+    # The writer: another ubiq device, straight to the server (its requests are not counted).
+    writer = os.path.join(s3.base, "scale-writer", "mnt")
+    os.makedirs(writer, exist_ok=True)
+    sh(f"{binary} mount --store s3://scale/bench --s3-endpoint {s3.endpoint} --upload-delay 0 "
+       f"--poll-interval 3600 --state {s3.base}/scale-writer/state {writer}")
+    targets = [("ubiq", f"--poll-interval {poll:g}"),
+               ("ubiq-listing", f"--poll-interval {poll:g} --full-listing-interval {poll:g}"),
+               ("rclone", None)]
+    try:
+        for name, extra in targets:
+            r = results[name] = {}
+            mnt = os.path.join(s3.base, f"scale-{name}", "mnt")
+            os.makedirs(mnt, exist_ok=True)
+            proxy.take()
+            t0 = time.perf_counter()
+            if extra is not None:
+                sh(f"{binary} mount --store s3://scale/bench --s3-endpoint {via} {extra} "
+                   f"--state {s3.base}/scale-{name}/state {mnt}")
+            else:
+                env = dict(s3.env, RCLONE_CONFIG_SW_ENDPOINT=via)
+                subprocess.Popen(["rclone", "mount", "sw:scale/bench", mnt, "--vfs-cache-mode", "full",
+                                  "--cache-dir", f"{s3.base}/scale-{name}/cache", "--config", "/dev/null"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                deadline = time.time() + 60
+                while not os.path.ismount(mnt) and time.time() < deadline:
+                    time.sleep(0.05)
+            r["mount_s"] = time.perf_counter() - t0
+            r["mount_requests"] = proxy.take()
+            pid = mount_pid(mnt)
+            r["rss_mount_mib"] = rss_mib(pid)
+            t0 = time.perf_counter()
+            sh(f"ls -lR {mnt} > /dev/null")
+            r["ls_lR_s"] = time.perf_counter() - t0
+            r["ls_lR_requests"] = proxy.take()
+            r["rss_ls_mib"] = rss_mib(pid)
+            time.sleep(poll + 1)  # what the mount and ls set going is over
+            proxy.take()
+            time.sleep(idle)
+            c = proxy.take()
+            r["idle_requests"] = c
+            r["requests_per_poll"] = total(c) / (idle / poll)
+            # A change on the writer (written and sent with ubiq sync), until this mount shows it.
+            name_new = f"new-{name}.txt"
+            t0 = time.perf_counter()
+            sh(f"echo hello > {writer}/{name_new} && {binary} sync {writer}")
+            r["writer_sync_s"] = time.perf_counter() - t0
+            seen = None
+            while time.perf_counter() - t0 < 60:
+                if os.path.exists(os.path.join(mnt, name_new)):
+                    seen = time.perf_counter() - t0
+                    break
+                time.sleep(0.05)
+            r["change_seen_s"] = seen
+            if extra is not None:
+                subprocess.run([binary, "unmount", "--timeout", "120", mnt], env=s3.env, stdout=subprocess.DEVNULL)
+            else:
+                subprocess.run(["fusermount3", "-u", mnt])
+    finally:
+        subprocess.run([binary, "unmount", "--timeout", "120", writer], env=s3.env, stdout=subprocess.DEVNULL)
+        for name, _ in targets:
+            mnt = os.path.join(s3.base, f"scale-{name}", "mnt")
+            if os.path.ismount(mnt):
+                subprocess.run(["fusermount3", "-u", "-z", mnt])
+        proxy.stop()
+    return results
+
+
+def report(r):
+    n = r["objects"]
+    print()
+    print(f"| a bucket of {n:,} objects, counted at the server | ubiq (change log) | ubiq (listing every poll) | rclone mount |")
+    print("|---|---|---|---|")
+    names = ("ubiq", "ubiq-listing", "rclone")
+    row = lambda label, f: print(f"| {label} | " + " | ".join(f(r[k]) for k in names) + " |")
+    fmt = lambda v, d=2: "—" if v is None else f"{v:,.{d}f}"
+    row("mount, fresh device (s)", lambda t: fmt(t["mount_s"]))
+    row("requests during the mount", lambda t: f"{total(t['mount_requests']):,} ({shown(t['mount_requests'])})")
+    row("ls -lR after the mount (s)", lambda t: fmt(t["ls_lR_s"]))
+    row("requests during ls -lR", lambda t: f"{total(t['ls_lR_requests']):,}")
+    row(f"requests per {r['poll_s']:g} s (a poll's interval), idle",
+        lambda t: f"{t['requests_per_poll']:,.1f} ({shown(t['idle_requests'])} in {r['idle_s']:g} s)")
+    row("a file written on another device seen here, from the write (s)",
+        lambda t: "not within 60 s" if t["change_seen_s"] is None else fmt(t["change_seen_s"]))
+    row("of which the writer's ubiq sync (s)", lambda t: fmt(t["writer_sync_s"]))
+    row("RSS after mount (MiB)", lambda t: fmt(t["rss_mount_mib"], 0))
+    row("RSS after ls -lR (MiB)", lambda t: fmt(t["rss_ls_mib"], 0))
+    print(f"\nFilled by rclone copy in {r['fill_s']:.0f} s (objects another tool wrote: ubiq HEADs each at a first mount).")
+    print("Every request goes through the counting proxy (Python, a connection to the server per request): times through")
+    print("it are longer than straight to the server, most of all the mount's HEADs.")
+    print("ubiq with a listing every poll: --full-listing-interval equal to --poll-interval; each of its polls also lists the log")
+    print("twice (its state and its pruning), two requests the feed before the change log did not send.")
+    print("rclone mount does not look for changes in the bucket unless a folder's listing has expired (--dir-cache-time, 5 min).")
