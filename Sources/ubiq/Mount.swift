@@ -68,7 +68,7 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds between looks at the store for other devices' changes (ubiq sync looks at once).")
     var pollInterval: Double = 3
 
-    @Option(help: "S3: seconds between listings of the whole bucket, which find what other tools changed (other devices' changes come from the bucket's change log at every poll; ubiq sync lists at once).")
+    @Option(help: "S3: seconds between listings of the whole bucket, which find what other tools changed (other devices' changes come from the bucket's change log at every poll; ubiq sync --full lists at once).")
     var fullListingInterval: Double = 300
 
     @Option(help: ArgumentHelp("Programs that may not trigger downloads, comma-separated (default: common thumbnailers and indexers).",

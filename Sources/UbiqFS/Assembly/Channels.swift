@@ -14,7 +14,7 @@ public protocol KernelNotifier: AnyObject, Sendable {
 
 /// What the file system asks of the change feed.
 public protocol StoreFeed: AnyObject, Sendable {
-    /// Looks at the store's changes now; how many it found. `everywhere` (`ubiq sync`): also
+    /// Looks at the store's changes now; how many it found. `everywhere` (`ubiq sync --full`): also
     /// what changed in the store without its feed knowing (another tool's objects in a bucket).
     @discardableResult func poll(everywhere: Bool) throws -> Int
     /// Asks for a poll soon: a remote update waited for a file's readers, an upload made a
