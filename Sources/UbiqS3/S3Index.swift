@@ -80,6 +80,15 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
 
     func cursor(_ generation: Int) -> String { "\(id):\(generation)" }
 
+    /// The feed's generation: each look at the store makes the next, and names its cursor.
+    private static func generation(_ db: Database) throws -> Int {
+        Int(try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'generation'") ?? "0") ?? 0
+    }
+
+    private static func setGeneration(_ db: Database, _ generation: Int) throws {
+        try db.execute(sql: "UPDATE settings SET value = ? WHERE name = 'generation'", arguments: ["\(generation)"])
+    }
+
     /// Compares `listing` with the feed's last one when `since` is its cursor (nil: with
     /// nothing), records it as the feed's, and returns the changes and the new cursor; nil
     /// when `since` is not this index's latest cursor (the caller starts over).
@@ -90,7 +99,7 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
     func advance(since: String?, to listing: Listing, unsettled: TimeInterval = 2,
                  stableFolders: Bool = false) throws -> (changes: [StoreChange], cursor: String)? {
         try run { db in
-            let gen = Int(try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'generation'") ?? "0") ?? 0
+            let gen = try Self.generation(db)
             if let since, since != cursor(gen) { return nil }
             // Keys as bytes: NFC and NFD spellings of one name are two keys.
             var old: [KeyBytes: String] = [:]
@@ -122,7 +131,7 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
                 }
             }
             changes.sort { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
-            try db.execute(sql: "UPDATE settings SET value = ? WHERE name = 'generation'", arguments: ["\(gen + 1)"])
+            try Self.setGeneration(db, gen + 1)
             return (changes, cursor(gen + 1))
         }
     }
@@ -130,7 +139,7 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
     /// Whether `since` is the latest cursor.
     func isLatest(_ since: String) throws -> Bool {
         try run { db in
-            let gen = Int(try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'generation'") ?? "0") ?? 0
+            let gen = try Self.generation(db)
             return since == cursor(gen)
         }
     }
@@ -139,9 +148,9 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
     /// log, which leaves the listing as it was); nil when `since` is not the latest cursor.
     func nextGeneration(since: String) throws -> String? {
         try run { db in
-            let gen = Int(try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = 'generation'") ?? "0") ?? 0
+            let gen = try Self.generation(db)
             guard since == cursor(gen) else { return nil }
-            try db.execute(sql: "UPDATE settings SET value = ? WHERE name = 'generation'", arguments: ["\(gen + 1)"])
+            try Self.setGeneration(db, gen + 1)
             return cursor(gen + 1)
         }
     }

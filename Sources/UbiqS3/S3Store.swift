@@ -236,13 +236,9 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         }
     }
 
+    /// A full listing from nothing (`advance(since: nil)` always answers).
     public func currentCursor() async throws -> String {
-        let marked = try await log.look(from: nil, markOnly: true)
-        let listing = try await objects.listAll(under: "")
-        warn(listing.skipped)
-        let next = try index.advance(since: nil, to: listing, stableFolders: !objects.keepsFolderMetadata)!.cursor
-        listed(requests: marked.requests + listing.requests)
-        return next + "@\(marked.position)"
+        try await listEverything(since: nil, cursor: nil).cursor
     }
 
     /// The bucket's versions of `key` when it keeps them; else the current one.
