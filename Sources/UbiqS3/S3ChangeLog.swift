@@ -141,7 +141,8 @@ final class S3ChangeLog: @unchecked Sendable {
         return Int64(parts[0])
     }
 
-    private func serverNow() -> Int64 {
+    /// Now by the server's clock (as last read), in ms.
+    func serverNow() -> Int64 {
         Int64((Date().timeIntervalSince1970 + lock.withLock { clockOffset }) * 1000)
     }
 

@@ -67,11 +67,14 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         }
     }
 
-    func remember(_ pairs: [(ListedObject, ObjectInfo)]) throws {
+    /// Remembers what each object is at its listing stamp.
+    func remember(_ pairs: [(stamp: String, info: ObjectInfo)]) throws {
+        guard !pairs.isEmpty else { return }
         try run { db in
             let stmt = try db.cachedStatement(sql: "INSERT OR REPLACE INTO known VALUES (?, ?, ?, ?, ?, ?)")
-            for (o, i) in pairs {
-                try stmt.execute(arguments: [o.key, o.stamp, i.version, i.size, try JSONEncoder().encode(i.metadata), i.contentTag])
+            let encoder = JSONEncoder()
+            for (stamp, i) in pairs {
+                try stmt.execute(arguments: [i.key, stamp, i.version, i.size, try encoder.encode(i.metadata), i.contentTag])
             }
         }
     }

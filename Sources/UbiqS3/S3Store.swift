@@ -62,11 +62,26 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     public private(set) var lastLook: (requests: Int, full: Bool) = (0, false)
     /// HEAD requests sent at once when a listing needs metadata.
     static let headsInFlight = 16
+    /// HEADs a listing needed that make the next full listing write a snapshot (or a
+    /// twentieth of the bucket, if more).
+    var headsWorthASnapshot = 1000
+    /// Seconds between snapshots of the bucket.
+    public let snapshotInterval: TimeInterval
+    let snapshots: S3Snapshots
+    /// When the latest snapshot this device knows of was written, by this device's clock
+    /// (distantPast: there is none); nil: not looked yet.
+    private var latestSnapshot: Date?
+    private var snapshotWanted = false
+    private let snapshotJitter = Double.random(in: 1 ... 1.25)
+    /// The last full listing for a moment after it was taken, until this device writes
+    /// (`list` takes it once).
+    private var recentListing: (listing: Listing, at: Date)?
 
-    init(objects: S3Objects, index: S3Index, logger: Logger, fullListingInterval: TimeInterval) {
+    init(objects: S3Objects, index: S3Index, logger: Logger, fullListingInterval: TimeInterval, snapshotInterval: TimeInterval) {
         self.objects = objects; self.index = index; self.logger = logger
-        self.fullListingInterval = fullListingInterval
+        self.fullListingInterval = fullListingInterval; self.snapshotInterval = snapshotInterval
         log = S3ChangeLog(objects: objects, device: index.id)
+        snapshots = S3Snapshots(objects: objects)
     }
 
     /// Opens the store at `location` through `endpoint`: makes the bucket if it is missing,
@@ -74,7 +89,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// (one probe object, removed at once), and aborts part uploads a crash left over a day ago.
     public static func open(_ location: S3Location, endpoint: URL, region: String, credentials: S3Credentials,
                             indexPath: String, logger: Logger, multipartThreshold: Int64 = 64 << 20,
-                            fullListingInterval: TimeInterval = 300) async throws -> S3Store {
+                            fullListingInterval: TimeInterval = 300, snapshotInterval: TimeInterval = 86_400) async throws -> S3Store {
         let client = S3Client(endpoint: S3Endpoint(url: endpoint, region: region, bucket: location.bucket, credentials: credentials),
                               logger: logger)
         let index = try S3Index(path: indexPath)
@@ -107,7 +122,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                                 multipartThreshold: multipartThreshold, journal: index, keepsFolderMetadata: folders)
         if online, let n = try? await objects.abortStaleUploads(), n > 0 { logger.info("aborted \(n) part uploads left over a day ago") }
         logger.info("S3 store s3://\(location.bucket)/\(location.prefix) at \(endpoint.absoluteString): \(versioned ? "versioned bucket (history kept)" : "bucket without versioning (no history)"), \(credentials)")
-        return S3Store(objects: objects, index: index, logger: logger, fullListingInterval: fullListingInterval)
+        return S3Store(objects: objects, index: index, logger: logger, fullListingInterval: fullListingInterval,
+                       snapshotInterval: snapshotInterval)
     }
 
     /// Logs each key that cannot be shown, once.
@@ -123,13 +139,37 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     public func head(_ key: String) async throws -> ObjectInfo { try await objects.head(key) }
 
     public func list(prefix: String) async throws -> [ObjectInfo] {
-        let listing = try await objects.listAll(under: prefix)
-        warn(listing.skipped)
+        // The whole bucket just after a full listing (a fresh mount: the feed's first look,
+        // then the importer's): that listing, rather than another.
+        let recent = prefix.isEmpty ? lock.withLock { () -> Listing? in
+            defer { recentListing = nil }
+            return recentListing.flatMap { Date().timeIntervalSince($0.at) < 10 ? $0.listing : nil }
+        } : nil
+        let listing: Listing
+        if let recent { listing = recent } else {
+            listing = try await objects.listAll(under: prefix)
+            warn(listing.skipped)
+        }
+        return try await describe(listing, counted: true).map(\.1)
+    }
+
+    /// Each listed object with its metadata: what the index knows of it at the listed stamp,
+    /// else what the bucket's latest snapshot says (read when many are unknown), else a HEAD.
+    /// Objects gone meanwhile are left out. `counted`: the HEADs sent are `headsForLastListing`.
+    private func describe(_ listing: Listing, counted: Bool) async throws -> [(ListedObject, ObjectInfo)] {
         var found = try index.known(listing.objects)
-        let need = listing.objects.filter { found[KeyBytes($0.key)] == nil }
-        lock.withLock { headsForLastListing = need.count }
+        var need = listing.objects.filter { found[KeyBytes($0.key)] == nil }
+        if need.count >= max(1, listing.objects.count / 10), await loadLatestSnapshot() {
+            found.merge(try index.known(need)) { $1 }
+            need = need.filter { found[KeyBytes($0.key)] == nil }
+        }
+        lock.withLock {
+            if counted { headsForLastListing = need.count }
+            // A new device would send as many: the next full listing writes a snapshot.
+            if need.count >= max(headsWorthASnapshot, listing.objects.count / 20) { snapshotWanted = true }
+        }
         let objects = self.objects
-        var learned: [(ListedObject, ObjectInfo)] = []
+        var learned: [(stamp: String, info: ObjectInfo)] = []
         try await withThrowingTaskGroup(of: (ListedObject, ObjectInfo?).self) { group in
             var next = 0
             func add() {
@@ -145,12 +185,75 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                 add()
                 guard let info else { continue }
                 found[KeyBytes(o.key)] = info
-                // Remembered only when it is surely the listed state, and settled (see S3Index.advance).
-                if info.contentTag == o.etag, let m = o.modified, listing.taken.timeIntervalSince(m) >= 2 { learned.append((o, info)) }
+                if Self.settled(o, info, in: listing) { learned.append((o.stamp, info)) }
             }
         }
-        if !learned.isEmpty { try index.remember(learned) }
-        return listing.objects.compactMap { found[KeyBytes($0.key)] }
+        try index.remember(learned)
+        return listing.objects.compactMap { o in found[KeyBytes(o.key)].map { (o, $0) } }
+    }
+
+    /// Whether `info` is surely `o` as listed, and settled (see S3Index.advance): what the
+    /// index and snapshots remember.
+    static func settled(_ o: ListedObject, _ info: ObjectInfo, in listing: Listing) -> Bool {
+        guard info.contentTag == o.etag, let m = o.modified else { return false }
+        return listing.taken.timeIntervalSince(m) >= 2
+    }
+
+    // MARK: - Snapshots
+
+    /// Reads the bucket's latest snapshot into the index unless it did before; whether it
+    /// read one. A snapshot that cannot be read is said, and the objects get HEADs.
+    private func loadLatestSnapshot() async -> Bool {
+        do {
+            guard let latest = try await snapshots.latest() else { return false }
+            let written = writtenAt(latest)
+            lock.withLock { if (latestSnapshot ?? .distantPast) < written { latestSnapshot = written } }
+            if try index.setting("snapshot") == latest.name { return false }
+            let loaded = try await snapshots.load(latest, into: index)
+            for what in loaded.unreadable.prefix(20) { logger.warning("passing over what a snapshot holds but cannot be read: \(what)") }
+            if loaded.unreadable.count > 20 { logger.warning("… and \(loaded.unreadable.count - 20) more such entries") }
+            try index.setSetting("snapshot", latest.name)
+            logger.info("learned \(loaded.entries) objects' metadata from the bucket's snapshot \(latest.name) (\(loaded.requests) requests)")
+            return true
+        } catch {
+            logger.warning("could not read the bucket's snapshot (\(error)); asking for each object instead")
+            return false
+        }
+    }
+
+    /// Whether this device writes a snapshot with its full listing: when a listing needed
+    /// many HEADs (so would a new device), or when the latest is `snapshotInterval` old (each
+    /// device waits a random quarter more: of many devices, one writes it).
+    private func snapshotDue() async throws -> Bool {
+        let (wanted, known) = lock.withLock { (snapshotWanted, latestSnapshot) }
+        if wanted { return true }
+        let interval = snapshotInterval * snapshotJitter
+        if let known, Date().timeIntervalSince(known) < interval { return false }
+        // Due by what this device knew (or it never looked): one LIST says whether another
+        // device wrote one since.
+        let last = try await snapshots.latest().map(writtenAt) ?? .distantPast
+        lock.withLock { latestSnapshot = last }
+        return Date().timeIntervalSince(last) >= interval
+    }
+
+    /// When `snapshot` was written, by this device's clock.
+    private func writtenAt(_ snapshot: S3Snapshots.Found) -> Date {
+        Date().addingTimeInterval(-TimeInterval(log.serverNow() - snapshot.time) / 1000)
+    }
+
+    /// Writes a snapshot of `listing` (HEADs for what the index does not know), and prunes
+    /// the old ones. A failure is said and waits for the next interval.
+    private func writeSnapshot(_ listing: Listing) async {
+        do {
+            let described = try await describe(listing, counted: false).filter { Self.settled($0.0, $0.1, in: listing) }
+            let written = try await snapshots.write(described, time: log.serverNow(), device: index.id)
+            try index.setSetting("snapshot", written.name)
+            logger.info("wrote a snapshot of the bucket's \(described.count) objects (\(written.parts.count) parts)")
+            try await snapshots.prune(now: log.serverNow())
+        } catch {
+            logger.warning("could not write a snapshot of the bucket (\(error)); trying again in \(Int(snapshotInterval)) s")
+        }
+        lock.withLock { snapshotWanted = false; latestSnapshot = Date() }
     }
 
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
@@ -168,20 +271,26 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition,
                     progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
         let info = try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: progress)
-        log.record(.init(op: "put", key: key, version: info.version))
+        wrote(.init(op: "put", key: key, version: info.version))
         return info
     }
 
     public func copy(from source: String, version: String, to destination: String, metadata: ObjectMetadata?,
                      condition: WriteCondition) async throws -> ObjectInfo {
         let info = try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
-        log.record(.init(op: "put", key: destination, version: info.version))
+        wrote(.init(op: "put", key: destination, version: info.version))
         return info
     }
 
     public func delete(_ key: String, condition: WriteCondition) async throws {
         try await objects.delete(key, condition: condition)
-        log.record(.init(op: "delete", key: key, version: nil))
+        wrote(.init(op: "delete", key: key, version: nil))
+    }
+
+    /// Logs a write of this device's; the last full listing is no longer one to reuse.
+    private func wrote(_ entry: S3ChangeLog.Entry) {
+        lock.withLock { recentListing = nil }
+        log.record(entry)
     }
 
     /// Writes what this device changed to the change log (an upload round ends).
@@ -224,7 +333,14 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         }
         listed(requests: marked.requests + listing.requests)
+        let at = Date()
+        lock.withLock { recentListing = (listing, at) }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 10) { [weak self] in
+            guard let self else { return }
+            lock.withLock { if recentListing?.at == at { recentListing = nil } }
+        }
         try? await log.prune(olderThan: logRetention)
+        if (try? await snapshotDue()) == true { await writeSnapshot(listing) }
         return ChangeBatch(changes: changes, cursor: next + "@\(marked.position)", reset: false)
     }
 

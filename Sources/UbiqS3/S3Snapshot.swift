@@ -1,0 +1,220 @@
+import Foundation
+import UbiqStore
+
+/// Snapshots of what the bucket's objects are (docs/s3.md): each object's listing stamp with
+/// the metadata a HEAD gives, written by a device that knows them all, so that a new device
+/// learns them from a few large GETs instead of a HEAD per object.
+///
+/// - A snapshot is `PREFIX/.ubiquity/s3/snapshot/NAME/`: parts `00000`, `00001`, … of at most
+///   `entriesPerPart` JSON lines each, then `done` (`{"format":1,"parts":N,"entries":M}`),
+///   written last: a snapshot without it is one being written, or abandoned by a crash. NAME
+///   is `TIME-DEVICE-RANDOM` as a log object's, so names sort by time and two devices writing
+///   at once write two snapshots (no lock; a reader takes the latest complete one).
+/// - An entry is `{"key","stamp","version","size","tag","meta"}`; the stamp is the object's
+///   ETag, time and size in a listing. A reader takes an entry only for an object its own
+///   listing shows at that very stamp, and only when its version and tag name that ETag: a
+///   stale, wrong or hostile entry costs a HEAD, never a wrong file (metadata are read as
+///   leniently as a HEAD's).
+/// - The latest `kept` complete snapshots stay; older ones, and incomplete ones a day old,
+///   are deleted by the device that writes the next.
+final class S3Snapshots: @unchecked Sendable {
+    static let folder = S3Objects.reserved + "snapshot/"
+    static let entriesPerPart = 10_000
+    /// A part larger than this is not read (its objects get a HEAD).
+    static let maxPartBytes = 32 << 20
+    /// Parts a reader takes of one snapshot at most (a hostile `done` may say anything).
+    static let maxParts = 10_000
+    static let kept = 2
+    static let abandonedAfter: TimeInterval = 86_400
+    static let format = 1
+
+    struct Entry: Codable {
+        var key: String
+        var stamp: String
+        var version: String
+        var size: Int64
+        var tag: String?
+        var meta: ObjectMetadata
+        /// An object another tool wrote (its metadata are what a HEAD makes of none): the
+        /// reader takes it as its own user's.
+        var foreign: Bool?
+    }
+
+    struct Done: Codable {
+        var format: Int
+        var parts: Int
+        var entries: Int
+    }
+
+    /// A snapshot in the bucket, as its listing shows it.
+    struct Found: Equatable {
+        var name: String
+        var time: Int64
+        var parts: [String] = []
+        var complete = false
+    }
+
+    /// What loading a snapshot did.
+    struct Loaded {
+        var entries = 0
+        var unreadable: [String] = []
+        var requests = 0
+    }
+
+    let objects: S3Objects
+    init(objects: S3Objects) { self.objects = objects }
+
+    // MARK: - Reading
+
+    /// The snapshots in the bucket, oldest first (one LIST a thousand objects).
+    func all() async throws -> [Found] {
+        let folder = objects.prefix + Self.folder
+        var byName: [String: Found] = [:]
+        var token: String?
+        repeat {
+            var query = [("list-type", "2"), ("prefix", folder), ("max-keys", "1000")]
+            if let token { query.append(("continuation-token", token)) }
+            let r = try await objects.client.send(.GET, key: nil, query: query)
+            for block in S3Client.xmlBlocks("Contents", in: r.text) {
+                guard let key = S3Client.xmlValue("Key", in: block), key.hasPrefix(folder) else { continue }
+                let rest = key.dropFirst(folder.count).split(separator: "/", omittingEmptySubsequences: false)
+                guard rest.count == 2, let time = S3ChangeLog.time(of: String(rest[0])) else { continue }  // not ours: left alone
+                let name = String(rest[0])
+                var f = byName[name] ?? Found(name: name, time: time)
+                if rest[1] == "done" { f.complete = true } else if rest[1].utf8.count == 5, rest[1].allSatisfy(\.isASCIIDigit) {
+                    f.parts.append(String(rest[1]))
+                }
+                byName[name] = f
+            }
+            token = S3Client.xmlValue("IsTruncated", in: r.text) == "true" ? S3Client.xmlValue("NextContinuationToken", in: r.text) : nil
+        } while token != nil
+        return byName.values.sorted { ($0.time, $0.name) < ($1.time, $1.name) }
+    }
+
+    /// The latest complete snapshot (nil: none).
+    func latest() async throws -> Found? {
+        try await all().last { $0.complete }
+    }
+
+    /// Reads `snapshot`'s entries into `index`, part by part (a part at a time in memory).
+    /// Entries that cannot be read are described and passed over; a part that cannot be
+    /// fetched ends the load (what was read stays: each entry stands alone).
+    func load(_ snapshot: Found, into index: S3Index) async throws -> Loaded {
+        var out = Loaded()
+        let base = Self.folder + snapshot.name + "/"
+        out.requests += 1
+        let doneData = try await objects.send(.GET, base + "done", headers: ["Range": "bytes=0-4095"], validate: false).data
+        guard let done = try? JSONDecoder().decode(Done.self, from: doneData) else {
+            out.unreadable.append("snapshot \(snapshot.name): its done object is not one"); return out
+        }
+        guard done.format == Self.format else {
+            out.unreadable.append("snapshot \(snapshot.name): format \(done.format), which this version does not read"); return out
+        }
+        let parts = snapshot.parts.sorted().prefix(min(max(0, done.parts), Self.maxParts))
+        let decoder = JSONDecoder()
+        for part in parts {
+            out.requests += 1
+            let data = try await objects.client.send(.GET, key: objects.prefix + base + part,
+                                                     headers: ["Range": "bytes=0-\(Self.maxPartBytes - 1)"],
+                                                     maxResponse: Self.maxPartBytes + (64 << 10)).data
+            var good: [(stamp: String, info: ObjectInfo)] = []
+            var line = 0
+            for bytes in data.split(separator: 0x0A, omittingEmptySubsequences: true) {
+                line += 1
+                guard let e = try? decoder.decode(Entry.self, from: Data(bytes)) else {
+                    out.unreadable.append("snapshot \(snapshot.name) part \(part), line \(line): not an entry"); continue
+                }
+                if let why = Self.refusal(e) {
+                    out.unreadable.append("snapshot \(snapshot.name) part \(part), line \(line): \(why)"); continue
+                }
+                var meta = e.meta
+                if e.foreign == true {
+                    // An object no ubiq device wrote: this user's, as a HEAD here would say.
+                    meta.uid = getuid(); meta.gid = getgid()
+                }
+                if !meta.issues.isEmpty {
+                    out.unreadable.append("snapshot \(snapshot.name) part \(part), line \(line): \(e.key.debugDescription)'s metadata read with defaults (\(meta.issues.joined(separator: ", ")))")
+                }
+                good.append((e.stamp, ObjectInfo(key: e.key, version: e.version, size: e.size, metadata: meta, contentTag: e.tag)))
+            }
+            try index.remember(good)
+            out.entries += good.count
+        }
+        return out
+    }
+
+    /// Why an entry cannot be taken (nil: it can): a key that is not a name or is the store's
+    /// own, or a version, tag or size that is not the object its stamp describes.
+    static func refusal(_ e: Entry) -> String? {
+        do {
+            try StoreKey.validate(e.key)
+            if e.key.hasPrefix(S3Objects.reserved) { return "\(e.key.debugDescription) is reserved for the store's own use" }
+        } catch {
+            return "\(error)"
+        }
+        let etag = S3Objects.Version(e.version).etag
+        guard e.tag == etag, e.stamp.hasPrefix(etag + "|"), e.stamp.hasSuffix("|\(e.size)") else {
+            return "the entry for \(e.key.debugDescription) does not describe the object its stamp names"
+        }
+        return nil
+    }
+
+    // MARK: - Writing
+
+    /// Writes a snapshot of `described` (each object's listing and metadata) named for
+    /// `time` (ms, the server's clock) and this `device`; returns what it is.
+    func write(_ described: [(ListedObject, ObjectInfo)], time: Int64, device: String) async throws -> Found {
+        let name = S3ChangeLog.name(time: time, device: device)
+        let base = Self.folder + name + "/"
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        let conditions = objects.checksConditions ? ["If-None-Match": "*"] : [:]
+        var found = Found(name: name, time: time)
+        var start = 0
+        while start < described.count || found.parts.isEmpty {
+            let chunk = described[start ..< min(described.count, start + Self.entriesPerPart)]
+            var body = Data()
+            for (o, i) in chunk {
+                body.append(try encoder.encode(Entry(key: o.key, stamp: o.stamp, version: i.version, size: i.size, tag: i.contentTag,
+                                                     meta: i.metadata, foreign: Self.isForeign(i) ? true : nil)))
+                body.append(0x0A)
+            }
+            let part = String(format: "%05d", found.parts.count)
+            try await objects.send(.PUT, base + part, headers: conditions, body: .data(body), validate: false)
+            found.parts.append(part)
+            start += chunk.count
+        }
+        let done = try encoder.encode(Done(format: Self.format, parts: found.parts.count, entries: described.count))
+        try await objects.send(.PUT, base + "done", headers: conditions, body: .data(done), validate: false)
+        found.complete = true
+        return found
+    }
+
+    /// Whether `info`'s metadata are those a HEAD here gives an object no ubiq device wrote
+    /// (ubiq's own always carry an origin).
+    static func isForeign(_ info: ObjectInfo) -> Bool {
+        var made = S3Objects.foreign(info.key, modified: nil)
+        made.mtimeNs = info.metadata.mtimeNs
+        return info.metadata == made
+    }
+
+    /// Deletes the snapshots past the latest `kept` complete ones, and incomplete ones older
+    /// than `abandonedAfter` before `now` (ms). A delete of an object already gone is no harm.
+    func prune(now: Int64) async throws {
+        let all = try await all()
+        let complete = all.filter(\.complete)
+        let keepFrom = complete.count > Self.kept ? complete[complete.count - Self.kept].time : Int64.min
+        for s in all {
+            let old = s.complete ? s.time < keepFrom : s.time < now - Int64(Self.abandonedAfter * 1000)
+            guard old else { continue }
+            // `done` first: a reader never takes a snapshot half deleted.
+            for part in ["done"] + s.parts {
+                try await objects.send(.DELETE, Self.folder + s.name + "/" + part, validate: false)
+            }
+        }
+    }
+}
+
+extension Character {
+    fileprivate var isASCIIDigit: Bool { isASCII && isNumber }
+}

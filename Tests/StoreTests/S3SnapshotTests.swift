@@ -1,0 +1,152 @@
+import Foundation
+import Testing
+import TestSupport
+import UbiqStore
+@testable import UbiqS3
+
+/// Snapshots of the bucket (S3Snapshots), on a real SeaweedFS: a new device learns what the
+/// objects are from the latest snapshot rather than a HEAD each; what a snapshot holds cannot
+/// hurt a reader; old snapshots go.
+@Suite struct S3SnapshotTests {
+    func putRaw(_ store: S3Store, _ key: String, _ body: String) async throws {
+        try await store.objects.client.send(.PUT, key: store.objects.prefix + key, body: .data(Data(body.utf8)))
+    }
+
+    /// Device A's first full listing finds no snapshot and writes one; a new device B then
+    /// lists the bucket with a HEAD only for what came after (A's later file, another tool's),
+    /// and learns the same metadata a HEAD gives. B writes none while A's is recent, and
+    /// writes one when its own listing needed many HEADs.
+    @Test func aNewDeviceLearnsTheBucketFromASnapshot() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        var m = fileMeta
+        for i in 0 ..< 30 {
+            m.mtimeNs = 1_700_000_000_000_000_000 + Int64(i)
+            m.xattrs = i % 3 == 0 ? ["user.n": Data("\(i)".utf8)] : [:]
+            _ = try await a.put("d\(i % 4)/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: m, condition: .ifAbsent)
+        }
+        _ = try await a.put("e/", contentsOf: nil, metadata: ObjectMetadata(kind: .directory, mode: 0o750), condition: .ifAbsent)
+        try await Task.sleep(for: .seconds(2.2))  // settled (S3 times are in seconds)
+        _ = try await a.currentCursor()
+        let written = try await a.snapshots.all()
+        #expect(written.count == 1 && written.first?.complete == true && written.first?.parts == ["00000"], "\(written)")
+
+        _ = try await a.put("late", contentsOf: try tempFile([7]), metadata: fileMeta, condition: .ifAbsent)
+        try await putRaw(a, "foreign.txt", "f")
+        try await Task.sleep(for: .seconds(2.2))
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanB() }
+        let seen = try await b.list(prefix: "")
+        #expect(seen.count == 33 && b.headsForLastListing == 2, "\(seen.count) objects, \(b.headsForLastListing) HEADs")
+        let heads = try await a.list(prefix: "")  // A's index: what HEADs said
+        #expect(seen == heads)
+        #expect(seen.first { $0.key == "d3/f3" }?.metadata.xattrs == ["user.n": Data("3".utf8)])
+
+        // A's snapshot is recent: B's full listing writes none. Told that two HEADs are many,
+        // it writes one at its next.
+        _ = try await b.currentCursor()
+        #expect(try await b.snapshots.all().count == 1)
+        let (c, cleanC) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanC() }
+        c.headsWorthASnapshot = 2
+        _ = try await c.list(prefix: "")
+        #expect(c.headsForLastListing == 2)
+        _ = try await c.currentCursor()
+        let now = try await c.snapshots.all()
+        #expect(now.count == 2 && now.allSatisfy(\.complete), "\(now)")
+        // A device that comes next needs no HEAD at all, another tool's object included.
+        let (d, cleanD) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanD() }
+        #expect(try await d.list(prefix: "") == heads && d.headsForLastListing == 0)
+    }
+
+    /// A snapshot is written by anyone who can write to the bucket. Lines that are not
+    /// entries, keys that are not names or are the store's own, an entry whose version is not
+    /// the object its stamp names, one for an object that is not there, metadata out of range:
+    /// each costs at most a HEAD or is read as a HEAD's would be; a newer format, or one
+    /// without its `done`, is passed over whole.
+    @Test func whatASnapshotHoldsCannotHurtAReader() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        for k in ["x", "y", "w"] { _ = try await a.put(k, contentsOf: try tempFile([1]), metadata: fileMeta, condition: .ifAbsent) }
+        try await putRaw(a, "raw", "r")  // another tool's
+        try await Task.sleep(for: .seconds(2.2))
+        let listing = try await a.objects.listAll(under: "")
+        let stamp = Dictionary(uniqueKeysWithValues: listing.objects.map { ($0.key, $0.stamp) })
+        let x = try await a.head("x"), y = try await a.head("y"), raw = try await a.head("raw")
+        func entry(_ key: String, stamp: String, version: String, tag: String?, meta: String, foreign: Bool = false) -> String {
+            let q = { (s: String) in String(data: try! JSONEncoder().encode(s), encoding: .utf8)! }
+            return #"{"key":\#(q(key)),"stamp":\#(q(stamp)),"version":\#(q(version)),"size":1,"tag":\#(tag.map(q) ?? "null"),"meta":\#(meta)"#
+                + (foreign ? #","foreign":true}"# : "}")
+        }
+        let good = #"{"kind":"file","mode":416,"uid":1000,"gid":1000,"mtimeNs":5,"rdev":0,"xattrs":{}}"#
+        let lines = [
+            entry("x", stamp: stamp["x"]!, version: x.version, tag: x.contentTag, meta: good),
+            "not json",
+            entry("y", stamp: stamp["y"]!, version: "\"0000\"", tag: "\"0000\"", meta: good),  // not y's version
+            entry("w", stamp: stamp["w"]!, version: y.version, tag: y.contentTag, meta: #"{"kind":"whiteout","mode":-5}"#),
+            entry("../etc/passwd", stamp: stamp["x"]!, version: x.version, tag: x.contentTag, meta: good),
+            entry(".ubiquity/s3/meta/z", stamp: stamp["x"]!, version: x.version, tag: x.contentTag, meta: good),
+            entry("ghost", stamp: stamp["x"]!, version: x.version, tag: x.contentTag, meta: good),
+            // Another tool's object is the reader's user's, whoever wrote the snapshot.
+            entry("raw", stamp: stamp["raw"]!, version: raw.version, tag: raw.contentTag,
+                  meta: #"{"kind":"file","mode":420,"uid":4242,"gid":4242,"mtimeNs":5,"rdev":0,"xattrs":{}}"#, foreign: true),
+        ]
+        let now = a.log.serverNow()
+        func put(_ name: String, _ object: String, _ body: String) async throws {
+            try await putRaw(a, S3Snapshots.folder + name + "/" + object, body)
+        }
+        let name = S3ChangeLog.name(time: now - 2000, device: "other")
+        try await put(name, "00000", lines.joined(separator: "\n"))
+        try await put(name, "done", #"{"format":1,"parts":1,"entries":8}"#)
+        // Later ones a reader must not take: a newer format, and one still being written.
+        let newer = S3ChangeLog.name(time: now - 1000, device: "newer")
+        try await put(newer, "00000", entry("y", stamp: stamp["y"]!, version: "\"1\"", tag: "\"1\"", meta: good))
+        try await put(newer, "done", #"{"format":2,"parts":1,"entries":1}"#)
+        try await put(S3ChangeLog.name(time: now, device: "busy"), "00000", entry("y", stamp: stamp["y"]!, version: "\"2\"", tag: "\"2\"", meta: good))
+
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanB() }
+        // The latest complete one is of a newer format: passed over whole, every object a HEAD.
+        var seen = try await b.list(prefix: "")
+        let heads = try await a.list(prefix: "")
+        #expect(b.headsForLastListing == 4 && seen == heads)
+        // Without it, the hostile one: x from it, y (wrong version) a HEAD, w read leniently.
+        for o in ["done", "00000"] { try await a.objects.send(.DELETE, S3Snapshots.folder + newer + "/" + o, validate: false) }
+        let (c, cleanC) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanC() }
+        seen = try await c.list(prefix: "")
+        #expect(c.headsForLastListing == 1, "\(c.headsForLastListing) HEADs")
+        #expect(seen.map(\.key) == ["raw", "w", "x", "y"])
+        #expect(seen.first { $0.key == "raw" }.map { [$0.metadata.uid, $0.metadata.gid] } == [getuid(), getgid()])
+        #expect(seen.first { $0.key == "x" }?.metadata.mtimeNs == 5)
+        #expect(seen.first { $0.key == "y" } == y)
+        let w = seen.first { $0.key == "w" }
+        #expect(w?.metadata.kind == .file && w?.metadata.mode == 0o644, "\(String(describing: w))")
+        let said = try await c.snapshots.load(try #require(try await c.snapshots.latest()), into: c.index).unreadable
+        #expect(said.count == 5 && said.contains { $0.contains("\"w\"'s metadata read with defaults (kind \"whiteout\" unknown, mode unreadable)") },
+                "\(said)")
+    }
+
+    /// Old snapshots go when one is written: the latest two complete ones stay, with one
+    /// still being written; one abandoned a day ago goes. Two devices writing at once write
+    /// two whole snapshots.
+    @Test func oldSnapshotsGo() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        let now = a.log.serverNow()
+        let hour: Int64 = 3_600_000
+        for t in [now - 3 * hour, now - 2 * hour, now - hour] { _ = try await a.snapshots.write([], time: t, device: "a") }
+        let abandoned = try await a.snapshots.write([], time: now - 25 * hour, device: "crashed")
+        try await a.objects.send(.DELETE, S3Snapshots.folder + abandoned.name + "/done", validate: false)
+        let busy = try await a.snapshots.write([], time: now, device: "busy")
+        try await a.objects.send(.DELETE, S3Snapshots.folder + busy.name + "/done", validate: false)
+        async let one = a.snapshots.write([], time: now, device: "one")
+        async let two = a.snapshots.write([], time: now, device: "two")
+        let both = try await [one, two]
+        try await a.snapshots.prune(now: now)
+        let left = try await a.snapshots.all()
+        #expect(Set(left.map(\.name)) == Set(both.map(\.name) + [busy.name]), "\(left.map(\.name))")
+        #expect(try await a.snapshots.latest().map { both.map(\.name).contains($0.name) } == true)
+    }
+}
