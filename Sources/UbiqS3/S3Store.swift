@@ -333,14 +333,16 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         }
         listed(requests: marked.requests + listing.requests)
+        try? await log.prune(olderThan: logRetention)
+        if (try? await snapshotDue()) == true { await writeSnapshot(listing) }
+        // Kept a moment for `list` (any listing after the cursor's previous one will do: the
+        // feed has what changed since), then let go: a large bucket's listing is large.
         let at = Date()
         lock.withLock { recentListing = (listing, at) }
         DispatchQueue.global().asyncAfter(deadline: .now() + 10) { [weak self] in
             guard let self else { return }
             lock.withLock { if recentListing?.at == at { recentListing = nil } }
         }
-        try? await log.prune(olderThan: logRetention)
-        if (try? await snapshotDue()) == true { await writeSnapshot(listing) }
         return ChangeBatch(changes: changes, cursor: next + "@\(marked.position)", reset: false)
     }
 
