@@ -3,8 +3,9 @@ import GRDB
 import UbiqStore
 
 /// What this device remembers of a bucket, in SQLite beside its state:
-/// - `known`: what a HEAD said of each object as of a listing stamp (ETag, time, size), so a
-///   listing needs a HEAD only for objects that changed since;
+/// - `known`: what a HEAD (or a snapshot) said of each object as of a listing stamp (ETag, time,
+///   size), so a listing needs a HEAD only for objects that changed since; keys the last full
+///   listing did not show are dropped;
 /// - `feed`: the listing the change feed last saw, to tell the next one's changes from;
 /// - `parts`: part uploads under way (multipart journal).
 final class S3Index: MultipartJournal, @unchecked Sendable {
@@ -133,6 +134,9 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
                     try del.execute(arguments: [key])
                 }
             }
+            // What is known of keys no longer listed (deleted, or learned from a snapshot and
+            // never here) is of no use: the table stays the bucket's size.
+            try db.execute(sql: "DELETE FROM known WHERE key NOT IN (SELECT key FROM feed)")
             changes.sort { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
             try Self.setGeneration(db, gen + 1)
             return (changes, cursor(gen + 1))

@@ -123,6 +123,13 @@ import UbiqStore
         #expect(seen.first { $0.key == "y" } == y)
         let w = seen.first { $0.key == "w" }
         #expect(w?.metadata.kind == .file && w?.metadata.mode == 0o644, "\(String(describing: w))")
+        // The ghost's entry is known until a full listing shows there is no such object.
+        let ghost = ListedObject(key: "ghost", etag: try #require(listing.objects.first { $0.key == "x" }).etag,
+                                 size: 1, modified: listing.objects.first { $0.key == "x" }?.modified)
+        let before = try c.index.known([ghost])
+        #expect(ghost.stamp == stamp["x"] && before.count == 1)
+        _ = try await c.currentCursor()
+        #expect(try c.index.known([ghost]).isEmpty)
         let said = try await c.snapshots.load(try #require(try await c.snapshots.latest()), into: c.index).unreadable
         #expect(said.count == 5 && said.contains { $0.contains("\"w\"'s metadata read with defaults (kind \"whiteout\" unknown, mode unreadable)") },
                 "\(said)")
