@@ -41,7 +41,7 @@ final class S3ChangeLog: @unchecked Sendable {
     /// What a look at the log found.
     struct Read {
         var changes: [StoreChange] = []
-        var unreadable: [String] = []
+        var unreadable = PassedOver()
         /// The server's time of the look (the next one lists from `window` before it).
         var position: Int64 = 0
         var requests = 0
@@ -181,7 +181,7 @@ final class S3ChangeLog: @unchecked Sendable {
                     return failures[name]!
                 }
                 guard n >= Self.attemptsPerObject else { throw error }
-                out.unreadable.append("log object \(name): \(error) (\(n) times; its changes are found by the full listing)")
+                out.unreadable.add("log object \(name): \(error) (\(n) times; its changes are found by the full listing)")
                 lock.withLock { read[name] = time; failures[name] = nil }
                 continue
             }
@@ -229,19 +229,19 @@ final class S3ChangeLog: @unchecked Sendable {
         for line in data.split(separator: 0x0A, omittingEmptySubsequences: true) {
             lineNumber += 1
             guard let e = try? decoder.decode(Entry.self, from: Data(line)) else {
-                out.unreadable.append("log object \(name), line \(lineNumber): not an entry"); continue
+                out.unreadable.add("log object \(name), line \(lineNumber): not an entry"); continue
             }
             let kind: StoreChange.Kind
             switch e.op {
             case "put": kind = .put
             case "delete": kind = .delete
-            default: out.unreadable.append("log object \(name), line \(lineNumber): an operation this version does not know (\(e.op.prefix(40).debugDescription))"); continue
+            default: out.unreadable.add("log object \(name), line \(lineNumber): an operation this version does not know (\(e.op.prefix(40).debugDescription))"); continue
             }
             do {
                 try StoreKey.validate(e.key)
                 if e.key.hasPrefix(S3Objects.reserved) { throw StoreError.invalidKey(e.key, reason: "reserved for the store's own use") }
             } catch {
-                out.unreadable.append("log object \(name), line \(lineNumber): \(error)"); continue
+                out.unreadable.add("log object \(name), line \(lineNumber): \(error)"); continue
             }
             out.changes.append(StoreChange(kind: kind, key: e.key, version: e.version))
         }
@@ -257,4 +257,21 @@ final class S3ChangeLog: @unchecked Sendable {
             try await objects.send(.DELETE, Self.folder + name, validate: false)
         }
     }
+}
+
+/// What a reader of the bucket's own objects (log, snapshots) could not take: the first `kept`
+/// descriptions and how many there were in all, as a hostile object may hold millions of bad
+/// lines.
+struct PassedOver {
+    static let kept = 20
+    private(set) var said: [String] = []
+    private(set) var count = 0
+
+    mutating func add(_ what: @autoclosure () -> String) {
+        count += 1
+        if said.count < Self.kept { said.append(what()) }
+    }
+
+    /// The descriptions, and a last line for those not kept.
+    var lines: [String] { count > said.count ? said + ["… and \(count - said.count) more like these"] : said }
 }

@@ -57,7 +57,7 @@ final class S3Snapshots: @unchecked Sendable {
     /// What loading a snapshot did.
     struct Loaded {
         var entries = 0
-        var unreadable: [String] = []
+        var unreadable = PassedOver()
         var requests = 0
     }
 
@@ -105,10 +105,10 @@ final class S3Snapshots: @unchecked Sendable {
         out.requests += 1
         let doneData = try await objects.send(.GET, base + "done", headers: ["Range": "bytes=0-4095"], validate: false).data
         guard let done = try? JSONDecoder().decode(Done.self, from: doneData) else {
-            out.unreadable.append("snapshot \(snapshot.name): its done object is not one"); return out
+            out.unreadable.add("snapshot \(snapshot.name): its done object is not one"); return out
         }
         guard done.format == Self.format else {
-            out.unreadable.append("snapshot \(snapshot.name): format \(done.format), which this version does not read"); return out
+            out.unreadable.add("snapshot \(snapshot.name): format \(done.format), which this version does not read"); return out
         }
         let parts = snapshot.parts.sorted().prefix(min(max(0, done.parts), Self.maxParts))
         let decoder = JSONDecoder()
@@ -122,10 +122,10 @@ final class S3Snapshots: @unchecked Sendable {
             for bytes in data.split(separator: 0x0A, omittingEmptySubsequences: true) {
                 line += 1
                 guard let e = try? decoder.decode(Entry.self, from: Data(bytes)) else {
-                    out.unreadable.append("snapshot \(snapshot.name) part \(part), line \(line): not an entry"); continue
+                    out.unreadable.add("snapshot \(snapshot.name) part \(part), line \(line): not an entry"); continue
                 }
                 if let why = Self.refusal(e) {
-                    out.unreadable.append("snapshot \(snapshot.name) part \(part), line \(line): \(why)"); continue
+                    out.unreadable.add("snapshot \(snapshot.name) part \(part), line \(line): \(why)"); continue
                 }
                 var meta = e.meta
                 if e.foreign == true {
@@ -133,7 +133,7 @@ final class S3Snapshots: @unchecked Sendable {
                     meta.uid = getuid(); meta.gid = getgid()
                 }
                 if !meta.issues.isEmpty {
-                    out.unreadable.append("snapshot \(snapshot.name) part \(part), line \(line): \(e.key.debugDescription)'s metadata read with defaults (\(meta.issues.joined(separator: ", ")))")
+                    out.unreadable.add("snapshot \(snapshot.name) part \(part), line \(line): \(e.key.debugDescription)'s metadata read with defaults (\(meta.issues.joined(separator: ", ")))")
                 }
                 good.append((e.stamp, ObjectInfo(key: e.key, version: e.version, size: e.size, metadata: meta, contentTag: e.tag)))
             }

@@ -210,8 +210,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             lock.withLock { if (latestSnapshot ?? .distantPast) < written { latestSnapshot = written } }
             if try index.setting("snapshot") == latest.name { return false }
             let loaded = try await snapshots.load(latest, into: index)
-            for what in loaded.unreadable.prefix(20) { logger.warning("passing over what a snapshot holds but cannot be read: \(what)") }
-            if loaded.unreadable.count > 20 { logger.warning("… and \(loaded.unreadable.count - 20) more such entries") }
+            for what in loaded.unreadable.lines { logger.warning("passing over what a snapshot holds but cannot be read: \(what)") }
             try index.setSetting("snapshot", latest.name)
             logger.info("learned \(loaded.entries) objects' metadata from the bucket's snapshot \(latest.name) (\(loaded.requests) requests)")
             return true
@@ -320,7 +319,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let read = try await log.look(from: from, markOnly: false)
         guard let next = try index.nextGeneration(since: since) else { return reset }
         lock.withLock { lastLook = (read.requests, false) }
-        return ChangeBatch(changes: read.changes, cursor: next + "@\(read.position)", reset: false, unreadable: read.unreadable)
+        return ChangeBatch(changes: read.changes, cursor: next + "@\(read.position)", reset: false, unreadable: read.unreadable.lines)
     }
 
     /// A full listing, compared with the last one. The log objects there are now are noted

@@ -109,6 +109,19 @@ import UbiqStore
         #expect(again.changes.isEmpty && again.unreadable.isEmpty, "\(again.changes) \(again.unreadable)")
     }
 
+    /// A log object of nothing but bad lines: its first few are said, the rest counted in one
+    /// line; memory and ubiq.log do not grow with what a hostile writer puts there.
+    @Test func aFloodOfBadLinesIsCounted() async throws {
+        let (b, clean) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { clean() }
+        let cursor = try await b.currentCursor()
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        try await putLog(b, "\(S3ChangeLog.timeText(now))-other-1", String(repeating: "x\n", count: 50_000))
+        let batch = try await b.changes(since: cursor, limit: 1000)
+        #expect(batch.changes.isEmpty && batch.unreadable.count == PassedOver.kept + 1)
+        #expect(batch.unreadable.last == "… and \(50_000 - PassedOver.kept) more like these")
+    }
+
     /// Log objects older than the retention go at a full listing; younger ones stay. A full
     /// listing comes when its interval has passed, without being asked (that none comes before
     /// is `anotherDevicesChangesComeFromTheLog`).

@@ -130,9 +130,22 @@ import UbiqStore
         #expect(ghost.stamp == stamp["x"] && before.count == 1)
         _ = try await c.currentCursor()
         #expect(try c.index.known([ghost]).isEmpty)
-        let said = try await c.snapshots.load(try #require(try await c.snapshots.latest()), into: c.index).unreadable
+        let said = try await c.snapshots.load(try #require(try await c.snapshots.latest()), into: c.index).unreadable.lines
         #expect(said.count == 5 && said.contains { $0.contains("\"w\"'s metadata read with defaults (kind \"whiteout\" unknown, mode unreadable)") },
                 "\(said)")
+    }
+
+    /// A part of nothing but bad lines is counted, and only the first few are kept to be said:
+    /// memory does not grow with what a hostile writer puts there.
+    @Test func aFloodOfBadLinesIsCounted() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        let name = S3ChangeLog.name(time: a.log.serverNow(), device: "flood")
+        try await putRaw(a, S3Snapshots.folder + name + "/00000", String(repeating: "x\n", count: 50_000))
+        try await putRaw(a, S3Snapshots.folder + name + "/done", #"{"format":1,"parts":1,"entries":50000}"#)
+        let loaded = try await a.snapshots.load(try #require(try await a.snapshots.latest()), into: a.index)
+        #expect(loaded.unreadable.count == 50_000 && loaded.unreadable.said.count == PassedOver.kept && loaded.entries == 0)
+        #expect(loaded.unreadable.lines.last == "… and \(50_000 - PassedOver.kept) more like these")
     }
 
     /// Old snapshots go when one is written: the latest two complete ones stay, with one
