@@ -81,7 +81,7 @@ final class S3Snapshots: @unchecked Sendable {
                 guard rest.count == 2, let time = S3ChangeLog.time(of: String(rest[0])) else { continue }  // not ours: left alone
                 let name = String(rest[0])
                 var f = byName[name] ?? Found(name: name, time: time)
-                if rest[1] == "done" { f.complete = true } else if rest[1].utf8.count == 5, rest[1].allSatisfy(\.isASCIIDigit) {
+                if rest[1] == "done" { f.complete = true } else if rest[1].utf8.count == 5, rest[1].utf8.allSatisfy({ (48 ... 57).contains($0) }) {
                     f.parts.append(String(rest[1]))
                 }
                 byName[name] = f
@@ -213,8 +213,4 @@ final class S3Snapshots: @unchecked Sendable {
             }
         }
     }
-}
-
-extension Character {
-    fileprivate var isASCIIDigit: Bool { isASCII && isNumber }
 }
