@@ -66,6 +66,14 @@ extension StateTransaction {
         try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE remote_key = ?", arguments: [key]).map(Self.entryRecord)
     }
 
+    /// Entries whose recorded version holds these bytes, by the store's content tag or the
+    /// digest (either may be nil), at most `limit`.
+    public func entries(tag: String?, digest: String?, limit: Int) throws -> [EntryRecord] {
+        guard tag != nil || digest != nil else { return [] }
+        return try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE remote_tag = ? OR remote_digest = ? LIMIT ?",
+                                arguments: [tag, digest, limit]).map(Self.entryRecord)
+    }
+
     public func children(of parent: UInt64) throws -> [EntryRecord] {
         try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE parent = ?", arguments: [Int64(bitPattern: parent)])
             .map(Self.entryRecord)

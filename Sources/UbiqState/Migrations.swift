@@ -75,6 +75,12 @@ extension LocalState {
         m.registerMigration("v9: where an unrecorded upload went") { db in
             try db.execute(sql: "ALTER TABLE outbox ADD COLUMN sent_key TEXT")
         }
+        m.registerMigration("v10: entries by content, for moves made elsewhere") { db in
+            try db.execute(sql: """
+                CREATE INDEX entries_remote_tag ON entries (remote_tag) WHERE remote_tag IS NOT NULL;
+                CREATE INDEX entries_remote_digest ON entries (remote_digest) WHERE remote_digest IS NOT NULL;
+                """)
+        }
         return m
     }
 }

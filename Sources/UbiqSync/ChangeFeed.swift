@@ -206,6 +206,7 @@ public final class ChangeFeed: @unchecked Sendable {
             if let o = info?.metadata.origin, o.hasPrefix(deviceID + ":") { continue }
             changes.append(RemoteChange(key: key, info: info, recordedBefore: before[KeyBytes(key)]))
         }
+        changes += try movedAway(changes, asked: &seen)
         let retry = Set(((changes.isEmpty ? [] : self.changes.applyRemote(changes)) + unread).map(KeyBytes.init)).map(\.key)
         keyValues?.apply(objectKeys: kvKeys, initial: reconcile)  // also when none changed: it sends what waits
         let newCursor = cursor
@@ -214,6 +215,35 @@ public final class ChangeFeed: @unchecked Sendable {
             if !(pending.isEmpty && retry.isEmpty) { try tx.setFeedPending(retry) }
         }
         return changes.count
+    }
+
+    /// A new file in the store whose bytes this device has under another key is a copy, or a
+    /// move made on another device: the store copies, then deletes the old key, and the delete
+    /// may reach this device a poll later (a log object written between the two). The old key
+    /// is asked for here (one HEAD per such file), and when it is gone its delete goes with
+    /// this batch, so the file system applies a move: nothing is downloaded again.
+    private func movedAway(_ changes: [RemoteChange], asked: inout Set<KeyBytes>) throws -> [RemoteChange] {
+        var out: [RemoteChange] = []
+        for c in changes {
+            guard let info = c.info, c.recordedBefore == nil, info.isFileWithBytes else { continue }
+            let holders = try state.read { tx -> [EntryRecord] in
+                guard try tx.entries(remoteKey: c.key).isEmpty else { return [] }
+                return try tx.entries(tag: info.contentTag, digest: info.metadata.sha256, limit: 8)
+            }
+            for e in holders where e.holdsTheBytes(of: info) {
+                // A key of this batch already: its own change says whether it went.
+                guard let old = e.remoteKey, let version = e.remoteVersion, asked.insert(KeyBytes(old)).inserted else { continue }
+                do {
+                    _ = try runBlocking { [store] in try await store.head(old) }
+                } catch StoreError.notFound {
+                    out.append(RemoteChange(key: old, info: nil, recordedBefore: version))
+                    break
+                } catch {
+                    continue  // a copy, as far as this poll can tell
+                }
+            }
+        }
+        return out
     }
 
     /// Logs `message` the first time `what` comes up (call under `pollLock`).

@@ -35,10 +35,24 @@ extension FileSystem {
         let puts = changes.filter { $0.info != nil }.sorted { (depth($0.key), $0.key) < (depth($1.key), $1.key) }
         let deletes = changes.filter { $0.info == nil }.sorted { (depth($0.key), $0.key) > (depth($1.key), $1.key) }
         var retry: [String] = []
+        let moves: MovesMadeElsewhere
+        do { moves = try movesMadeElsewhere(puts: puts, deletes: deletes) } catch {
+            logger.warning("remote changes wait: \(error)")
+            return changes.map(\.key)
+        }
         for c in puts + deletes {
             do {
-                let done = try c.info.map { try applyRemotePut(c.key, $0, before: c.recordedBefore) }
-                    ?? applyRemoteDelete(c.key, before: c.recordedBefore)
+                let done: Bool
+                if let info = c.info, let from = moves.items[KeyBytes(c.key)] {
+                    done = try applyRemoteMove(from, to: c.key, info)
+                } else {
+                    done = try c.info.map { try applyRemotePut(c.key, $0, before: c.recordedBefore) }
+                        ?? applyRemoteDelete(c.key, before: c.recordedBefore)
+                    if done, let old = moves.pinsFrom[KeyBytes(c.key)], inodes.locked({ t in t[old]?.rec.pinned }) == true,
+                       let new = try state.read({ try $0.entries(remoteKey: c.key).first?.ino }) {
+                        try setPinned(new, true)
+                    }
+                }
                 if !done { retry.append(c.key) }
             } catch {
                 logger.warning("could not apply the store's change of \(c.key): \(error)")
@@ -46,6 +60,192 @@ extension FileSystem {
             }
         }
         return retry
+    }
+
+    // MARK: - Moves
+
+    struct MovesMadeElsewhere {
+        /// New keys, and the entry of the item here that moved there.
+        var items: [KeyBytes: EntryRecord] = [:]
+        /// New folder keys that come as new folders, and the folder here they moved from
+        /// (not whole, see below): a pin of it goes to the new folder.
+        var pinsFrom: [KeyBytes: UInt64] = [:]
+    }
+
+    /// The new keys of `puts` that are items here under a key of `deletes`, unchanged here
+    /// since: a move made on another device (the store copies, then deletes). A file is paired
+    /// with a deleted file that holds its bytes (`holdsTheBytes`), a folder with a deleted
+    /// folder whose files moved into it under the same names. Applied as moves, they keep
+    /// what is here: downloaded bytes, pins, open files, the inode.
+    private func movesMadeElsewhere(puts: [RemoteChange], deletes: [RemoteChange]) throws -> MovesMadeElsewhere {
+        guard !puts.isEmpty, !deletes.isEmpty else { return MovesMadeElsewhere() }
+        return try state.read { tx in
+            // What went from the store, as this device recorded it, unchanged here since.
+            var goneFiles: [String: [EntryRecord]] = [:]  // by digest and by tag
+            var goneFolders: [KeyBytes: EntryRecord] = [:]
+            for d in deletes {
+                guard let e = try tx.entries(remoteKey: d.key).first, e.remoteVersion == d.recordedBefore,
+                      let r = try tx.inode(e.ino) else { continue }
+                let local = try tx.localChanges(e.ino)
+                if local.content || local.metadata || local.queued { continue }
+                if r.type == UInt32(S_IFDIR) {
+                    if d.key.hasSuffix("/") { goneFolders[KeyBytes(d.key)] = e }
+                } else if r.type == UInt32(S_IFREG) {
+                    if let digest = e.remoteDigest { goneFiles["d" + digest, default: []].append(e) }
+                    if let tag = e.remoteTag { goneFiles["t" + tag, default: []].append(e) }
+                }
+            }
+            var moves = MovesMadeElsewhere()
+            var taken = Set<Int64>()
+            func isNew(_ key: String) throws -> Bool { try tx.entries(remoteKey: key).isEmpty && !(try tx.hasTombstone(key: key)) }
+            // Files first: they are what shows which folder went where.
+            var folderMoves: [KeyBytes: KeyBytes] = [:]  // new folder key -> old
+            for p in puts {
+                guard let info = p.info, info.isFileWithBytes, p.recordedBefore == nil, try isNew(p.key) else { continue }
+                let candidates = (info.metadata.sha256.map { goneFiles["d" + $0] ?? [] } ?? [])
+                    + (info.contentTag.map { goneFiles["t" + $0] ?? [] } ?? [])
+                guard let e = candidates.first(where: { !taken.contains($0.id) && $0.holdsTheBytes(of: info) }),
+                      let old = e.remoteKey else { continue }
+                taken.insert(e.id)
+                moves.items[KeyBytes(p.key)] = e
+                for (new, was) in Self.foldersMoved(from: old, to: p.key) where folderMoves[new] == nil { folderMoves[new] = was }
+            }
+            var folders: [KeyBytes: EntryRecord] = [:]
+            for p in puts where p.key.hasSuffix("/") && p.recordedBefore == nil {
+                guard let old = folderMoves[KeyBytes(p.key)], let e = goneFolders[old], try isNew(p.key) else { continue }
+                folders[KeyBytes(p.key)] = e
+            }
+            // A folder moves here whole only when all it holds moves with it in this batch: else
+            // what it holds that the other device did not move (a file this device added since,
+            // what the next poll brings) would sit here under the new name and there under the
+            // old. Then each file moves on its own, into a new folder that takes the old one's pin.
+            for (new, e) in folders {
+                guard let old = e.remoteKey else { continue }
+                var whole = true
+                var stack = [e.ino]
+                walk: while let dir = stack.popLast() {
+                    for child in try tx.children(of: dir) {
+                        guard let key = child.remoteKey, key.utf8.starts(with: old.utf8) else { whole = false; break walk }
+                        let there = KeyBytes(new.key + String(decoding: key.utf8.dropFirst(old.utf8.count), as: UTF8.self))
+                        if key.hasSuffix("/") {
+                            guard folders[there]?.id == child.id else { whole = false; break walk }
+                            stack.append(child.ino)
+                        } else if moves.items[there]?.id != child.id {
+                            whole = false; break walk
+                        }
+                    }
+                }
+                if whole { moves.items[new] = e } else { moves.pinsFrom[new] = e.ino }
+            }
+            return moves
+        }
+    }
+
+    /// The folders that moved with a file moved from `old` to `new`: each pair of folder keys
+    /// below which the rest of the path is the same ("B/sub/f" from "A/sub/f": `B/sub/` from
+    /// `A/sub/`, `B/` from `A/`).
+    static func foldersMoved(from old: String, to new: String) -> [(new: KeyBytes, old: KeyBytes)] {
+        let slash = UInt8(ascii: "/")
+        var n = Array(new.utf8).split(separator: slash, omittingEmptySubsequences: false).map(Array.init)
+        var o = Array(old.utf8).split(separator: slash, omittingEmptySubsequences: false).map(Array.init)
+        var out: [(KeyBytes, KeyBytes)] = []
+        while n.count > 1, o.count > 1, n.last == o.last {
+            n.removeLast(); o.removeLast()
+            if n == o { break }
+            func key(_ segs: [[UInt8]]) -> KeyBytes { KeyBytes(String(decoding: Array(segs.joined(separator: [slash])) + [slash], as: UTF8.self)) }
+            out.append((key(n), key(o)))
+        }
+        return out
+    }
+
+    /// Moves the item of entry `e` (whose key the store deleted) to `key`, where the store now
+    /// has it as `info`, then takes `info`'s metadata. Nothing is downloaded: the bytes are
+    /// the same. An item already there (its folder moved first) only takes the new key.
+    private func applyRemoteMove(_ e: EntryRecord, to key: String, _ info: ObjectInfo) throws -> Bool {
+        let (parts, _) = StoreKey.segments(key)
+        guard let parent = try remoteParent(of: key, parts) else { return false }
+        let name = Array(parts.last!.utf8)
+        let ino = e.ino
+        let from = events.hasSubscribers ? pathBytes(of: e.parent).map { Self.join($0, e.name) } : nil
+        let c = try claim([e.parent, parent, ino], .move)
+        let moved: Bool = try {
+            defer { coordinator.release(c) }
+            return try inodes.locked { t in
+                guard let fromDir = t[e.parent], fromDir.children[e.name] == ino, let n = t[ino], let toDir = t[parent],
+                      toDir.isDirectory, toDir.nlink > 0 else { return false }
+                let here = toDir.children[name]
+                if here != nil && here != ino { return false }
+                if here == nil, n.isDirectory {
+                    // Not into itself.
+                    var p = parent
+                    while p != rootIno {
+                        if p == ino { return false }
+                        p = t[p]?.parent ?? rootIno
+                    }
+                }
+                let now = nowNanos()
+                var superseded = false
+                try persistNow { tx in
+                    // Checked again in the transaction, where this device's uploader's record would be seen.
+                    guard try tx.entries(of: ino).first(where: { $0.id == e.id })?.remoteVersion == e.remoteVersion else {
+                        superseded = true
+                        return
+                    }
+                    if here == nil {
+                        try tx.moveEntry(parent: e.parent, name: e.name, toParent: parent, toName: name)
+                        for d in [fromDir, toDir] { d.rec.mtimeNs = now; d.rec.ctimeNs = now; try tx.upsert(d.rec) }
+                    }
+                    // At the new key, still at the old version: `updateFromRemote` records the new one
+                    // with its metadata (a crash in between is the same move, seen again).
+                    try tx.setRemote(entryID: e.id, key: key, version: e.remoteVersion, tag: info.contentTag,
+                                     digest: info.metadata.sha256)
+                }
+                if superseded || here != nil { return !superseded }
+                fromDir.children[e.name] = nil
+                toDir.children[name] = ino
+                if n.isDirectory {
+                    n.parent = parent
+                    if parent != e.parent { fromDir.nlink -= 1; toDir.nlink += 1 }
+                }
+                return true
+            }
+        }()
+        guard moved else { return false }
+        if e.parent != parent || e.name != name {
+            invalidateKernelEntry(e.parent, e.name)
+            invalidateKernelEntry(parent, name)
+            if let from { emit(.moved, ino, path: pathBytes(of: parent).map { Self.join($0, name) }, from: from) }
+            logger.info("\(e.remoteKey ?? "?") moved to \(key) in the store: moved here")
+        }
+        var now = e
+        now.parent = parent; now.name = name; now.remoteKey = key
+        now.remoteTag = info.contentTag; now.remoteDigest = info.metadata.sha256
+        return try updateFromRemote(now, info)
+    }
+
+    /// The folder that holds `key`'s item, with the folders on the way made as needed; nil
+    /// when a file stands where a folder would be, or a folder changed meanwhile (tried again
+    /// at the next poll).
+    private func remoteParent(of key: String, _ parts: [String]) throws -> UInt64? {
+        var parent = rootIno
+        for seg in parts.dropLast() {
+            let name = Array(seg.utf8)
+            let existing = try inodes.locked { t in try t.directory(parent).children[name] }
+            if let existing {
+                guard inodes.locked({ t in t[existing]?.isDirectory ?? false }) else {
+                    logger.info("not adding \(key) yet: a file here stands where its folder would be")
+                    return nil
+                }
+                parent = existing
+            } else {
+                guard let made = try makeRemoteNode(in: parent, name: name, type: UInt32(S_IFDIR),
+                                                    meta: ObjectMetadata(kind: .directory, mode: 0o755, uid: getuid(),
+                                                                         gid: getgid(), mtimeNs: nowNanos()),
+                                                    size: 0, remote: nil) else { return nil }
+                parent = made
+            }
+        }
+        return parent
     }
 
     // MARK: - Additions and updates
@@ -71,26 +271,7 @@ extension FileSystem {
             return true
         }
         let (parts, isDirKey) = StoreKey.segments(key)
-        // The folders on the way, made as needed.
-        var parent = rootIno
-        for seg in parts.dropLast() {
-            let name = Array(seg.utf8)
-            let existing = try inodes.locked { t in try t.directory(parent).children[name] }
-            if let existing {
-                guard inodes.locked({ t in t[existing]?.isDirectory ?? false }) else {
-                    // Tried again at each poll: the file may go, or move away.
-                    logger.info("not adding \(key) yet: a file here stands where its folder would be")
-                    return false
-                }
-                parent = existing
-            } else {
-                guard let made = try makeRemoteNode(in: parent, name: name, type: UInt32(S_IFDIR),
-                                                    meta: ObjectMetadata(kind: .directory, mode: 0o755, uid: getuid(),
-                                                                         gid: getgid(), mtimeNs: nowNanos()),
-                                                    size: 0, remote: nil) else { return false }
-                parent = made
-            }
-        }
+        guard let parent = try remoteParent(of: key, parts) else { return false }
         let name = Array(parts.last!.utf8)
         let type = (isDirKey ? ObjectKind.directory : info.metadata.kind).fileType
         if let existing = try inodes.locked({ t in try t.directory(parent).children[name] }) {
@@ -237,6 +418,19 @@ extension FileSystem {
 
     // MARK: - Removals
 
+    /// Whether everything in folder `ino` is an item of the store that nothing here changed
+    /// (what it holds, it holds by the same rule when its own delete comes).
+    private func holdsOnlyWhatTheStoreHas(_ ino: UInt64) throws -> Bool {
+        try state.read { tx in
+            for child in try tx.children(of: ino) {
+                guard child.remoteKey != nil else { return false }
+                let local = try tx.localChanges(child.ino)
+                if local.content || local.metadata || local.queued { return false }
+            }
+            return true
+        }
+    }
+
     /// `before`: the version recorded for `key` when the store said it was gone (see RemoteChange).
     private func applyRemoteDelete(_ key: String, before: String?) throws -> Bool {
         guard let e = try state.read({ try $0.entries(remoteKey: key).first }) else { return true }
@@ -252,6 +446,12 @@ extension FileSystem {
         // An edit beats a delete; so does a rename or a metadata change of what is here in
         // full. A placeholder renamed or chmod-ed here goes: its bytes went with the delete.
         let changedHere = local.content || (local.queued && !isPlaceholder)
+        if !changedHere, isDir, hasChildren, try holdsOnlyWhatTheStoreHas(ino) {
+            // What it holds is in the store, unchanged: their own deletes (or moves) come after
+            // the folder's (a move elsewhere copies and deletes the folder's key first). Tried
+            // again at each poll until it is empty.
+            return false
+        }
         if changedHere || isOpenForWriting(ino) || (isDir && hasChildren) {
             // Changed here, or a folder with something the store never had in it: kept,
             // and uploaded again.

@@ -1,0 +1,244 @@
+import Foundation
+import Testing
+import TestSupport
+@testable import UbiqFS
+import UbiqState
+import UbiqStore
+@testable import UbiqSync
+
+/// A move made on another device arrives as a move (docs/sync.md): the item keeps its inode,
+/// its downloaded bytes, its pin and its readers, and nothing is downloaded again.
+@Suite struct RemoteMoveTests {
+    func text(_ i: Int) -> String { "file \(i): " + String(repeating: "\(i % 10)", count: 20_000 + i) }
+
+    @Test func aFileMovedElsewhereStaysDownloadedHere() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("docs")
+        try a.write("docs/report.txt", text(1))
+        a.sync()
+        let counting = CountingStore(store)
+        let b = try Device(store: store, remote: counting)
+        #expect(try b.read("docs/report.txt") == text(1))
+        let ino = try b.ino("docs/report.txt")
+        let fetched = counting.bytesRead
+        // A reader that has it open keeps reading it through the move.
+        let fh = try b.fs.open(ino, flags: O_RDONLY)
+        defer { b.fs.release(fh) }
+
+        try a.mkdir("archive")
+        try a.fs.rename(try a.ino("docs"), n("report.txt"), try a.ino("archive"), n("2024.txt"))
+        a.sync()
+        b.pull()
+        #expect(try b.names("docs") == [])
+        #expect(try b.names("archive") == ["2024.txt"])
+        #expect(try b.ino("archive/2024.txt") == ino)
+        #expect(try b.fs.getattr(ino).blocks * 512 >= Int64(text(1).utf8.count))
+        #expect(try b.read("archive/2024.txt") == text(1))
+        var buf = [UInt8](repeating: 0, count: 16)
+        let k = try buf.withUnsafeMutableBytes { try b.fs.read(fh, offset: 0, count: 16, into: $0.baseAddress!) }
+        #expect(String(decoding: buf[..<k], as: UTF8.self) == String(text(1).prefix(16)))
+        #expect(counting.bytesRead == fetched)
+        // B records the new key: nothing of it goes up from here, and the store has one copy.
+        #expect(try b.state.read { try $0.entries(of: ino).first?.remoteKey } == "archive/2024.txt")
+        #expect(b.uploader.processRound(ignoringDelay: true) == 0)
+        #expect(try runBlocking { try await store.list(prefix: "") }.map(\.key).sorted() == ["archive/", "archive/2024.txt", "docs/"])
+    }
+
+    /// A folder of many files, pinned here, renamed elsewhere: the folder is the same item
+    /// here, still pinned, every file still downloaded, no byte read again; what arrives in it
+    /// later is downloaded (the pin followed).
+    @Test func aPinnedFolderMovedElsewhereKeepsItsPinAndBytes() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("photos")
+        try a.mkdir("photos/2024")
+        var paths: [String] = []
+        for i in 0 ..< 30 {
+            let p = i % 2 == 0 ? "photos/p\(i).jpg" : "photos/2024/p\(i).jpg"
+            try a.write(p, text(i))
+            paths.append(p)
+        }
+        a.sync()
+        let counting = CountingStore(store)
+        let b = try Device(store: store, remote: counting)
+        let folder = try b.ino("photos")
+        try b.fs.setPinned(folder, true)
+        let inos = try paths.map { try b.ino($0) }
+        try waitUntil(seconds: 20, every: 0.02) { try inos.allSatisfy { try b.fs.getattr($0).blocks > 0 } }
+        let fetched = counting.bytesRead
+
+        try a.fs.rename(rootIno, n("photos"), rootIno, n("pictures"))
+        a.sync()
+        b.pull()
+        #expect(try b.names("") == ["pictures"])
+        #expect(try b.ino("pictures") == folder)
+        #expect(try b.fs.isPinned(folder))
+        for (p, ino) in zip(paths, inos) {
+            let moved = "pictures" + p.dropFirst("photos".count)
+            #expect(try b.ino(moved) == ino)
+            #expect(try b.fs.getattr(ino).blocks > 0)
+            #expect(try b.state.read { try $0.entries(of: ino).first?.remoteKey } == moved)
+        }
+        #expect(counting.bytesRead == fetched)
+        #expect(b.uploader.processRound(ignoringDelay: true) == 0)
+
+        try a.write("pictures/2024/new.jpg", text(99))
+        a.sync()
+        b.pull()
+        let new = try b.ino("pictures/2024/new.jpg")
+        try waitUntil(seconds: 20, every: 0.02) { try b.fs.getattr(new).blocks > 0 }
+    }
+
+    /// A folder's move seen over two polls (a large folder: the mover's log objects come one
+    /// after another): the first poll brings the folder's new key and a few files, the next the
+    /// rest. Every file keeps its bytes; the old folder waits for what it holds to go, then goes
+    /// (it is not uploaded again); both devices end with the same tree.
+    @Test func aFolderMoveSeenOverTwoPollsMovesEveryFile() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("photos")
+        try a.mkdir("photos/2024")
+        var paths: [String] = []
+        for i in 0 ..< 12 {
+            let p = i % 3 == 0 ? "photos/2024/p\(i).jpg" : "photos/p\(i).jpg"
+            try a.write(p, text(i))
+            paths.append(p)
+        }
+        a.sync()
+        let cutting = ShapedFeed(CountingStore(store))
+        let b = try Device(store: store, remote: cutting)
+        for p in paths { _ = try b.read(p) }
+        let inos = try paths.map { try b.ino($0) }
+        let fetched = cutting.counting.bytesRead
+
+        try a.fs.rename(rootIno, n("photos"), rootIno, n("pictures"))
+        a.sync()
+        cutting.cut = true
+        b.feed.batchSize = 6
+        b.pull()
+        #expect(try b.names("").contains("pictures"))
+        cutting.cut = false
+        b.feed.batchSize = 1000
+        b.pull()
+        #expect(try b.names("") == ["pictures"])
+        for (p, ino) in zip(paths, inos) {
+            let moved = "pictures" + p.dropFirst("photos".count)
+            #expect(try b.ino(moved) == ino)
+            #expect(try b.fs.getattr(ino).blocks > 0)
+        }
+        #expect(cutting.counting.bytesRead == fetched)
+        b.sync()
+        a.pull()
+        #expect(try a.names("") == ["pictures"])
+        #expect(try runBlocking { try await store.list(prefix: "") }.filter { $0.key.hasPrefix("photos") }.isEmpty)
+    }
+
+    /// The store copies, then deletes; a feed may tell the copy a poll before the delete (a log
+    /// object written between the two). The old key is asked for, and the move arrives whole.
+    @Test func aMoveWhoseDeleteTheFeedHasNotToldIsStillAMove() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("f", text(3))
+        a.sync()
+        let hiding = ShapedFeed(CountingStore(store))
+        let b = try Device(store: store, remote: hiding)
+        #expect(try b.read("f") == text(3))
+        let ino = try b.ino("f")
+        let fetched = hiding.counting.bytesRead
+        hiding.hideDeletes = true
+        try a.fs.rename(rootIno, n("f"), rootIno, n("g"))
+        a.sync()
+        b.pull()
+        #expect(try b.names("") == ["g"])
+        #expect(try b.ino("g") == ino)
+        #expect(try b.fs.getattr(ino).blocks > 0)
+        #expect(hiding.counting.bytesRead == fetched)
+    }
+
+    /// Not moves: a copy made elsewhere (the old key stays), and a file deleted while another
+    /// with other bytes comes; a file changed here before the move arrives keeps its edit.
+    @Test func copiesAndLookalikesAreNotMoves() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("original", text(4))
+        try a.write("doomed", text(5))
+        try a.write("edited", text(6))
+        a.sync()
+        let b = try Device(store: store)
+        for p in ["original", "doomed", "edited"] { _ = try b.read(p) }
+        let (original, doomed, edited) = (try b.ino("original"), try b.ino("doomed"), try b.ino("edited"))
+
+        // A copy: the same bytes under a new key, the old one kept.
+        _ = try runBlocking { try await store.copy(from: "original", version: try await store.head("original").version,
+                                                   to: "copy", metadata: nil, condition: .ifAbsent) }
+        try a.fs.unlink(rootIno, n("doomed"))
+        try a.write("newcomer", text(7))
+        try a.fs.rename(rootIno, n("edited"), rootIno, n("renamed"))
+        a.sync()
+        try b.write("edited", text(6) + " and more, here")
+        b.pull()
+        #expect(try b.names("") == ["copy", "edited", "newcomer", "original", "renamed"])
+        #expect(try b.ino("original") == original)
+        #expect(try b.fs.getattr(original).blocks > 0)
+        #expect(try b.ino("copy") != original)
+        #expect(try b.read("copy") == text(4))
+        #expect(try b.ino("newcomer") != doomed)
+        #expect(try b.read("newcomer") == text(7))
+        // The edit beats the move as it beats a delete: kept here under its name, and uploaded.
+        #expect(try b.ino("edited") == edited)
+        #expect(try b.read("edited") == text(6) + " and more, here")
+        #expect(try b.read("renamed") == text(6))
+    }
+
+    @Test func foldersThatMovedWithAFile() {
+        func pairs(_ old: String, _ new: String) -> [String] {
+            RemoteMoveTests.foldersMoved(old, new)
+        }
+        #expect(pairs("A/sub/f", "B/sub/f") == ["B/sub/ <- A/sub/", "B/ <- A/"])
+        #expect(pairs("A/f", "B/g") == [])
+        #expect(pairs("A/f", "A/B/f") == ["A/B/ <- A/"])
+        #expect(pairs("x/A/f", "x/B/f") == ["x/B/ <- x/A/"])
+        #expect(pairs("f", "B/f") == [])
+        #expect(pairs("A/f", "f") == [])
+        // NFC and NFD spellings are two names: x/ did not move with café.
+        #expect(pairs("x/caf\u{E9}/f", "y/cafe\u{301}/f").count == 1)
+        #expect(pairs("x/caf\u{E9}/f", "y/caf\u{E9}/f").count == 2)
+    }
+
+    static func foldersMoved(_ old: String, _ new: String) -> [String] {
+        FileSystem.foldersMoved(from: old, to: new).map { "\($0.new.key) <- \($0.old.key)" }
+    }
+}
+
+/// A store whose feed is less than whole: while `hideDeletes` is set it leaves deletes out (a
+/// feed that tells a copy a poll before its delete), while `cut` is set it says no more after
+/// the first batch (the rest comes at the next poll).
+final class ShapedFeed: CloudStore, @unchecked Sendable {
+    let counting: CountingStore
+    var hideDeletes = false
+    var cut = false
+    init(_ counting: CountingStore) { self.counting = counting }
+    func head(_ key: String) async throws -> ObjectInfo { try await counting.head(key) }
+    func list(prefix: String) async throws -> [ObjectInfo] { try await counting.list(prefix: prefix) }
+    func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        try await counting.read(key, version: version, range: range)
+    }
+    func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition) async throws -> ObjectInfo {
+        try await counting.put(key, contentsOf: source, metadata: metadata, condition: condition)
+    }
+    func copy(from source: String, version: String, to destination: String, metadata: ObjectMetadata?,
+              condition: WriteCondition) async throws -> ObjectInfo {
+        try await counting.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
+    }
+    func delete(_ key: String, condition: WriteCondition) async throws { try await counting.delete(key, condition: condition) }
+    func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+        var batch = try await counting.changes(since: cursor, limit: limit)
+        if cut { batch.more = false }
+        if hideDeletes { batch.changes.removeAll { $0.kind == .delete } }
+        return batch
+    }
+    func currentCursor() async throws -> String { try await counting.currentCursor() }
+    func versions(of key: String) async throws -> [ObjectInfo] { try await counting.versions(of: key) }
+    func usage() async throws -> StoreUsage? { try await counting.usage() }
+}
