@@ -14,6 +14,10 @@ a fresh device through the proxy:
 For each: mount time and requests, `ls -lR` time and requests, requests per idle poll (over
 `idle` seconds), RSS after mount and after `ls -lR`, and the time from a write on another ubiq
 device to this one seeing it.
+
+Then a folder of a tenth of the bucket (at most 10,000 files), downloaded on a fresh ubiq
+device, is renamed on the writer: the time until the device shows it under its new name, the
+requests that cost it, and the bytes of files it downloaded again (none, when a move is a move).
 """
 import http.client
 import http.server
@@ -33,6 +37,7 @@ class CountingProxy:
         self.upstream = upstream
         self.lock = threading.Lock()
         self.counts = {}
+        self.file_bytes = 0
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -44,8 +49,11 @@ class CountingProxy:
             def forward(self):
                 query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query, keep_blank_values=True)
                 kind = self.command
-                if self.command == "GET" and ("list-type" in query or urllib.parse.urlsplit(self.path).path.count("/") <= 1):
+                path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+                if self.command == "GET" and ("list-type" in query or path.count("/") <= 1):
                     kind = "LIST"
+                elif self.command == "GET" and "/.ubiquity/" not in path:
+                    kind = "GET file"  # a download (a file's bytes, not the log's or a snapshot's)
                 proxy.count(kind)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
@@ -54,6 +62,9 @@ class CountingProxy:
                 conn.request(self.command, self.path, body=body, headers=headers)
                 r = conn.getresponse()
                 data = r.read()
+                if kind == "GET file":
+                    with proxy.lock:
+                        proxy.file_bytes += len(data)
                 self.send_response_only(r.status, r.reason)
                 for k, v in r.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -79,6 +90,7 @@ class CountingProxy:
         """The counts since the last call (and starts again)."""
         with self.lock:
             c, self.counts = self.counts, {}
+            self.file_bytes = 0
         return c
 
     def stop(self):
@@ -119,9 +131,16 @@ def run(s3, binary, objects, idle=30.0, poll=3.0):
     via = f"http://127.0.0.1:{proxy.port}"
     tree = os.path.join(s3.base, "scale-tree")
     per_dir = 1000
-    for d in range((objects + per_dir - 1) // per_dir):
+    # The folder renamed at the end, then folders of 1,000.
+    renamed = min(10_000, objects // 10)
+    os.makedirs(f"{tree}/folder", exist_ok=True)
+    for i in range(renamed):
+        with open(f"{tree}/folder/f{i:05d}", "wb") as f:
+            f.write(b"r" * 64)
+    rest = objects - renamed
+    for d in range((rest + per_dir - 1) // per_dir):
         os.makedirs(f"{tree}/d{d:04d}", exist_ok=True)
-        for i in range(min(per_dir, objects - d * per_dir)):
+        for i in range(min(per_dir, rest - d * per_dir)):
             with open(f"{tree}/d{d:04d}/f{i:04d}", "wb") as f:
                 f.write(b"s" * 64)
     s3.curl("-X PUT", "/scale")
@@ -196,6 +215,8 @@ def run(s3, binary, objects, idle=30.0, poll=3.0):
                 subprocess.run([binary, "unmount", "--timeout", "120", mnt], env=s3.env, stdout=subprocess.DEVNULL)
             else:
                 subprocess.run(["fusermount3", "-u", mnt])
+        results["renamed_files"] = renamed
+        results["rename"] = rename_seen(s3, binary, proxy, via, writer, renamed)
     finally:
         subprocess.run([binary, "unmount", "--timeout", "120", writer], env=s3.env, stdout=subprocess.DEVNULL)
         for name, _ in targets:
@@ -204,6 +225,40 @@ def run(s3, binary, objects, idle=30.0, poll=3.0):
                 subprocess.run(["fusermount3", "-u", "-z", mnt])
         proxy.stop()
     return results
+
+
+def rename_seen(s3, binary, proxy, via, writer, files):
+    """A fresh ubiq device downloads `folder`; the writer renames it (mv, then ubiq sync); the
+    figures of the device seeing it. Rclone is left out: it does not look for changes (above)."""
+    sh = lambda cmd: subprocess.run(cmd, shell=True, check=True, env=s3.env, stdout=subprocess.DEVNULL)
+    mnt = os.path.join(s3.base, "scale-rename", "mnt")
+    os.makedirs(mnt, exist_ok=True)
+    r = {}
+    try:
+        sh(f"{binary} mount --store s3://scale/bench --s3-endpoint {via} --poll-interval 3 "
+           f"--state {s3.base}/scale-rename/state {mnt}")
+        sh(f"cat {mnt}/folder/* > /dev/null")
+        proxy.take()
+        r["downloaded_before"] = sum(1 for e in os.scandir(f"{mnt}/folder") if e.stat().st_blocks > 0)
+        t0 = time.perf_counter()
+        sh(f"mv {writer}/folder {writer}/renamed && {binary} sync {writer}")
+        r["writer_s"] = time.perf_counter() - t0
+        seen = None
+        while time.perf_counter() - t0 < 600:
+            if not os.path.exists(f"{mnt}/folder") and os.path.isdir(f"{mnt}/renamed") and len(os.listdir(f"{mnt}/renamed")) == files:
+                seen = time.perf_counter() - t0
+                break
+            time.sleep(0.1)
+        r["seen_s"] = seen
+        with proxy.lock:
+            r["file_bytes"] = proxy.file_bytes
+        r["requests"] = proxy.take()
+        r["downloaded_after"] = sum(1 for e in os.scandir(f"{mnt}/renamed") if e.stat().st_blocks > 0) if seen else None
+    finally:
+        subprocess.run([binary, "unmount", "--timeout", "120", mnt], env=s3.env, stdout=subprocess.DEVNULL)
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", mnt])
+    return r
 
 
 def report(r):
@@ -234,3 +289,13 @@ def report(r):
     print("ubiq with a listing every poll: --full-listing-interval equal to --poll-interval; each of its polls also lists the log")
     print("twice (its state and its pruning), two requests the feed before the change log did not send.")
     print("rclone mount does not look for changes in the bucket unless a folder's listing has expired (--dir-cache-time, 5 min).")
+    m = r.get("rename")
+    if m:
+        n = r["renamed_files"]
+        print(f"\nA folder of {n:,} files, downloaded on a fresh ubiq device (change log, poll 3 s), renamed on the writer:")
+        print(f"- the writer's mv and ubiq sync (a copy and a delete a file, straight to the server): {m['writer_s']:.1f} s")
+        print("- seen whole on the device (the new name with every file, the old name gone), from the mv: "
+              + ("not within 600 s" if m["seen_s"] is None else f"{m['seen_s']:.1f} s"))
+        print(f"- requests meanwhile: {total(m['requests']):,} ({shown(m['requests'])}); bytes of files downloaded: {m['file_bytes']:,}")
+        print(f"- files here in full: {m['downloaded_before']:,} before, "
+              + ("—" if m["downloaded_after"] is None else f"{m['downloaded_after']:,}") + " after")

@@ -171,15 +171,10 @@ public struct S3Objects: Sendable {
     }
 
     public func head(_ key: String) async throws -> ObjectInfo {
-        let r = try await send(.HEAD, key)
-        if key.hasSuffix("/"), !keepsFolderMetadata, try await !listsMarker(key) { throw StoreError.notFound(key: key) }
-        return try await info(key, r)
+        try await info(key, try await send(.HEAD, key))
     }
 
-    /// Whether a listing shows the folder marker `key`. A server that keeps folders as its own
-    /// directories (SeaweedFS) answers a HEAD of `a/` for any directory it has, marker or not:
-    /// the folder of `a/b` after `a/` was deleted (a folder moved elsewhere: its marker is
-    /// deleted first), which would bring the moved folder back. Its listing shows markers only.
+    /// Whether a listing shows the folder marker `key` (one LIST of one key).
     func listsMarker(_ key: String) async throws -> Bool {
         let query = [("list-type", "2"), ("prefix", prefix + key), ("encoding-type", "url"), ("max-keys", "1")]
         var listed = Listing()

@@ -76,6 +76,10 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// The last full listing for a moment after it was taken, until this device writes
     /// (`list` takes it once).
     private var recentListing: (listing: Listing, at: Date)?
+    /// Folder keys the log said were deleted (when), on a server without folder metadata: for
+    /// `foldersCheckedFor` seconds, a HEAD of each is checked with a listing (see `head`).
+    private var foldersSaidDeleted: [KeyBytes: Date] = [:]
+    static let foldersCheckedFor: TimeInterval = 600
 
     init(objects: S3Objects, index: S3Index, logger: Logger, fullListingInterval: TimeInterval, snapshotInterval: TimeInterval) {
         self.objects = objects; self.index = index; self.logger = logger
@@ -136,7 +140,21 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     // MARK: - CloudStore
 
-    public func head(_ key: String) async throws -> ObjectInfo { try await objects.head(key) }
+    /// The current version of `key`. SeaweedFS (a server that keeps no folder metadata: it
+    /// keeps folders as its own directories) answers a HEAD of `a/` for any directory it has,
+    /// marker or not, and keeps the directory of a folder whose marker was deleted while it held
+    /// something (a folder moved elsewhere: the marker goes first). A folder the log says was
+    /// deleted is there only if a listing shows its marker; else the moved folder would come
+    /// back on every device that reads the log.
+    public func head(_ key: String) async throws -> ObjectInfo {
+        let info = try await objects.head(key)
+        guard key.hasSuffix("/"), lock.withLock({ foldersSaidDeleted[KeyBytes(key)] != nil }) else { return info }
+        // Asked again while the folder waits to empty (see FileSystem.applyRemoteDelete): the
+        // same check each time, until a marker is there again.
+        if try await !objects.listsMarker(key) { throw StoreError.notFound(key: key) }
+        lock.withLock { _ = foldersSaidDeleted.removeValue(forKey: KeyBytes(key)) }
+        return info
+    }
 
     public func list(prefix: String) async throws -> [ObjectInfo] {
         // The whole bucket just after a full listing (a fresh mount: the feed's first look,
@@ -317,6 +335,15 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let reset = ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         guard try index.isLatest(since) else { return reset }
         let read = try await log.look(from: from, markOnly: false)
+        if !objects.keepsFolderMetadata {
+            let now = Date()
+            lock.withLock {
+                foldersSaidDeleted = foldersSaidDeleted.filter { now.timeIntervalSince($0.value) < Self.foldersCheckedFor }
+                for c in read.changes where c.kind == .delete && c.key.hasSuffix("/") && foldersSaidDeleted.count < 10_000 {
+                    foldersSaidDeleted[KeyBytes(c.key)] = now
+                }
+            }
+        }
         guard let next = try index.nextGeneration(since: since) else { return reset }
         lock.withLock { lastLook = (read.requests, false) }
         return ChangeBatch(changes: read.changes, cursor: next + "@\(read.position)", reset: false, unreadable: read.unreadable.lines)

@@ -67,9 +67,14 @@ extension StateTransaction {
     }
 
     /// Entries whose recorded version holds these bytes, by the store's content tag or the
-    /// digest (either may be nil), at most `limit`.
-    public func entries(tag: String?, digest: String?, limit: Int) throws -> [EntryRecord] {
+    /// digest (either may be nil), at most `limit`: those named `name` first.
+    public func entries(tag: String?, digest: String?, name: [UInt8], limit: Int) throws -> [EntryRecord] {
         guard tag != nil || digest != nil else { return [] }
+        let named = try Row.fetchAll(db, cached: """
+            SELECT * FROM entries WHERE remote_tag = ? AND name = ?
+            UNION SELECT * FROM entries WHERE remote_digest = ? AND name = ? LIMIT ?
+            """, arguments: [tag, Data(name), digest, Data(name), limit]).map(Self.entryRecord)
+        if !named.isEmpty { return named }
         return try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE remote_tag = ? OR remote_digest = ? LIMIT ?",
                                 arguments: [tag, digest, limit]).map(Self.entryRecord)
     }

@@ -77,8 +77,8 @@ extension LocalState {
         }
         m.registerMigration("v10: entries by content, for moves made elsewhere") { db in
             try db.execute(sql: """
-                CREATE INDEX entries_remote_tag ON entries (remote_tag) WHERE remote_tag IS NOT NULL;
-                CREATE INDEX entries_remote_digest ON entries (remote_digest) WHERE remote_digest IS NOT NULL;
+                CREATE INDEX entries_remote_tag ON entries (remote_tag, name) WHERE remote_tag IS NOT NULL;
+                CREATE INDEX entries_remote_digest ON entries (remote_digest, name) WHERE remote_digest IS NOT NULL;
                 """)
         }
         return m

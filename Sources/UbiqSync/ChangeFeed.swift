@@ -228,7 +228,8 @@ public final class ChangeFeed: @unchecked Sendable {
             guard let info = c.info, c.recordedBefore == nil, info.isFileWithBytes else { continue }
             let holders = try state.read { tx -> [EntryRecord] in
                 guard try tx.entries(remoteKey: c.key).isEmpty else { return [] }
-                return try tx.entries(tag: info.contentTag, digest: info.metadata.sha256, limit: 8)
+                let name = Array(StoreKey.segments(c.key).parts.last!.utf8)
+                return try tx.entries(tag: info.contentTag, digest: info.metadata.sha256, name: name, limit: 8)
             }
             for e in holders where e.holdsTheBytes(of: info) {
                 // A key of this batch already: its own change says whether it went.

@@ -24,7 +24,7 @@ struct SplitMix: RandomNumberGenerator {
 /// device's write or delete takes out only what that device was showing at that name: what
 /// it had seen. What another device wrote meanwhile, unseen, must survive.
 @Suite struct RandomSyncTests {
-    static let folders = ["", "d1", "d2"]
+    static let folders = ["", "d1", "d2", "d3"]
     static let names = ["a", "b", "c.txt", "d.txt"]
 
     /// Every file under `folder` of `d`, path → content.
@@ -98,7 +98,12 @@ struct SplitMix: RandomNumberGenerator {
                 guard let path = existing.randomElement(using: &rng) else { continue }
                 let mode: UInt32 = [0o600, 0o644, 0o755].randomElement(using: &rng)!
                 _ = try d.fs.setattr(try d.ino(path), AttributeChanges(mode: mode), caller: .root)
-            case 72 ..< 86:
+            case 72 ..< 76:  // rename a folder, with what it holds (a move the others apply as one)
+                let present = Self.folders.filter { !$0.isEmpty && (try? d.ino($0)) != nil }
+                let absent = Self.folders.filter { !$0.isEmpty && (try? d.ino($0)) == nil }
+                guard let from = present.randomElement(using: &rng), let to = absent.randomElement(using: &rng) else { continue }
+                try d.fs.rename(rootIno, n(from), rootIno, n(to))
+            case 76 ..< 88:
                 d.sync()
             default:
                 d.pull()

@@ -90,6 +90,24 @@ import UbiqStore
         try waitUntil(seconds: 20, every: 0.02) { try b.fs.getattr(new).blocks > 0 }
     }
 
+    /// Files with the same bytes (many are: empty-ish files, copies): each keeps its own item
+    /// through its folder's move, by its name, and the folder moves whole.
+    @Test func filesWithTheSameBytesKeepTheirOwnItems() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("same")
+        for i in 0 ..< 20 { try a.write("same/f\(i)", "the same bytes") }
+        a.sync()
+        let b = try Device(store: store)
+        let folder = try b.ino("same")
+        let inos = try (0 ..< 20).map { try b.ino("same/f\($0)") }
+        try a.fs.rename(rootIno, n("same"), rootIno, n("moved"))
+        a.sync()
+        b.pull()
+        #expect(try b.ino("moved") == folder)
+        #expect(try (0 ..< 20).map { try b.ino("moved/f\($0)") } == inos)
+    }
+
     /// A folder's move seen over two polls (a large folder: the mover's log objects come one
     /// after another): the first poll brings the folder's new key and a few files, the next the
     /// rest. Every file keeps its bytes; the old folder waits for what it holds to go, then goes
@@ -132,6 +150,29 @@ import UbiqStore
         a.pull()
         #expect(try a.names("") == ["pictures"])
         #expect(try runBlocking { try await store.list(prefix: "") }.filter { $0.key.hasPrefix("photos") }.isEmpty)
+    }
+
+    /// A folder deleted elsewhere by a device that did not know all it held: what this device
+    /// put in it went up, and stays in the store. The folder waits a few polls for it to go (as
+    /// in a move), then stays, and goes up again: both devices end with it and the file.
+    @Test func aFolderDeletedElsewhereThatStillHoldsAStoreFileStays() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("dir")
+        try a.write("dir/old", "old")
+        a.sync()
+        let b = try Device(store: store)
+        try b.write("dir/new", "made on B")
+        b.sync()
+        try a.fs.unlink(try a.ino("dir"), n("old"))
+        try a.fs.rmdir(rootIno, n("dir"))
+        a.sync()
+        for _ in 0 ... FileSystem.emptyingTries { b.pull() }
+        #expect(try b.names("dir") == ["new"])
+        b.sync()
+        #expect(try runBlocking { try await store.head("dir/") }.key == "dir/")
+        a.pull()
+        #expect(try a.read("dir/new") == "made on B")
     }
 
     /// The store copies, then deletes; a feed may tell the copy a poll before the delete (a log

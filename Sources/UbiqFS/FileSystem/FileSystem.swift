@@ -62,6 +62,9 @@ public final class FileSystem: @unchecked Sendable {
     public let events = EventBus()
     /// Items whose remote update waits for their last close, and what to call then.
     let waitingForClose = Mutex<Set<UInt64>>([])
+    /// Folders deleted in the store that wait for what they hold to go: how many items each
+    /// held at the last try, and the tries since that went down (see `applyRemoteDelete`).
+    let foldersEmptying = Mutex<[UInt64: (held: Int, idle: Int)]>([:])
     /// A container's folder levels (nil: any depth).
     public let folderLevels = Mutex<FolderLevels?>(nil)
 

@@ -80,8 +80,10 @@ extension FileSystem {
     private func movesMadeElsewhere(puts: [RemoteChange], deletes: [RemoteChange]) throws -> MovesMadeElsewhere {
         guard !puts.isEmpty, !deletes.isEmpty else { return MovesMadeElsewhere() }
         return try state.read { tx in
-            // What went from the store, as this device recorded it, unchanged here since.
-            var goneFiles: [String: [EntryRecord]] = [:]  // by digest and by tag
+            // What went from the store, as this device recorded it, unchanged here since: files by
+            // digest and by tag, and by those with the name (a folder's move keeps its files' names;
+            // files with the same bytes are many, as often as not).
+            var goneFiles = GoneFiles()
             var goneFolders: [KeyBytes: EntryRecord] = [:]
             for d in deletes {
                 guard let e = try tx.entries(remoteKey: d.key).first, e.remoteVersion == d.recordedBefore,
@@ -91,22 +93,17 @@ extension FileSystem {
                 if r.type == UInt32(S_IFDIR) {
                     if d.key.hasSuffix("/") { goneFolders[KeyBytes(d.key)] = e }
                 } else if r.type == UInt32(S_IFREG) {
-                    if let digest = e.remoteDigest { goneFiles["d" + digest, default: []].append(e) }
-                    if let tag = e.remoteTag { goneFiles["t" + tag, default: []].append(e) }
+                    goneFiles.add(e)
                 }
             }
             var moves = MovesMadeElsewhere()
-            var taken = Set<Int64>()
             func isNew(_ key: String) throws -> Bool { try tx.entries(remoteKey: key).isEmpty && !(try tx.hasTombstone(key: key)) }
             // Files first: they are what shows which folder went where.
             var folderMoves: [KeyBytes: KeyBytes] = [:]  // new folder key -> old
             for p in puts {
                 guard let info = p.info, info.isFileWithBytes, p.recordedBefore == nil, try isNew(p.key) else { continue }
-                let candidates = (info.metadata.sha256.map { goneFiles["d" + $0] ?? [] } ?? [])
-                    + (info.contentTag.map { goneFiles["t" + $0] ?? [] } ?? [])
-                guard let e = candidates.first(where: { !taken.contains($0.id) && $0.holdsTheBytes(of: info) }),
+                guard let e = goneFiles.take(holding: info, name: Array(StoreKey.segments(p.key).parts.last!.utf8)),
                       let old = e.remoteKey else { continue }
-                taken.insert(e.id)
                 moves.items[KeyBytes(p.key)] = e
                 for (new, was) in Self.foldersMoved(from: old, to: p.key) where folderMoves[new] == nil { folderMoves[new] = was }
             }
@@ -138,6 +135,41 @@ extension FileSystem {
                 if whole { moves.items[new] = e } else { moves.pinsFrom[new] = e.ino }
             }
             return moves
+        }
+    }
+
+    /// Files whose keys went from the store, to be paired with new keys holding their bytes.
+    struct GoneFiles {
+        private var lists: [String: [EntryRecord]] = [:]
+        /// How far each list has been taken from.
+        private var next: [String: Int] = [:]
+        private var taken = Set<Int64>()
+
+        private static func keys(digest: String?, tag: String?, name: [UInt8]?) -> [String] {
+            let n = name.map { "\u{0}" + String(decoding: $0, as: UTF8.self) } ?? ""
+            return (digest.map { ["d" + $0 + n] } ?? []) + (tag.map { ["t" + $0 + n] } ?? [])
+        }
+
+        mutating func add(_ e: EntryRecord) {
+            for k in Self.keys(digest: e.remoteDigest, tag: e.remoteTag, name: e.name) + Self.keys(digest: e.remoteDigest, tag: e.remoteTag, name: nil) {
+                lists[k, default: []].append(e)
+            }
+        }
+
+        /// A file not taken yet that holds `info`'s bytes, one named `name` first.
+        mutating func take(holding info: ObjectInfo, name: [UInt8]) -> EntryRecord? {
+            for k in Self.keys(digest: info.metadata.sha256, tag: info.contentTag, name: name)
+                + Self.keys(digest: info.metadata.sha256, tag: info.contentTag, name: nil) {
+                guard let list = lists[k] else { continue }
+                var i = next[k, default: 0]
+                while i < list.count, taken.contains(list[i].id) || !list[i].holdsTheBytes(of: info) { i += 1 }
+                next[k] = i
+                if i < list.count {
+                    taken.insert(list[i].id)
+                    return list[i]
+                }
+            }
+            return nil
         }
     }
 
@@ -418,16 +450,21 @@ extension FileSystem {
 
     // MARK: - Removals
 
-    /// Whether everything in folder `ino` is an item of the store that nothing here changed
-    /// (what it holds, it holds by the same rule when its own delete comes).
-    private func holdsOnlyWhatTheStoreHas(_ ino: UInt64) throws -> Bool {
+    /// Tries in a row, a poll apart, in which a folder deleted in the store did not empty before
+    /// it stays (and goes up again).
+    static let emptyingTries = 3
+
+    /// How many items folder `ino` holds, when each is an item of the store that nothing here
+    /// changed (what it holds, it holds by the same rule when its own delete comes); else nil.
+    private func heldOnlyWhatTheStoreHas(_ ino: UInt64) throws -> Int? {
         try state.read { tx in
-            for child in try tx.children(of: ino) {
-                guard child.remoteKey != nil else { return false }
+            let children = try tx.children(of: ino)
+            for child in children {
+                guard child.remoteKey != nil else { return nil }
                 let local = try tx.localChanges(child.ino)
-                if local.content || local.metadata || local.queued { return false }
+                if local.content || local.metadata || local.queued { return nil }
             }
-            return true
+            return children.count
         }
     }
 
@@ -446,12 +483,19 @@ extension FileSystem {
         // An edit beats a delete; so does a rename or a metadata change of what is here in
         // full. A placeholder renamed or chmod-ed here goes: its bytes went with the delete.
         let changedHere = local.content || (local.queued && !isPlaceholder)
-        if !changedHere, isDir, hasChildren, try holdsOnlyWhatTheStoreHas(ino) {
+        if !changedHere, isDir, hasChildren, let held = try heldOnlyWhatTheStoreHas(ino) {
             // What it holds is in the store, unchanged: their own deletes (or moves) come after
             // the folder's (a move elsewhere copies and deletes the folder's key first). Tried
-            // again at each poll until it is empty.
-            return false
+            // again at each poll while it empties; when it stops emptying (what it holds stays in
+            // the store: the other device did not know of it), it stays, as below.
+            let waits = foldersEmptying.withLock { w -> Bool in
+                let idle = w[ino].map { held < $0.held ? 0 : $0.idle + 1 } ?? 0
+                w[ino] = (held, idle)
+                return idle < Self.emptyingTries
+            }
+            if waits { return false }
         }
+        foldersEmptying.withLock { _ = $0.removeValue(forKey: ino) }
         if changedHere || isOpenForWriting(ino) || (isDir && hasChildren) {
             // Changed here, or a folder with something the store never had in it: kept,
             // and uploaded again.
