@@ -245,7 +245,9 @@ def rename_seen(s3, binary, proxy, via, writer, files):
         r["writer_s"] = time.perf_counter() - t0
         seen = None
         while time.perf_counter() - t0 < 600:
-            if not os.path.exists(f"{mnt}/folder") and os.path.isdir(f"{mnt}/renamed") and len(os.listdir(f"{mnt}/renamed")) == files:
+            # (The old folder may stay, empty: rclone wrote no folder marker, so nothing deletes it.)
+            gone = not os.path.exists(f"{mnt}/folder") or not os.listdir(f"{mnt}/folder")
+            if gone and os.path.isdir(f"{mnt}/renamed") and len(os.listdir(f"{mnt}/renamed")) == files:
                 seen = time.perf_counter() - t0
                 break
             time.sleep(0.1)
@@ -254,6 +256,10 @@ def rename_seen(s3, binary, proxy, via, writer, files):
             r["file_bytes"] = proxy.file_bytes
         r["requests"] = proxy.take()
         r["downloaded_after"] = sum(1 for e in os.scandir(f"{mnt}/renamed") if e.stat().st_blocks > 0) if seen else None
+        log = f"{s3.base}/scale-rename/state/ubiq.log"
+        if os.path.exists(log):
+            text = open(log, errors="replace").read()
+            r["moved_here"] = text.count("in the store: moved here")
     finally:
         subprocess.run([binary, "unmount", "--timeout", "120", mnt], env=s3.env, stdout=subprocess.DEVNULL)
         if os.path.ismount(mnt):
@@ -294,8 +300,9 @@ def report(r):
         n = r["renamed_files"]
         print(f"\nA folder of {n:,} files, downloaded on a fresh ubiq device (change log, poll 3 s), renamed on the writer:")
         print(f"- the writer's mv and ubiq sync (a copy and a delete a file, straight to the server): {m['writer_s']:.1f} s")
-        print("- seen whole on the device (the new name with every file, the old name gone), from the mv: "
+        print("- seen whole on the device (the new name with every file, the old name empty or gone), from the mv: "
               + ("not within 600 s" if m["seen_s"] is None else f"{m['seen_s']:.1f} s"))
         print(f"- requests meanwhile: {total(m['requests']):,} ({shown(m['requests'])}); bytes of files downloaded: {m['file_bytes']:,}")
+        print(f"- moves applied as moves (the device's log): {m.get('moved_here', 0):,}")
         print(f"- files here in full: {m['downloaded_before']:,} before, "
               + ("—" if m["downloaded_after"] is None else f"{m['downloaded_after']:,}") + " after")

@@ -108,6 +108,26 @@ import UbiqStore
         #expect(try (0 ..< 20).map { try b.ino("moved/f\($0)") } == inos)
     }
 
+    /// Objects another tool wrote (no digest, no folder marker: a folder only by its files'
+    /// keys), all with the same bytes, moved by a ubiq device: still moves.
+    @Test func anotherToolsObjectsMoveToo() throws {
+        let store = try newStore()
+        let src = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-src-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: src) }
+        try Data(repeating: 0x72, count: 64).write(to: src)
+        for i in 0 ..< 10 {
+            _ = try runBlocking { try await store.put("folder/f\(i)", contentsOf: src, metadata: ObjectMetadata(kind: .file), condition: .ifAbsent) }
+        }
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        let inos = try (0 ..< 10).map { try b.ino("folder/f\($0)") }
+        for i in 0 ..< 10 { _ = try b.read("folder/f\(i)") }
+        try a.fs.rename(rootIno, n("folder"), rootIno, n("renamed"))
+        a.sync()
+        b.pull()
+        #expect(try (0 ..< 10).map { try b.ino("renamed/f\($0)") } == inos, "\(b.log.all.suffix(30))")
+    }
+
     /// A folder's move seen over two polls (a large folder: the mover's log objects come one
     /// after another): the first poll brings the folder's new key and a few files, the next the
     /// rest. Every file keeps its bytes; the old folder waits for what it holds to go, then goes
