@@ -51,10 +51,12 @@ final class S3ChangeLog: @unchecked Sendable {
     /// This device's name in log object names (its S3 index's id).
     let device: String
     private let lock = NSLock()
+    /// Entries noted and not yet written (oldest first), and how many were ever noted.
     private var pending: [Entry] = []
+    private var noted = 0
+    /// Entries in the log object being written now (one at a time, so they go in order).
+    private var inFlight = 0
     private var publishScheduled = false
-    /// Log objects being written now.
-    private var writing = 0
     /// The server's clock minus this device's, from the last `Date` header read.
     private var clockOffset: TimeInterval = 0
     /// Log objects read (or covered by a full listing) that are still in the window, by their time.
@@ -69,58 +71,79 @@ final class S3ChangeLog: @unchecked Sendable {
     // MARK: - Writing
 
     /// Notes a change this device made; it goes to the log at the round's end (`publish`), or
-    /// within half a second for a change made outside an upload round.
+    /// within half a second for a change made outside an upload round. Changes noted while a
+    /// round goes on go in few log objects (what half a second brought, or a round's), never one
+    /// each: every reader fetches every log object.
     func record(_ entry: Entry) {
         lock.lock()
         pending.append(entry)
+        noted += 1
         if pending.count > Self.maxPending { pending.removeFirst(pending.count - Self.maxPending) }
         let schedule = !publishScheduled
         publishScheduled = true
         lock.unlock()
         if schedule {
             DispatchQueue.global().asyncAfter(deadline: .now() + 0.5) { [self] in
+                lock.withLock { publishScheduled = false }
                 Task { try? await self.publish() }
             }
         }
     }
 
-    /// Writes what was noted as log objects; returns when all that was noted before the call
-    /// is in the log (a write another call has under way included). What could not be written
+    /// Writes what was noted before the call as log objects (of at most `entriesPerObject`),
+    /// one at a time; returns when all of it is in the log, a write another call had under way
+    /// included. What is noted meanwhile is left to the next call. What could not be written
     /// stays noted for the next call (and throws).
     func publish() async throws {
+        // Entries leave `pending` in order and are dropped only when too many wait, so every
+        // entry noted before the call is written (or given up) once this many are.
+        let target = lock.withLock { noted }
         while true {
-            let (batch, busy): ([Entry], Bool) = lock.withLock {
-                publishScheduled = false
-                let b = Array(pending.prefix(Self.entriesPerObject))
+            enum Step { case finished, wait, write([Entry]) }
+            let step: Step = lock.withLock {
+                if noted - pending.count - inFlight >= target { return .finished }
+                if inFlight > 0 { return .wait }
+                let b = Array(pending.prefix(min(Self.entriesPerObject, pending.count - (noted - target))))
+                if b.isEmpty { return .finished }
                 pending.removeFirst(b.count)
-                if !b.isEmpty { writing += 1 }
-                return (b, writing > 0)
+                inFlight = b.count
+                return .write(b)
             }
-            if batch.isEmpty {
-                if !busy { return }
-                try await Task.sleep(for: .milliseconds(5))
-                continue
-            }
-            defer { lock.withLock { writing -= 1 } }
-            var body = Data()
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-            for e in batch {
-                body.append(try encoder.encode(e))
-                body.append(0x0A)
-            }
-            let name = Self.folder + Self.name(time: serverNow(), device: device)
-            do {
-                try await objects.send(.PUT, name, headers: objects.checksConditions ? ["If-None-Match": "*"] : [:],
-                                       body: .data(body), validate: false)
-            } catch {
-                lock.withLock {
-                    pending.insert(contentsOf: batch, at: 0)
-                    if pending.count > Self.maxPending { pending.removeLast(pending.count - Self.maxPending) }
+            switch step {
+            case .finished: return
+            case .wait: try await Task.sleep(for: .milliseconds(5))
+            case .write(let batch):
+                do {
+                    try await write(batch)
+                    lock.withLock { inFlight = 0 }
+                } catch {
+                    lock.withLock {
+                        inFlight = 0
+                        pending.insert(contentsOf: batch, at: 0)
+                        // Too many now: the newest go (the full listing finds their changes).
+                        if pending.count > Self.maxPending {
+                            let over = pending.count - Self.maxPending
+                            pending.removeLast(over)
+                        }
+                    }
+                    throw error
                 }
-                throw error
             }
         }
+    }
+
+    /// One log object of `batch`.
+    private func write(_ batch: [Entry]) async throws {
+        var body = Data()
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        for e in batch {
+            body.append(try encoder.encode(e))
+            body.append(0x0A)
+        }
+        let name = Self.folder + Self.name(time: serverNow(), device: device)
+        try await objects.send(.PUT, name, headers: objects.checksConditions ? ["If-None-Match": "*"] : [:],
+                               body: .data(body), validate: false)
     }
 
     static func name(time ms: Int64, device: String) -> String {

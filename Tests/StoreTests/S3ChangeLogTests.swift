@@ -155,4 +155,39 @@ import UbiqStore
         }
         #expect(logged.count == 1 && logged.first?.contains("-\(a.index.id)-") == true, "\(logged)")
     }
+
+    /// A long stream of changes (a folder of many files moved: a copy and a delete each) goes in
+    /// a few log objects, what half a second or a round brought, not one per change or two:
+    /// every reader fetches every log object. All of it is there, in order, after the round.
+    @Test func aStreamOfChangesGoesInFewLogObjects() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanB() }
+        let cursor = try await b.currentCursor()
+        let started = Date()
+        // Two seconds of them: the log is written meanwhile (every half second), not only at the end.
+        var n = 0
+        while Date().timeIntervalSince(started) < 2 {
+            try await a.delete("gone/\(n)", condition: .always)
+            n += 1
+        }
+        try await a.publishChanges()
+        let seconds = Date().timeIntervalSince(started)
+        let objects = try await logObjects(a).count
+        // One a half second at most while the deletes went on, and the round's own.
+        #expect(objects <= Int(seconds / 0.5) + 2, "\(objects) log objects for \(n) changes in \(seconds) s")
+        var keys: [String] = []
+        var at = cursor
+        while true {
+            let batch = try await b.changes(since: at, limit: 1000)
+            keys += batch.changes.map(\.key)
+            at = batch.cursor
+            if !batch.more { break }
+        }
+        let wanted = (0 ..< n).map { "gone/\($0)" }
+        let firstAmiss = (0 ..< min(keys.count, wanted.count)).first { keys[$0] != wanted[$0] } ?? min(keys.count, wanted.count)
+        let inOrder = keys == wanted
+        #expect(inOrder, "\(keys.count) of \(n) changes read; the first out of place at \(firstAmiss)")
+    }
 }
