@@ -291,6 +291,13 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(try d.fs.getxattr(ino, n("user.k")) == n("v"))
         #expect(throws: FSError.noAttribute) { try d.fs.getxattr(ino, n("user.none")) }
         #expect(throws: FSError.notSupported) { try d.fs.setxattr(ino, n("system.posix_acl_access"), n("x"), mode: .any) }
+        // No ACLs and no security labels here: asked for, they are not supported (not "none").
+        #expect(throws: FSError.notSupported) { try d.fs.getxattr(ino, n("system.posix_acl_access")) }
+        #expect(throws: FSError.notSupported) { try d.fs.getxattr(ino, n("security.selinux")) }
+        #expect(throws: FSError.notSupported) { try d.fs.setxattr(ino, n("security.SMACK64"), n("x"), mode: .any) }
+        try d.fs.setxattr(ino, n("security.other"), n("v"), mode: .create)
+        #expect(try d.fs.getxattr(ino, n("security.other")) == n("v"))
+        try d.fs.removexattr(ino, n("security.other"))
         try d.fs.removexattr(ino, n("user.k"))
         // Nothing is left: ubiq's own status attributes are answered by name, never listed.
         #expect(try d.fs.listxattr(ino).isEmpty)

@@ -462,10 +462,18 @@ extension FileSystem {
 
     static func checkXattrName(_ name: [UInt8]) throws {
         if name.isEmpty || name.count > 255 { throw FSError.range }
-        let s = String(decoding: name, as: UTF8.self)
-        guard s.hasPrefix("user.") || s.hasPrefix("trusted.") || s.hasPrefix("security.") else {
-            throw FSError.notSupported
-        }
+        if !isKept(name) { throw FSError.notSupported }
+    }
+
+    /// Whether items here can have an extended attribute of this name: `user.*`, `trusted.*` and
+    /// `security.*`, but not POSIX ACLs (`system.*`: none is kept, so the kernel enforces none)
+    /// nor security labels (`security.selinux`, `security.SMACK64…`: a label is the host's
+    /// policy, which a FUSE mount's files take from it, not from the file). Those answer
+    /// EOPNOTSUPP to a read too, as ext4 mounted `noacl` does for an ACL: `ls -l` and `cp` then
+    /// ask once a mount, not twice a file.
+    static func isKept(_ name: [UInt8]) -> Bool {
+        func has(_ prefix: String) -> Bool { name.starts(with: prefix.utf8) }
+        return has("user.") || has("trusted.") || (has("security.") && !has("security.selinux") && !has("security.SMACK64"))
     }
 
     public func getxattr(_ ino: UInt64, _ name: [UInt8]) throws -> [UInt8] {
@@ -473,6 +481,7 @@ extension FileSystem {
             if let v = try controlAttribute(ino, name) { return v }
             throw FSError.noAttribute
         }
+        if !Self.isKept(name) { throw FSError.notSupported }
         return try inodes.locked { t in
             let n = try t.node(ino)
             guard let v = n.xattrs[name] else { throw FSError.noAttribute }
@@ -484,7 +493,7 @@ extension FileSystem {
     /// only, never listed (as CephFS does with `ceph.*`): status is not the file's data, so
     /// `cp -a`, `rsync -X` and `tar --xattrs` copy exactly what a local disk would.
     public func listxattr(_ ino: UInt64) throws -> [[UInt8]] {
-        try inodes.locked { t in try t.node(ino).xattrs.keys.sorted { $0.lexicographicallyPrecedes($1) } }
+        try inodes.locked { t in try t.node(ino).xattrs.keys.filter(Self.isKept).sorted { $0.lexicographicallyPrecedes($1) } }
     }
 
     public func setxattr(_ ino: UInt64, _ name: [UInt8], _ value: [UInt8], mode: XattrSetMode) throws {
