@@ -247,8 +247,7 @@ def rename_seen(s3, binary, proxy, via, writer, files):
         r["writer_s"] = time.perf_counter() - t0
         seen = None
         while time.perf_counter() - t0 < 600:
-            # (The old folder may stay, empty: rclone wrote no folder marker, so nothing deletes it.)
-            gone = not os.path.exists(f"{mnt}/folder") or not os.listdir(f"{mnt}/folder")
+            gone = not os.path.exists(f"{mnt}/folder")
             if gone and os.path.isdir(f"{mnt}/renamed") and len(os.listdir(f"{mnt}/renamed")) == files:
                 seen = time.perf_counter() - t0
                 break
@@ -302,7 +301,7 @@ def report(r):
         n = r["renamed_files"]
         print(f"\nA folder of {n:,} files, downloaded on a fresh ubiq device (change log, poll 3 s), renamed on the writer:")
         print(f"- the writer's mv and ubiq sync (a copy and a delete a file, straight to the server): {m['writer_s']:.1f} s")
-        print("- seen whole on the device (the new name with every file, the old name empty or gone), from the mv: "
+        print("- seen whole on the device (the new name with every file, the old name gone), from the mv: "
               + ("not within 600 s" if m["seen_s"] is None else f"{m['seen_s']:.1f} s"))
         print(f"- requests meanwhile: {total(m['requests']):,} ({shown(m['requests'])}); bytes of files downloaded: {m['file_bytes']:,}")
         print(f"- moves applied as moves (the device's log): {m.get('moved_here', 0):,}")

@@ -285,9 +285,20 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         try await put(key, contentsOf: source, metadata: metadata, condition: condition, progress: nil)
     }
 
+    /// Writes `key`. On SeaweedFS a folder that holds objects, or held some, is a directory of
+    /// the server's own, which refuses a marker `If-None-Match: *` though no marker was ever
+    /// written (another tool's folder: its listing shows none): such a marker is written over
+    /// the directory (a marker holds nothing that could be lost).
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition,
                     progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
-        let info = try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: progress)
+        let info: ObjectInfo
+        do {
+            info = try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: progress)
+        } catch StoreError.preconditionFailed(let k, let current) {
+            guard case .ifAbsent = condition, key.hasSuffix("/"), !objects.keepsFolderMetadata,
+                  try await !objects.listsMarker(key) else { throw StoreError.preconditionFailed(key: k, current: current) }
+            info = try await objects.put(key, contentsOf: source, metadata: metadata, condition: .always, progress: progress)
+        }
         wrote(.init(op: "put", key: key, version: info.version))
         return info
     }

@@ -83,6 +83,13 @@ public struct StateTransaction {
         return (row[0], row[1], row[2])
     }
 
+    /// Whether `ino` changed here since the store last had it: its content, its metadata, or
+    /// something queued for it (a new name).
+    public func isChangedHere(_ ino: UInt64) throws -> Bool {
+        let local = try localChanges(ino)
+        return local.content || local.metadata || local.queued
+    }
+
     /// Replaces every extended attribute of `ino`.
     public func replaceXattrs(_ ino: UInt64, _ attrs: [[UInt8]: [UInt8]]) throws {
         try db.execute(cached: "DELETE FROM xattrs WHERE ino = ?", arguments: [Int64(bitPattern: ino)])

@@ -296,5 +296,36 @@ extension Uploader {
             logger.info("left \(old) in the store: it changed there since")
         }
         if let tombstone { try state.write { try $0.removeTombstone(tombstone) } }
+        keepFolderEmptied(by: old)
+    }
+
+    /// A folder another tool made has no marker in the store (it is there only as the prefix of
+    /// its files' keys). When `key`, just deleted from the store, was the last thing in one that
+    /// this device keeps (an `rm` or `mv` of its files here), the folder is gone from the store
+    /// though it is still here: its marker goes up, so that it stays on every device, as it
+    /// does here, rather than vanish from the others (`FileSystem.removeFoldersGoneWithTheirFiles`).
+    func keepFolderEmptied(by key: String) {
+        let parts = StoreKey.segments(key).parts.dropLast()
+        guard !parts.isEmpty else { return }
+        func emptiedFolder(_ tx: StateTransaction) throws -> UInt64? {
+            var folder: EntryRecord?
+            var parent: UInt64 = 1
+            for seg in parts {
+                guard let e = try tx.entry(parent: parent, name: Array(seg.utf8)) else { return nil }
+                folder = e
+                parent = e.ino
+            }
+            guard let folder, folder.remoteKey == nil, try tx.inode(folder.ino)?.type == UInt32(S_IFDIR),
+                  try tx.children(of: folder.ino).isEmpty, !(try tx.localChanges(folder.ino).queued) else { return nil }
+            return folder.ino
+        }
+        // Looked at first, written only when it is so (an rm -rf deletes many keys).
+        guard (try? state.read(emptiedFolder)) ?? nil != nil else { return }
+        let queued = (try? state.write { tx -> Bool in
+            guard let ino = try emptiedFolder(tx) else { return false }
+            try tx.enqueue(ino)
+            return true
+        }) ?? false
+        if queued { trace("\(parts.joined(separator: "/"))/ had no marker and is empty now: its marker goes up") }
     }
 }

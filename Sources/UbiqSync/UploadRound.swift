@@ -65,6 +65,7 @@ extension Uploader {
                 return handled
             }
             guard recordDone(tombstone: t.id) else { return handled }
+            keepFolderEmptied(by: t.key)
             handled += 1
         }
         let asOf: Date? = ignoringDelay ? .distantFuture : nil  // nil: the state's time

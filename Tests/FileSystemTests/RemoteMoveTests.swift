@@ -126,6 +126,44 @@ import UbiqStore
         a.sync()
         b.pull()
         #expect(try (0 ..< 10).map { try b.ino("renamed/f\($0)") } == inos, "\(b.log.all.suffix(30))")
+        // The old folder had no marker in the store: it went from there with its last file, and
+        // goes here too (not left behind empty).
+        #expect(try b.names("") == ["renamed"])
+        #expect(try a.names("") == ["renamed"])
+    }
+
+    /// A folder another tool made (no marker: a folder only by its files' keys). Emptied by an
+    /// `rm` of its files on one device, it stays there, and its marker goes up, so it stays on
+    /// the others too. Emptied in the store by another tool, it goes. One changed here stays.
+    @Test func aFolderWithoutAMarkerGoesOnlyWhereItWent() throws {
+        let store = try newStore()
+        let src = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-src-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: src) }
+        try Data("x".utf8).write(to: src)
+        for key in ["docs/a", "docs/b", "tmp/deep/c", "kept/d"] {
+            _ = try runBlocking { try await store.put(key, contentsOf: src, metadata: ObjectMetadata(kind: .file), condition: .ifAbsent) }
+        }
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        #expect(try b.names("") == ["docs", "kept", "tmp"])
+
+        // rm of every file in docs on A: docs stays on A, and on B.
+        let docs = try a.ino("docs")
+        try a.fs.unlink(docs, n("a"))
+        try a.fs.unlink(docs, n("b"))
+        a.sync()
+        #expect(try runBlocking { try await store.head("docs/") }.key == "docs/")
+        b.pull()
+        #expect(try b.names("docs") == [])
+        #expect(try a.names("docs") == [])
+
+        // Another tool deletes what tmp held: tmp/deep, then tmp, go from B. kept/ was chmod-ed
+        // on B (on its way up as a folder): it stays.
+        _ = try b.fs.setattr(try b.ino("kept"), AttributeChanges(mode: 0o700), caller: .root)
+        for key in ["tmp/deep/c", "kept/d"] { try runBlocking { try await store.delete(key, condition: .always) } }
+        b.pull()
+        #expect(try b.names("") == ["docs", "kept"], "\(b.log.all.suffix(10))")
+        #expect(try b.names("kept") == [])
     }
 
     /// A folder's move seen over two polls (a large folder: the mover's log objects come one

@@ -282,6 +282,32 @@ final class S3Server: @unchecked Sendable {
         #expect(listed.status == 0 && listed.out.contains("drive/pictures/p7.jpg") && !listed.out.contains("drive/photos"), "\(listed.out)")
     }
 
+    /// Folders another tool made (no markers; SeaweedFS still answers a HEAD of `docs/` for its
+    /// directory): renamed on A, the old one goes from B; emptied by `rm` on A, it stays on A
+    /// and on B, and its marker is in the bucket.
+    @Test func foldersAnotherToolMadeGoOnlyWhereTheyWent() throws {
+        let s3 = try S3Server.shared()
+        let bucket = s3.bucket("nomarker")
+        s3.curl("-X PUT", "/\(bucket)")
+        let body = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-body-\(UUID().uuidString)").path
+        try Data("from elsewhere\n".utf8).write(to: URL(fileURLWithPath: body))
+        defer { unlink(body) }
+        for key in ["docs/a", "docs/b", "tmp/c", "tmp/d"] { expectOK(s3.curl("-T \(body)", "/\(bucket)/drive/\(key)")) }
+        let a = try s3.mount(bucket, extra: "--upload-delay 0")
+        defer { a.cleanup() }
+        let b = try s3.mount(bucket, name: "device-b", extra: "--poll-interval 0.5 --full-listing-interval 3600")
+        defer { b.cleanup() }
+        expectOK(b.sh("test -e docs/a && test -e tmp/d"))
+        expectOK(a.sh("rm docs/a docs/b && mv tmp moved && \(ubiqBinary) sync ."))
+        expectOK(eventually(b, "test ! -e tmp && test -e moved/c && test -e moved/d", seconds: 60),
+                 "B: \(b.sh("ls -R").out) \(shell("tail -20 \(b.state)/ubiq.log").out)")
+        expectOK(eventually(b, "test ! -e docs/a && test ! -e docs/b", seconds: 60))
+        expectOK(b.sh("test -d docs && test -z \"$(ls docs)\""), "B keeps the folder A keeps")
+        expectOK(a.sh("test -d docs && test -z \"$(ls docs)\""))
+        let listed = s3.curl("", "/\(bucket)?list-type=2")
+        #expect(listed.out.contains("<Key>drive/docs/</Key>") && !listed.out.contains("drive/tmp/"), "\(listed.out)")
+    }
+
     /// A server that is down: a device that never reached it cannot mount (a clear error); one
     /// that did mounts with what it knew, and reads what it has.
     @Test func aStoreThatIsDown() throws {

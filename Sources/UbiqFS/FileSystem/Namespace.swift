@@ -263,26 +263,12 @@ extension FileSystem {
         let s = try t.node(src)
         if toDir.nlink == 0 { throw FSError.notFound }
         // A directory may not move into itself or below itself.
-        if s.isDirectory {
-            var p = newParent
-            while true {
-                if p == src { throw FSError.invalid }
-                if p == rootIno { break }
-                p = t[p]?.parent ?? rootIno
-            }
-        }
+        if s.isDirectory, t.isInside(newParent, src) { throw FSError.invalid }
         let now = nowNanos()
         if flags.contains(.exchange) {
             guard let dst else { throw FSError.notFound }
             let d = try t.node(dst)
-            if d.isDirectory, dst != src {
-                var p = parent
-                while true {
-                    if p == dst { throw FSError.invalid }
-                    if p == rootIno { break }
-                    p = t[p]?.parent ?? rootIno
-                }
-            }
+            if d.isDirectory, dst != src, t.isInside(parent, dst) { throw FSError.invalid }
             if src == dst { return true }
             for n in [s, d, fromDir, toDir] { n.rec.ctimeNs = now }
             fromDir.rec.mtimeNs = now

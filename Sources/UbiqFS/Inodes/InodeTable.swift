@@ -49,6 +49,16 @@ final class Inodes {
         return n
     }
 
+    /// Whether the folder `dir` is `ancestor` or below it (a folder may not move there).
+    func isInside(_ dir: UInt64, _ ancestor: UInt64) -> Bool {
+        var p = dir
+        while true {
+            if p == ancestor { return true }
+            if p == rootIno { return false }
+            p = nodes[p]?.parent ?? rootIno
+        }
+    }
+
     /// Every inode in memory.
     var all: Dictionary<UInt64, Node>.Values { nodes.values }
     var count: Int { nodes.count }

@@ -35,6 +35,9 @@ extension FileSystem {
         let puts = changes.filter { $0.info != nil }.sorted { (depth($0.key), $0.key) < (depth($1.key), $1.key) }
         let deletes = changes.filter { $0.info == nil }.sorted { (depth($0.key), $0.key) > (depth($1.key), $1.key) }
         var retry: [String] = []
+        // The folders that held what the store deleted: one with no marker in the store that is
+        // left empty here went from the store with its last file (below).
+        let emptying = (try? state.read { tx in Set(try deletes.compactMap { try tx.entries(remoteKey: $0.key).first?.parent }) }) ?? []
         let moves: MovesMadeElsewhere
         do { moves = try movesMadeElsewhere(puts: puts, deletes: deletes) } catch {
             logger.warning("remote changes wait: \(error)")
@@ -59,7 +62,58 @@ extension FileSystem {
                 retry.append(c.key)
             }
         }
+        removeFoldersGoneWithTheirFiles(emptying)
         return retry
+    }
+
+    /// A folder another tool made has no marker in the store: it is there only as the prefix of
+    /// its files' keys, and here it is a folder with no key. When the store's changes leave one
+    /// empty here (its files deleted or moved elsewhere, a folder renamed there), it is gone from
+    /// the store too, and goes here; so do its parents that it leaves empty the same way. One
+    /// changed here (a new name, mode or xattr: it is on its way up as a folder) stays.
+    private func removeFoldersGoneWithTheirFiles(_ candidates: Set<UInt64>) {
+        var queue = Array(candidates)
+        while let dir = queue.popLast() {
+            guard dir != rootIno, inodes.locked({ t in t[dir].map { $0.isDirectory && $0.children.isEmpty } }) == true,
+                  let e = try? state.read({ tx -> EntryRecord? in
+                      guard let e = try tx.entries(of: dir).first, e.remoteKey == nil else { return nil }
+                      return try tx.isChangedHere(dir) ? nil : e
+                  }) else { continue }
+            let gone = events.hasSubscribers ? pathBytes(of: dir) : nil
+            guard let c = try? claim([e.parent, dir], .delete) else { continue }
+            let removed: Bool = {
+                defer { coordinator.release(c) }
+                return (try? inodes.locked { t -> Bool in
+                    guard let parent = t[e.parent], parent.children[e.name] == dir, let n = t[dir], n.isDirectory,
+                          n.children.isEmpty else { return false }
+                    let now = nowNanos()
+                    parent.rec.mtimeNs = now
+                    parent.rec.ctimeNs = now
+                    let parentRec = parent.rec
+                    var changed = false
+                    try persistNow { tx in
+                        // Checked again where a change recorded meanwhile would be seen.
+                        guard try tx.entries(of: dir).first?.remoteKey == nil, !(try tx.isChangedHere(dir)) else {
+                            changed = true
+                            return
+                        }
+                        try tx.removeEntry(parent: e.parent, name: e.name)
+                        try tx.upsert(parentRec)
+                    }
+                    if changed { return false }
+                    parent.children[e.name] = nil
+                    n.nlink = 0
+                    parent.nlink -= 1
+                    reapIfUnreferenced(n, t)
+                    return true
+                }) ?? false
+            }()
+            guard removed else { continue }
+            logger.info("\(pathBytes(of: e.parent).map { Self.join($0, e.name) }.map { String(decoding: $0, as: UTF8.self) } ?? "a folder") is gone from the store with its files (it had no folder marker there): removed here")
+            invalidateKernelEntry(e.parent, e.name)
+            if let gone { emit(.deleted, dir, path: gone) }
+            queue.append(e.parent)
+        }
     }
 
     // MARK: - Moves
@@ -88,8 +142,7 @@ extension FileSystem {
             for d in deletes {
                 guard let e = try tx.entries(remoteKey: d.key).first, e.remoteVersion == d.recordedBefore,
                       let r = try tx.inode(e.ino) else { continue }
-                let local = try tx.localChanges(e.ino)
-                if local.content || local.metadata || local.queued { continue }
+                if try tx.isChangedHere(e.ino) { continue }
                 if r.type == UInt32(S_IFDIR) {
                     if d.key.hasSuffix("/") { goneFolders[KeyBytes(d.key)] = e }
                 } else if r.type == UInt32(S_IFREG) {
@@ -207,14 +260,7 @@ extension FileSystem {
                       toDir.isDirectory, toDir.nlink > 0 else { return false }
                 let here = toDir.children[name]
                 if here != nil && here != ino { return false }
-                if here == nil, n.isDirectory {
-                    // Not into itself.
-                    var p = parent
-                    while p != rootIno {
-                        if p == ino { return false }
-                        p = t[p]?.parent ?? rootIno
-                    }
-                }
+                if here == nil, n.isDirectory, t.isInside(parent, ino) { return false }  // not into itself
                 let now = nowNanos()
                 var superseded = false
                 try persistNow { tx in
@@ -461,8 +507,7 @@ extension FileSystem {
             let children = try tx.children(of: ino)
             for child in children {
                 guard child.remoteKey != nil else { return nil }
-                let local = try tx.localChanges(child.ino)
-                if local.content || local.metadata || local.queued { return nil }
+                if try tx.isChangedHere(child.ino) { return nil }
             }
             return children.count
         }

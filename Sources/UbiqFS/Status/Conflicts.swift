@@ -63,8 +63,7 @@ extension FileSystem {
         return try readState { tx in
             guard let e = try tx.entries(of: ino).first(where: { $0.remoteKey != nil }),
                   let key = e.remoteKey, let version = e.remoteVersion else { throw FSError.notUploaded }
-            let local = try tx.localChanges(ino)
-            return (key, version, local.content || local.metadata || local.queued)
+            return (key, version, try tx.isChangedHere(ino))
         }
     }
 }
