@@ -64,7 +64,7 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         // Helpers the test targets share (temporary paths, waiting for a condition).
-        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .target(name: "TestSupport", dependencies: ["UbiqS3", .product(name: "Logging", package: "swift-log")], path: "Tests/TestSupport"),
         .testTarget(name: "CoordinatorTests", dependencies: ["UbiqCoordinator", "UbiqClock", "TestSupport"]),
         .testTarget(name: "StoreTests", dependencies: [
             "UbiqStore", "UbiqS3", "TestSupport",
@@ -72,7 +72,7 @@ let package = Package(
             .product(name: "NIOCore", package: "swift-nio"),
         ]),
         .testTarget(name: "FileSystemTests", dependencies: [
-            "UbiqFS", "UbiqControl", "UbiqStore", "UbiqState", "UbiqClock", "UbiqSync", "UbiqCoordinator", "TestSupport",
+            "UbiqFS", "UbiqControl", "UbiqStore", "UbiqState", "UbiqClock", "UbiqSync", "UbiqCoordinator", "UbiqS3", "TestSupport",
             .product(name: "GRDB", package: "GRDB.swift"),
         ]),
         .testTarget(name: "MountTests", dependencies: ["TestSupport"]),

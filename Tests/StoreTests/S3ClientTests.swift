@@ -3,6 +3,7 @@ import Logging
 import NIOCore
 import Testing
 import UbiqStore
+import TestSupport
 @testable import UbiqS3
 
 /// The S3 client against a real SeaweedFS: signed requests, conditional writes, listing

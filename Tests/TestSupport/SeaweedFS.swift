@@ -3,12 +3,13 @@ import Logging
 import UbiqS3
 
 /// One real SeaweedFS (master, volume, filer, S3 gateway) on loopback for this test process,
-/// started on first use by scripts/start-seaweedfs and stopped when the process exits.
-final class SeaweedFS: @unchecked Sendable {
-    let dir: String
-    let endpoint: URL
-    let accessKey: String
-    let secretKey: String
+/// started on first use by scripts/start-seaweedfs and stopped when the process exits (the
+/// store tests' and the file system's tests on S3; the mount tests start their own).
+public final class SeaweedFS: @unchecked Sendable {
+    public let dir: String
+    public let endpoint: URL
+    public let accessKey: String
+    public let secretKey: String
 
     private static let lock = NSLock()
     nonisolated(unsafe) private static var started: Result<SeaweedFS, Error>?
@@ -16,7 +17,7 @@ final class SeaweedFS: @unchecked Sendable {
     struct StartError: Error, CustomStringConvertible { let description: String }
 
     /// The server, started if it is not yet.
-    static func shared() throws -> SeaweedFS {
+    public static func shared() throws -> SeaweedFS {
         lock.lock(); defer { lock.unlock() }
         if let started { return try started.get() }
         let r = Result { try SeaweedFS() }
@@ -63,10 +64,10 @@ final class SeaweedFS: @unchecked Sendable {
         return (p.terminationStatus, String(decoding: o, as: UTF8.self), String(decoding: e, as: UTF8.self))
     }
 
-    var credentials: S3Credentials { S3Credentials(accessKey: accessKey, secretKey: secretKey, source: "test") }
+    public var credentials: S3Credentials { S3Credentials(accessKey: accessKey, secretKey: secretKey, source: "test") }
 
     /// A client of a new bucket of its own (created).
-    func newBucket(_ label: String = "t") async throws -> S3Client {
+    public func newBucket(_ label: String = "t") async throws -> S3Client {
         let name = "\(label)-\(UUID().uuidString.prefix(8).lowercased())"
         let client = S3Client(endpoint: S3Endpoint(url: endpoint, region: "us-east-1", bucket: name, credentials: credentials),
                               logger: Logger(label: "s3-test"))
@@ -78,7 +79,7 @@ final class SeaweedFS: @unchecked Sendable {
 extension SeaweedFS {
     /// An S3 store in a new bucket of its own (with versioning when asked), its index in a
     /// temporary file; the cleanup removes the index.
-    func newStore(versioned: Bool, prefix: String = "drive", multipartThreshold: Int64 = 64 << 20,
+    public func newStore(versioned: Bool, prefix: String = "drive", multipartThreshold: Int64 = 64 << 20,
                   fullListingInterval: TimeInterval = 300, snapshotInterval: TimeInterval = 86_400) async throws -> (S3Store, cleanup: () -> Void) {
         let client = try await newBucket(versioned ? "sv" : "su")
         if versioned {
@@ -91,7 +92,7 @@ extension SeaweedFS {
 
     /// An S3 store of `bucket` (as another device sees it: an index of its own); the cleanup
     /// removes the index.
-    func store(of bucket: String, prefix: String = "drive", multipartThreshold: Int64 = 64 << 20,
+    public func store(of bucket: String, prefix: String = "drive", multipartThreshold: Int64 = 64 << 20,
                fullListingInterval: TimeInterval = 300, snapshotInterval: TimeInterval = 86_400) async throws -> (S3Store, cleanup: () -> Void) {
         let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
         let store = try await S3Store.open(try S3Location("s3://\(bucket)/\(prefix)"), endpoint: endpoint,
