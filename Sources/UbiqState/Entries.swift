@@ -56,6 +56,18 @@ extension StateTransaction {
             .map(Self.entryRecord)
     }
 
+    /// The entry at the path of `parts` (names from the root), or nil.
+    public func entry(atPath parts: some Sequence<String>) throws -> EntryRecord? {
+        var parent: UInt64 = 1
+        var found: EntryRecord?
+        for seg in parts {
+            guard let e = try entry(parent: parent, name: Array(seg.utf8)) else { return nil }
+            found = e
+            parent = e.ino
+        }
+        return found
+    }
+
     public func entry(parent: UInt64, name: [UInt8]) throws -> EntryRecord? {
         try Row.fetchOne(db, cached: "SELECT * FROM entries WHERE parent = ? AND name = ?",
                          arguments: [Int64(bitPattern: parent), Data(name)]).map(Self.entryRecord)

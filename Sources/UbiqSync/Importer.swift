@@ -21,17 +21,6 @@ public struct Importer {
     }
 
     /// The entry at `parts` (folder names, then the item's), if every step exists.
-    private func existing(_ tx: StateTransaction, _ parts: [String]) throws -> EntryRecord? {
-        var parent: UInt64 = 1
-        var found: EntryRecord?
-        for seg in parts {
-            guard let e = try tx.entry(parent: parent, name: Array(seg.utf8)) else { return nil }
-            found = e
-            parent = e.ino
-        }
-        return found
-    }
-
     public struct Report: Sendable, Equatable {
         public var added = 0
         public var skipped = 0
@@ -65,7 +54,7 @@ public struct Importer {
                     if w.leftOut { report.skipped += 1; continue }
                 }
                 let (parts, isDir) = StoreKey.segments(obj.key)
-                if let d = deviceID, let o = obj.metadata.origin, o.hasPrefix(d + ":"), try existing(tx, parts) == nil {
+                if let d = deviceID, let o = obj.metadata.origin, o.hasPrefix(d + ":"), try tx.entry(atPath: parts) == nil {
                     // Written by this device, recorded by no item here, and nothing here has its
                     // name: an upload whose answer never came, from an item deleted or renamed
                     // here since. Not a file to bring back: the uploader deletes it (if unchanged).

@@ -308,14 +308,7 @@ extension Uploader {
         let parts = StoreKey.segments(key).parts.dropLast()
         guard !parts.isEmpty else { return }
         func emptiedFolder(_ tx: StateTransaction) throws -> UInt64? {
-            var folder: EntryRecord?
-            var parent: UInt64 = 1
-            for seg in parts {
-                guard let e = try tx.entry(parent: parent, name: Array(seg.utf8)) else { return nil }
-                folder = e
-                parent = e.ino
-            }
-            guard let folder, folder.remoteKey == nil, try tx.inode(folder.ino)?.type == UInt32(S_IFDIR),
+            guard let folder = try tx.entry(atPath: parts), folder.remoteKey == nil, try tx.inode(folder.ino)?.type == UInt32(S_IFDIR),
                   try tx.children(of: folder.ino).isEmpty, !(try tx.localChanges(folder.ino).queued) else { return nil }
             return folder.ino
         }
