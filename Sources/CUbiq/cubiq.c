@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <errno.h>
+#include <malloc.h>
 #include <sys/xattr.h>
 #include <sys/socket.h>
 #include <openssl/evp.h>
@@ -67,3 +68,7 @@ int cubiq_hmac_sha256(const void *key, size_t key_len, const void *data, size_t 
     unsigned int n = 0;
     return HMAC(EVP_sha256(), key, (int)key_len, data, len, out, &n) != NULL && n == 32;
 }
+
+int cubiq_release_free_memory(void) { return malloc_trim(0); }
+
+uint64_t cubiq_free_heap_bytes(void) { return (uint64_t)mallinfo2().fordblks; }

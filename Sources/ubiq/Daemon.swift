@@ -188,6 +188,13 @@ struct Daemon {
             guard let keys = try? runBlocking({ try await store.list(prefix: ReservedKeys.kv) }).map(\.key) else { return }
             kv.apply(objectKeys: keys, initial: true)
         } }
+        // What the import freed goes back to the system now, and what later work frees as it grows.
+        let heap = HeapRelease(report: { [logger] before, after, seconds in
+            guard before - after >= 8 << 20 else { return }
+            logger.info("gave \((before - after) >> 20) MiB of freed memory back to the system (resident now \(after >> 20) MiB; \(Int(seconds * 1000)) ms)")
+        })
+        heap.now()
+        heap.start()
         logger.info("mounted \(plan.storeURL) at \(plan.mountpoint) (device \(deviceID), \(fs.inodeCount) items, cache limit \(plan.cacheSize) bytes)")
         logger.info(plan.syncOnClose ? "close(2) syncs what was written to disk (--sync-on-close)"
                                      : "close(2) commits what was written, safe from a killed daemon; fsync(2) syncs it to disk")
@@ -211,6 +218,7 @@ struct Daemon {
         if materializer.digestMismatches > 0 {
             logger.warning("\(materializer.digestMismatches) downloads thrown away in this run: their bytes did not match their digest")
         }
+        heap.stop()
         feed.stop()
         control.stop()
         // Reads still waiting for the store: their mount is gone.
