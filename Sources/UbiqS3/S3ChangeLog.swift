@@ -36,6 +36,11 @@ final class S3ChangeLog: @unchecked Sendable {
         var op: String
         var key: String
         var version: String?
+        /// The write's row in the device's index (`S3Index.unlogged`), forgotten once a log
+        /// object holds the entry; not part of the log.
+        var row: Int64? = nil
+
+        enum CodingKeys: String, CodingKey { case op, key, version }
     }
 
     /// What a look at the log found.
@@ -64,8 +69,14 @@ final class S3ChangeLog: @unchecked Sendable {
     /// Log objects that could not be fetched, and how many times in a row.
     private var failures: [String: Int] = [:]
 
-    init(objects: S3Objects, device: String) {
-        self.objects = objects; self.device = device
+    /// Told the index rows of the entries a log object now holds.
+    private let logged: @Sendable ([Int64]) -> Void
+    /// Whether a change noted outside a round goes to the log by itself (tests of a crash
+    /// before the log object turn it off).
+    var publishesBySelf = true
+
+    init(objects: S3Objects, device: String, logged: @escaping @Sendable ([Int64]) -> Void = { _ in }) {
+        self.objects = objects; self.device = device; self.logged = logged
     }
 
     // MARK: - Writing
@@ -79,8 +90,8 @@ final class S3ChangeLog: @unchecked Sendable {
         pending.append(entry)
         noted += 1
         if pending.count > Self.maxPending { pending.removeFirst(pending.count - Self.maxPending) }
-        let schedule = !publishScheduled
-        publishScheduled = true
+        let schedule = !publishScheduled && publishesBySelf
+        if schedule { publishScheduled = true }
         lock.unlock()
         if schedule {
             DispatchQueue.global().asyncAfter(deadline: .now() + 0.5) { [self] in
@@ -116,6 +127,7 @@ final class S3ChangeLog: @unchecked Sendable {
                 do {
                     try await write(batch)
                     lock.withLock { inFlight = 0 }
+                    logged(batch.compactMap(\.row))
                 } catch {
                     lock.withLock {
                         inFlight = 0

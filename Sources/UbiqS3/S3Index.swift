@@ -7,7 +7,12 @@ import UbiqStore
 ///   size), so a listing needs a HEAD only for objects that changed since; keys the last full
 ///   listing did not show are dropped;
 /// - `feed`: the listing the change feed last saw, to tell the next one's changes from;
-/// - `parts`: part uploads under way (multipart journal).
+/// - `parts`: part uploads under way (multipart journal);
+/// - `unlogged`: keys this device wrote (or tried to) that no log object of its names yet
+///   (S3ChangeLog): a crash between a write and its log object loses no entry.
+///
+/// WAL with `synchronous = NORMAL`: a commit survives a killed daemon (as the state database's
+/// do), without waiting for the disk: one is made before every write to the bucket.
 final class S3Index: MultipartJournal, @unchecked Sendable {
     private let db: DatabaseQueue
     /// Names this index: a cursor from another index (removed, remade) is never taken for one of this.
@@ -18,7 +23,10 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         if fd >= 0 { fchmod(fd, 0o600); close(fd) }
         do {
-            db = try DatabaseQueue(path: path)
+            var config = Configuration()
+            config.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = NORMAL") }
+            db = try DatabaseQueue(path: path, configuration: config)
+            try db.writeWithoutTransaction { db in _ = try String.fetchOne(db, sql: "PRAGMA journal_mode = WAL") }
             var m = DatabaseMigrator()
             m.registerMigration("v1") { db in
                 try db.execute(sql: """
@@ -30,6 +38,11 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
                     """)
                 try db.execute(sql: "INSERT INTO settings VALUES ('id', ?), ('generation', '0')",
                                arguments: [UUID().uuidString.lowercased().prefix(8).description])
+            }
+            m.registerMigration("v2") { db in
+                // One row a key (the latest write's): a key written many times while the log
+                // could not be written is one entry to publish.
+                try db.execute(sql: "CREATE TABLE unlogged (id INTEGER PRIMARY KEY, op TEXT NOT NULL, key TEXT NOT NULL UNIQUE)")
             }
             try m.migrate(db)
             id = try db.read { try String.fetchOne($0, sql: "SELECT value FROM settings WHERE name = 'id'") } ?? "?"
@@ -159,6 +172,33 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
             guard since == cursor(gen) else { return nil }
             try Self.setGeneration(db, gen + 1)
             return cursor(gen + 1)
+        }
+    }
+
+    // MARK: unlogged writes
+
+    /// Notes that this device is about to write `key` (`op`: the log entry's); the row's id,
+    /// nil if it could not be noted (the write goes on: its entry is only not crash-proof).
+    func noteUnlogged(op: String, key: String) -> Int64? {
+        try? run { db in
+            try db.execute(sql: "INSERT OR REPLACE INTO unlogged (op, key) VALUES (?, ?)", arguments: [op, key])
+            return db.lastInsertedRowID
+        }
+    }
+
+    /// The writes no log object names yet, oldest first.
+    func unlogged() -> [(id: Int64, op: String, key: String)] {
+        (try? run { db in
+            try Row.fetchAll(db, sql: "SELECT id, op, key FROM unlogged ORDER BY id").map { ($0["id"], $0["op"], $0["key"]) }
+        }) ?? []
+    }
+
+    /// A log object names these writes now.
+    func forgetUnlogged(_ ids: [Int64]) {
+        guard !ids.isEmpty else { return }
+        try? run { db in
+            let stmt = try db.cachedStatement(sql: "DELETE FROM unlogged WHERE id = ?")
+            for id in ids { try stmt.execute(arguments: [id]) }
         }
     }
 

@@ -84,8 +84,11 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     init(objects: S3Objects, index: S3Index, logger: Logger, fullListingInterval: TimeInterval, snapshotInterval: TimeInterval) {
         self.objects = objects; self.index = index; self.logger = logger
         self.fullListingInterval = fullListingInterval; self.snapshotInterval = snapshotInterval
-        log = S3ChangeLog(objects: objects, device: index.id)
+        log = S3ChangeLog(objects: objects, device: index.id, logged: { [index] in index.forgetUnlogged($0) })
         snapshots = S3Snapshots(objects: objects)
+        // Writes of the last run that no log object names (it ended between a write and its
+        // log object): their entries go out with this run's first.
+        for w in index.unlogged() { log.record(.init(op: w.op, key: w.key, version: nil, row: w.id)) }
     }
 
     /// Opens the store at `location` through `endpoint`: makes the bucket if it is missing,
@@ -291,34 +294,54 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// the directory (a marker holds nothing that could be lost).
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition,
                     progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
-        let info: ObjectInfo
-        do {
-            info = try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: progress)
-        } catch StoreError.preconditionFailed(let k, let current) {
-            guard case .ifAbsent = condition, key.hasSuffix("/"), !objects.keepsFolderMetadata,
-                  try await !objects.listsMarker(key) else { throw StoreError.preconditionFailed(key: k, current: current) }
-            info = try await objects.put(key, contentsOf: source, metadata: metadata, condition: .always, progress: progress)
+        try await logging("put", key, version: \.version) {
+            do {
+                return try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: progress)
+            } catch StoreError.preconditionFailed(let k, let current) {
+                guard case .ifAbsent = condition, key.hasSuffix("/"), !objects.keepsFolderMetadata,
+                      try await !objects.listsMarker(key) else { throw StoreError.preconditionFailed(key: k, current: current) }
+                return try await objects.put(key, contentsOf: source, metadata: metadata, condition: .always, progress: progress)
+            }
         }
-        wrote(.init(op: "put", key: key, version: info.version))
-        return info
     }
 
     public func copy(from source: String, version: String, to destination: String, metadata: ObjectMetadata?,
                      condition: WriteCondition) async throws -> ObjectInfo {
-        let info = try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
-        wrote(.init(op: "put", key: destination, version: info.version))
-        return info
+        try await logging("put", destination, version: \.version) {
+            try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
+        }
     }
 
     public func delete(_ key: String, condition: WriteCondition) async throws {
-        try await objects.delete(key, condition: condition)
-        wrote(.init(op: "delete", key: key, version: nil))
+        try await logging("delete", key, version: { _ in nil }) {
+            try await objects.delete(key, condition: condition)
+        }
     }
 
-    /// Logs a write of this device's; the last full listing is no longer one to reuse.
-    private func wrote(_ entry: S3ChangeLog.Entry) {
+    /// Runs a write of `key` and logs it (`op`: the entry's), noted in the index first, so that
+    /// a crash before its log object loses no entry: the next run publishes what the index
+    /// holds. A write refused (another device's version, a key gone or not allowed, the quota)
+    /// is not logged (its row, if a crash keeps it, is a harmless hint); one that failed
+    /// otherwise (its answer lost: it may have been made) is, as a hint without a version.
+    /// The last full listing is no longer one to reuse.
+    private func logging<T>(_ op: String, _ key: String, version: (T) -> String?,
+                            _ write: () async throws -> T) async throws -> T {
+        let row = index.noteUnlogged(op: op, key: key)
         lock.withLock { recentListing = nil }
-        log.record(entry)
+        do {
+            let done = try await write()
+            log.record(.init(op: op, key: key, version: version(done), row: row))
+            return done
+        } catch let e as StoreError {
+            switch e {
+            case .preconditionFailed, .notFound, .invalidKey, .quotaExceeded: break
+            default: log.record(.init(op: op, key: key, version: nil, row: row))
+            }
+            throw e
+        } catch {
+            log.record(.init(op: op, key: key, version: nil, row: row))
+            throw error
+        }
     }
 
     /// Writes what this device changed to the change log (an upload round ends).

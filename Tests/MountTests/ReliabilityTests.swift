@@ -105,7 +105,6 @@ import TestSupport
     @Test func sigkillAtRandomMomentsLosesNothingAcknowledged() throws {
         let seed = Self.seed()
         print("crash seed \(seed) (replay: UBIQ_SEED=\(seed))")
-        var rng = UInt64(seed)  // kill times from the seed (a linear congruential step per round)
         // The store fails, loses answers and cuts reads now and then too: a crash right after a
         // write whose answer was lost is the case that brings deleted files back.
         let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1",
@@ -113,32 +112,7 @@ import TestSupport
         defer { a.cleanup() }
         let journal = a.base + "/journal", dir = a.mnt + "/c"
         let budget = Date(timeIntervalSinceNow: Double(ProcessInfo.processInfo.environment["UBIQ_CRASH_SECONDS"] ?? "") ?? 60)
-        var rounds = 0
-        var operations = 0
-        while rounds < 3 || (Date() < budget && rounds < 100) {
-            let out = a.base + "/load.out"
-            let load = Process()
-            load.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-            load.arguments = [Self.crashload, "run", dir, journal, "--seed", "\(seed * 1000 + rounds)"]
-            FileManager.default.createFile(atPath: out, contents: nil)
-            load.standardOutput = FileHandle(forWritingAtPath: out)
-            load.standardError = load.standardOutput
-            try load.run()
-            rng = rng &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
-            usleep(UInt32(200_000 + (rng >> 33) % 1_300_000))
-            #expect(a.signalDaemon(SIGKILL), "round \(rounds): the daemon survived SIGKILL")
-            waitUntil(seconds: 30, every: 0.02) { !load.isRunning }
-            if load.isRunning { load.terminate() }
-            load.waitUntilExit()
-            let said = (try? String(contentsOfFile: out, encoding: .utf8)) ?? ""
-            if let n = said.split(separator: " ").dropFirst(2).first.flatMap({ Int($0) }) { operations += n }
-            shell("fusermount3 -u -z '\(a.mnt)'")
-            try a.mount()
-            let v = shell("python3 \(Self.crashload) verify \(dir) \(journal)")
-            #expect(v.status == 0, "seed \(seed), round \(rounds): \(v.out)\(v.err) (workload: \(said))")
-            if v.status != 0 { return }
-            rounds += 1
-        }
+        guard let (rounds, operations) = try Self.crashRounds(a, dir: dir, journal: journal, seed: seed, atLeast: 3, until: budget) else { return }
         print("crash seed \(seed): \(rounds) SIGKILLs survived, \(operations) acknowledged operations checked")
         // The queue drains (through the store's faults), then the unmount.
         let drained = eventually(a, "\(ubiqBinary) sync . >/dev/null; \(ubiqBinary) status -r . | grep -Eq '^ *([0-9]+) items: \\1 current$'", seconds: 120)
@@ -158,6 +132,44 @@ import TestSupport
         defer { b.cleanup() }
         let other = shell("python3 \(Self.crashload) verify \(b.mnt)/c \(journal)")
         #expect(other.status == 0, "seed \(seed): a second device has the acknowledged tree: \(other.out)\(other.err)")
+    }
+}
+
+extension ReliabilityTests {
+    /// Rounds of crashload's workload in `dir` of `a`, each ended by SIGKILL of the daemon at a
+    /// random moment (from `seed`) and a remount, after which every acknowledged operation of
+    /// `journal` is checked: at least `atLeast` rounds, more until `until` (at most 100).
+    /// Returns the rounds and the operations checked; nil when a check failed (recorded).
+    static func crashRounds(_ a: MountFixture, dir: String, journal: String, seed: Int, atLeast: Int,
+                            until budget: Date) throws -> (rounds: Int, operations: Int)? {
+        var rng = UInt64(seed)  // kill times from the seed (a linear congruential step per round)
+        var rounds = 0
+        var operations = 0
+        while rounds < atLeast || (Date() < budget && rounds < 100) {
+            let out = a.base + "/load.out"
+            let load = Process()
+            load.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            load.arguments = [crashload, "run", dir, journal, "--seed", "\(seed * 1000 + rounds)"]
+            FileManager.default.createFile(atPath: out, contents: nil)
+            load.standardOutput = FileHandle(forWritingAtPath: out)
+            load.standardError = load.standardOutput
+            try load.run()
+            rng = rng &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            usleep(UInt32(200_000 + (rng >> 33) % 1_300_000))
+            #expect(a.signalDaemon(SIGKILL), "round \(rounds): the daemon survived SIGKILL")
+            waitUntil(seconds: 30, every: 0.02) { !load.isRunning }
+            if load.isRunning { load.terminate() }
+            load.waitUntilExit()
+            let said = (try? String(contentsOfFile: out, encoding: .utf8)) ?? ""
+            if let n = said.split(separator: " ").dropFirst(2).first.flatMap({ Int($0) }) { operations += n }
+            shell("fusermount3 -u -z '\(a.mnt)'")
+            try a.mount()
+            let v = shell("python3 \(crashload) verify \(dir) \(journal)")
+            #expect(v.status == 0, "seed \(seed), round \(rounds): \(v.out)\(v.err) (workload: \(said))")
+            if v.status != 0 { return nil }
+            rounds += 1
+        }
+        return (rounds, operations)
     }
 }
 

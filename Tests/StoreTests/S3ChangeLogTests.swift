@@ -156,6 +156,43 @@ import UbiqStore
         #expect(logged.count == 1 && logged.first?.contains("-\(a.index.id)-") == true, "\(logged)")
     }
 
+    /// A device killed between a write and the log object that names it: the write was noted
+    /// in its index first, and its next run publishes it, so another device following the log
+    /// alone sees the change (not only the next full listing, minutes later). Published, the
+    /// note goes: a third run publishes nothing again.
+    @Test func aWriteWhoseLogObjectACrashPreventedIsLoggedByTheNextRun() async throws {
+        let bucket = try await SeaweedFS.shared().newBucket("sc").endpoint.bucket
+        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
+        let (a, cleanA) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        defer { cleanA() }
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400)
+        defer { cleanB() }
+        let cursor = try await b.currentCursor()
+        // The "crash": a writes, and its log object is never written.
+        a.log.publishesBySelf = false
+        let x = try await a.put("x", contentsOf: try tempFile([1]), metadata: meta, condition: .ifAbsent)
+        try await a.delete("gone", condition: .always)
+        try await Task.sleep(for: .seconds(1))
+        #expect(try await logObjects(a).isEmpty)
+        #expect(a.index.unlogged().map(\.key) == ["x", "gone"])
+
+        // The same device again (its index), as the mount after the crash is.
+        let (again, _) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        try await again.publishChanges()
+        #expect(try await logObjects(again).count == 1)
+        #expect(again.index.unlogged().isEmpty)
+        let batch = try await b.changes(since: cursor, limit: 1000)
+        #expect(!b.lastLook.full)
+        #expect(batch.changes.map(\.key) == ["x", "gone"] && batch.changes.map(\.kind) == [.put, .delete], "\(batch.changes)")
+        let seen = try await b.head("x")
+        #expect(seen.version == x.version)
+
+        // Published: nothing left to publish.
+        let (third, _) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        try await third.publishChanges()
+        #expect(try await logObjects(third).count == 1)
+    }
+
     /// A long stream of changes (a folder of many files moved: a copy and a delete each) goes in
     /// a few log objects, what half a second or a round brought, not one per change or two:
     /// every reader fetches every log object. All of it is there, in order, after the round.

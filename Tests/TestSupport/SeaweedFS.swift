@@ -90,11 +90,12 @@ extension SeaweedFS {
                                fullListingInterval: fullListingInterval, snapshotInterval: snapshotInterval)
     }
 
-    /// An S3 store of `bucket` (as another device sees it: an index of its own); the cleanup
-    /// removes the index.
+    /// An S3 store of `bucket` (as another device sees it: an index of its own, at `index` when
+    /// given: the same device again); the cleanup removes the index.
     public func store(of bucket: String, prefix: String = "drive", multipartThreshold: Int64 = 64 << 20,
-               fullListingInterval: TimeInterval = 300, snapshotInterval: TimeInterval = 86_400) async throws -> (S3Store, cleanup: () -> Void) {
-        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
+               fullListingInterval: TimeInterval = 300, snapshotInterval: TimeInterval = 86_400,
+               index: String? = nil) async throws -> (S3Store, cleanup: () -> Void) {
+        let index = index ?? FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
         let store = try await S3Store.open(try S3Location("s3://\(bucket)/\(prefix)"), endpoint: endpoint,
                                            region: "us-east-1", credentials: credentials, indexPath: index,
                                            logger: Logger(label: "s3-store-test"), multipartThreshold: multipartThreshold,
