@@ -67,8 +67,18 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
 
     // MARK: metadata
 
+    /// How many of these objects are not known at their stamps (`known` would leave out).
+    func unknownCount(_ objects: [ListedObject]) throws -> Int {
+        try run { db in
+            let stmt = try db.cachedStatement(sql: "SELECT stamp FROM known WHERE key = ?")
+            var n = 0
+            for o in objects where try String.fetchOne(stmt, arguments: [o.key]) != o.stamp { n += 1 }
+            return n
+        }
+    }
+
     /// What is known of these objects at these stamps.
-    func known(_ objects: [ListedObject]) throws -> [KeyBytes: ObjectInfo] {
+    func known(_ objects: some Collection<ListedObject>) throws -> [KeyBytes: ObjectInfo] {
         try run { db in
             var out: [KeyBytes: ObjectInfo] = [:]
             let stmt = try db.cachedStatement(sql: "SELECT stamp, version, size, meta, tag FROM known WHERE key = ?")

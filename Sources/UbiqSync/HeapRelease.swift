@@ -7,7 +7,7 @@ import CUbiq
 /// A mount's import, a listing of a bucket, a batch of remote changes and a snapshot allocate a
 /// record or two per item and free them when done. glibc keeps what is freed for the next
 /// allocation, in the arena of the thread that freed it, and returns to the system only what
-/// lies at the top of a heap: a mount of 20,000 files kept 56 MiB of its own (anonymous)
+/// lies at the top of a heap: a mount of 20,000 files kept 55 MiB of its own (anonymous)
 /// memory, of which 16 MiB were in use (`malloc_trim` gave back the rest). So the daemon looks
 /// every few seconds (`start`) and asks glibc to give the free pages back when its resident
 /// memory grew by `growth` since the last time it did; and once when the mount is ready (`now`).
