@@ -121,17 +121,24 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     /// key (invalid UTF-8, a NUL, a malformed path) is left out of the listing,
     /// never turned into a similar-looking name.
     public func list(prefix: String) async throws -> [ObjectInfo] {
+        // Row by row into an array made once (not every row first, then the objects: a whole
+        // store's listing twice over, at a mount's import).
         try dbRead { db in
-            let rows = try Row.fetchAll(db, sql: """
+            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM objects WHERE substr(key, 1, length(?)) = ?",
+                                         arguments: [prefix, prefix]) ?? 0
+            var out: [ObjectInfo] = []
+            out.reserveCapacity(count)
+            let rows = try Row.fetchCursor(db, sql: """
                 SELECT CAST(key AS BLOB) AS rawkey, version, size, meta, blob FROM objects
                 WHERE substr(key, 1, length(?)) = ? ORDER BY key
                 """, arguments: [prefix, prefix])
-            return rows.compactMap { row -> ObjectInfo? in
+            while let row = try rows.next() {
                 guard let raw = Data.fromDatabaseValue(row["rawkey"]), !raw.contains(0),
                       let key = String(validating: raw, as: UTF8.self),
-                      (try? StoreKey.validate(key)) != nil else { return nil }
-                return Self.info(row, key: key)
+                      (try? StoreKey.validate(key)) != nil else { continue }
+                out.append(Self.info(row, key: key))
             }
+            return out
         }
     }
 

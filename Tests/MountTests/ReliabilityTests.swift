@@ -242,11 +242,12 @@ extension ReliabilityTests {
         #expect((Int(peak) ?? .max) < 400 * 1024, "the daemon's peak RSS: \(peak) KiB")
         // What the import and the walks freed went back to the system (HeapRelease: at the
         // mount, and within 5 s of growing by 8 MiB): the daemon's own memory is now well
-        // under its peak (it stayed near it before).
+        // under its peak (40 MiB of 103; it stayed near it before: 114 of 140).
         let anon = { Int(shell("awk '/RssAnon/ {print $2}' /proc/\(pid)/status").out.trimmingCharacters(in: .whitespacesAndNewlines)) ?? .max }
+        let under = { anon() * 5 <= (Int(peak) ?? 0) * 3 }  // at most 60% of the peak
         let deadline = Date().addingTimeInterval(20)
-        while anon() * 2 > (Int(peak) ?? 0), Date() < deadline { usleep(200_000) }
-        #expect(anon() * 2 <= (Int(peak) ?? 0), "the daemon's own memory: \(anon()) KiB, its peak RSS \(peak) KiB")
+        while !under(), Date() < deadline { usleep(200_000) }
+        #expect(under(), "the daemon's own memory: \(anon()) KiB, its peak RSS \(peak) KiB")
     }
 
     /// A state directory on a read-only file system: the mount is refused with one line that
