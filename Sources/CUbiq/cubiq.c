@@ -70,5 +70,3 @@ int cubiq_hmac_sha256(const void *key, size_t key_len, const void *data, size_t 
 }
 
 int cubiq_release_free_memory(void) { return malloc_trim(0); }
-
-uint64_t cubiq_free_heap_bytes(void) { return (uint64_t)mallinfo2().fordblks; }

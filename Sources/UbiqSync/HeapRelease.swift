@@ -74,7 +74,4 @@ public final class HeapRelease: @unchecked Sendable {
         guard fields.count > 1, let pages = Int64(fields[1]) else { return nil }
         return pages * Int64(sysconf(Int32(_SC_PAGESIZE)))
     }
-
-    /// Bytes glibc holds free for the next allocations (every arena).
-    public static var freeHeapBytes: UInt64 { cubiq_free_heap_bytes() }
 }

@@ -20,7 +20,6 @@ public struct Importer {
         self.store = store; self.state = state; self.cache = cache; self.logger = logger; self.deviceID = deviceID
     }
 
-    /// The entry at `parts` (folder names, then the item's), if every step exists.
     public struct Report: Sendable, Equatable {
         public var added = 0
         public var skipped = 0

@@ -11,8 +11,6 @@ int cubiq_fallocate(int fd, int mode, int64_t offset, int64_t len);
 int cubiq_errno(void);
 /* malloc_trim(3): gives the heap's free pages back to the system; returns 1 if any went. */
 int cubiq_release_free_memory(void);
-/* Bytes the heap holds free (mallinfo2's fordblks, all arenas). */
-uint64_t cubiq_free_heap_bytes(void);
 /// syncfs(2): makes every file of the file system `fd` is on durable.
 int cubiq_syncfs(int fd);
 /// The user id of the process at the other end of a Unix socket (SO_PEERCRED); -1 on failure.
