@@ -54,8 +54,10 @@ let package = Package(
             "UbiqFS", "UbiqState", "UbiqSync", "CUbiq",
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // The FUSE device's traffic, for what libfuse 3.14 does not pass on (KILLPRIV_V2).
+        .target(name: "CUbiqFuse", dependencies: ["CFuse"]),
         .target(name: "UbiqFuse", dependencies: [
-            "CFuse", "UbiqFS",
+            "CFuse", "CUbiqFuse", "UbiqFS",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "ubiq", dependencies: [

@@ -1,4 +1,5 @@
 import CFuse
+import CUbiqFuse
 import Foundation
 import UbiqFS
 
@@ -12,6 +13,7 @@ enum FuseOps {
         ops.`init` = { userdata, conn in
             let s = Unmanaged<FuseServer>.fromOpaque(userdata!).takeUnretainedValue()
             ubiq_conn_configure(conn, s.options.maxWrite, s.options.writebackCache ? 1 : 0)
+            cubiqfuse_init_reply_follows()
         }
         ops.lookup = { req, parent, n in
             OpStats.measure("lookup") {
@@ -42,9 +44,10 @@ enum FuseOps {
                 let s = FuseServer.from(req)
                 let st = attr!.pointee
                 let fh = fi?.pointee.fh
+                let clearSetID = setIDClearing(req)
                 let slow = toSet & setSize != 0 && s.fs.waitsForStore(ino, size: Int64(st.st_size))
                 s.answer(req, later: slow) { req in s.replyAttr(req) {
-                    var ch = AttributeChanges()
+                    var ch = AttributeChanges(clearSetID: clearSetID)
                     if toSet & setMode != 0 { ch.mode = st.st_mode }
                     if toSet & setUID != 0 { ch.uid = st.st_uid }
                     if toSet & setGID != 0 { ch.gid = st.st_gid }
@@ -119,9 +122,10 @@ enum FuseOps {
                 let flags = ubiq_fi_flags(fi)
                 // libfuse's `fi` lives only as long as this call: a later answer uses a copy.
                 let info = FileInfo(fi!.pointee)
+                let clearSetID = setIDClearing(req)
                 s.answer(req, later: s.fs.waitsForStore(ino, flags: flags)) { req in
                     do {
-                        let fh = try s.fs.open(ino, flags: flags, caller: caller(req))
+                        let fh = try s.fs.open(ino, flags: flags, caller: caller(req), clearSetID: clearSetID)
                         var fi = info.value
                         fi.fh = fh
                         ubiq_fi_set_keep_cache(&fi, 1)
@@ -134,7 +138,8 @@ enum FuseOps {
             OpStats.measure("create") {
                 let s = FuseServer.from(req)
                 do {
-                    let (a, fh) = try s.fs.create(parent, name(n), mode: mode, flags: ubiq_fi_flags(fi), caller: caller(req))
+                    let (a, fh) = try s.fs.create(parent, name(n), mode: mode, flags: ubiq_fi_flags(fi), caller: caller(req),
+                                                  clearSetID: setIDClearing(req))
                     fi!.pointee.fh = fh
                     ubiq_fi_set_keep_cache(fi, 1)
                     var e = s.entry(a)
@@ -166,7 +171,8 @@ enum FuseOps {
             OpStats.measure("write") {
                 let s = FuseServer.from(req)
                 do {
-                    let n = try s.fs.write(fi!.pointee.fh, offset: Int64(off), count: size, from: UnsafeRawPointer(data!))
+                    let n = try s.fs.write(fi!.pointee.fh, offset: Int64(off), count: size, from: UnsafeRawPointer(data!),
+                                           clearSetID: setIDClearing(req))
                     fuse_reply_write(req, n)
                 } catch { s.replyError(req, error) }
             }
@@ -278,7 +284,12 @@ enum FuseOps {
         ops.fallocate = { req, _, mode, off, len, fi in
             OpStats.measure("fallocate") {
                 let s = FuseServer.from(req)
-                s.replyOK(req) { try s.fs.fallocate(fi!.pointee.fh, mode: mode, offset: Int64(off), length: Int64(len)) }
+                // With KILLPRIV_V2 the kernel leaves setuid/setgid to the file system but flags
+                // no fallocate: not root stands for "without CAP_FSETID" here.
+                let clearSetID = cubiqfuse_killpriv_v2() != 0 && caller(req).uid != 0 ? setIDClearing(req, always: true) : nil
+                s.replyOK(req) {
+                    try s.fs.fallocate(fi!.pointee.fh, mode: mode, offset: Int64(off), length: Int64(len), clearSetID: clearSetID)
+                }
             }
         }
     }

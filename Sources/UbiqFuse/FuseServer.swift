@@ -1,4 +1,5 @@
 import CFuse
+import CUbiqFuse
 import Foundation
 import Logging
 import Synchronization
@@ -75,6 +76,10 @@ public final class FuseServer: @unchecked Sendable {
         if fuse_session_mount(se, path) != 0 {
             fuse_session_destroy(se)
             throw FuseError.mountFailed(path)
+        }
+        // The device's traffic through ubiq's hooks, for FUSE_HANDLE_KILLPRIV_V2 (cubiqfuse.h).
+        if cubiqfuse_install_io(se, 1) != 0 {
+            logger.warning("could not hook the FUSE device: the kernel keeps asking for security.capability before each write")
         }
         session = se
         mountpoint = path
@@ -311,6 +316,25 @@ func caller(_ req: fuse_req_t?) -> Caller {
     guard let ctx = fuse_req_ctx(req) else { return .root }
     return Caller(uid: ctx.pointee.uid, gid: ctx.pointee.gid, pid: ctx.pointee.pid)
 }
+
+/// Whether the request this worker thread read last asks the file system to clear setuid and
+/// setgid (FUSE_HANDLE_KILLPRIV_V2; `always`: whatever the kernel flagged), with the caller's
+/// groups for a setgid file its group may not execute (read then, before `req` is answered).
+/// Call it on the thread that took `req`.
+func setIDClearing(_ req: fuse_req_t?, always: Bool = false) -> SetIDClearing? {
+    guard always || cubiqfuse_request_kills_suidgid() != 0 else { return nil }
+    let who = caller(req)
+    let pending = Unanswered(req: req)
+    return SetIDClearing { gid in
+        if who.uid == 0 || who.gid == gid { return true }
+        var groups = [gid_t](repeating: 0, count: 256)
+        let n = Int(fuse_req_getgroups(pending.req, Int32(groups.count), &groups))
+        return groups.prefix(max(0, min(n, groups.count))).contains(gid)
+    }
+}
+
+/// A request not answered yet, carried into a closure that runs before its answer.
+struct Unanswered: @unchecked Sendable { let req: fuse_req_t? }
 
 extension FuseServer: KernelNotifier {
     public func invalidateInode(_ ino: UInt64, pages: Bool) {

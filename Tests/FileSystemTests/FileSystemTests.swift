@@ -1179,6 +1179,36 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(try d.state.read { try $0.inode(a.ino) }?.perm == 0o600)
     }
 
+    /// A write, truncation or open with O_TRUNC that must clear setuid/setgid (the kernel says so
+    /// with FUSE_HANDLE_KILLPRIV_V2) clears them as ext4 does, and the close commits the mode
+    /// with the bytes; a setgid file its group may not execute keeps the bit for a member of its
+    /// group. (Against ext4 through a mount: `LocalDiskComparisonTests`.)
+    @Test func changesThatMustClearSetIDClearItAsExt4Does() throws {
+        let d = try Device(store: try newStore())
+        try d.write("f", "x")
+        let ino = try d.ino("f")
+        let member = SetIDClearing { $0 == 7 }, stranger = SetIDClearing { _ in false }
+        func mode() throws -> UInt32 { try d.fs.getattr(ino).mode & 0o7777 }
+        _ = try d.fs.setattr(ino, AttributeChanges(mode: 0o6777, gid: 7), caller: .root)
+        let fh = try d.fs.open(ino, flags: O_WRONLY)
+        _ = try Array("ab".utf8).withUnsafeBytes { try d.fs.write(fh, offset: 0, count: 1, from: $0.baseAddress!) }
+        #expect(try mode() == 0o6777, "a write nobody asked to clear keeps both (root's, with CAP_FSETID)")
+        _ = try Array("ab".utf8).withUnsafeBytes { try d.fs.write(fh, offset: 1, count: 1, from: $0.baseAddress!, clearSetID: member) }
+        #expect(try mode() == 0o777, "setgid with group execute goes too")
+        try d.fs.flush(fh)
+        d.fs.release(fh)
+        #expect(try d.state.read { try $0.inode(ino) }?.perm == 0o777, "committed by the close")
+        _ = try d.fs.setattr(ino, AttributeChanges(mode: 0o6666), caller: .root)
+        _ = try d.fs.setattr(ino, AttributeChanges(size: 1, clearSetID: member), caller: .root)
+        #expect(try mode() == 0o2666, "setgid without group execute stays for a member of the group")
+        _ = try d.fs.setattr(ino, AttributeChanges(size: 0, clearSetID: stranger), caller: .root)
+        #expect(try mode() == 0o666, "and goes for anyone else")
+        _ = try d.fs.setattr(ino, AttributeChanges(mode: 0o4755), caller: .root)
+        d.fs.release(try d.fs.open(ino, flags: O_WRONLY | O_TRUNC, clearSetID: stranger))
+        #expect(try mode() == 0o755, "an O_TRUNC open")
+        #expect(try d.state.read { try $0.inode(ino) }?.perm == 0o755)
+    }
+
     /// rm and a rename over a file drop the inode's rows in the same transaction as its last
     /// name when nothing has it open, not in one of their own at the kernel's forget; a file
     /// still open keeps them until its last close and forget.

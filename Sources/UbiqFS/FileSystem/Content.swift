@@ -110,15 +110,16 @@ extension FileSystem {
         }
     }
 
-    public func open(_ ino: UInt64, flags: Int32, caller: Caller = .root) throws -> UInt64 {
+    /// `clearSetID`: an O_TRUNC open whose caller may not keep setuid/setgid.
+    public func open(_ ino: UInt64, flags: Int32, caller: Caller = .root, clearSetID: SetIDClearing? = nil) throws -> UInt64 {
         // A remote version may replace the content while this open prepares: then it starts over.
         for _ in 0 ..< 8 {
-            if let fh = try openOnce(ino, flags: flags, caller: caller) { return fh }
+            if let fh = try openOnce(ino, flags: flags, caller: caller, clearSetID: clearSetID) { return fh }
         }
         throw FSError.timedOut
     }
 
-    private func openOnce(_ ino: UInt64, flags: Int32, caller: Caller) throws -> UInt64? {
+    private func openOnce(_ ino: UInt64, flags: Int32, caller: Caller, clearSetID: SetIDClearing?) throws -> UInt64? {
         let writable = (flags & O_ACCMODE) != O_RDONLY
         let truncate = writable && (flags & O_TRUNC) != 0
         let (isDir, present, epoch) = try inodes.locked { t -> (Bool, Bool, Int) in
@@ -127,7 +128,7 @@ extension FileSystem {
         }
         if isDir { throw FSError.isDirectory }
         if truncate {
-            _ = try setattr(ino, AttributeChanges(size: 0), caller: .root)
+            _ = try setattr(ino, AttributeChanges(size: 0, clearSetID: clearSetID), caller: .root)
         } else if !present && writable {
             // Writing needs the whole file (for now): download it first.
             let c = try claim([ino], .download)
@@ -252,7 +253,9 @@ extension FileSystem {
     }
 
     /// Writes `count` bytes from `data` at `offset`; returns how many were written.
-    public func write(_ fh: UInt64, offset: Int64, count: Int, from data: UnsafeRawPointer) throws -> Int {
+    /// `clearSetID`: the writer may not keep setuid/setgid (`Node.clearSetID`).
+    public func write(_ fh: UInt64, offset: Int64, count: Int, from data: UnsafeRawPointer,
+                      clearSetID: SetIDClearing? = nil) throws -> Int {
         let (ino, fd, canWrite) = try handle(fh)
         guard canWrite else { throw FSError.badHandle }
         if offset < 0 { throw FSError.invalid }
@@ -282,15 +285,18 @@ extension FileSystem {
             }
             done += n
         }
-        inodes.locked { t in
-            guard let n = t[ino] else { return }
+        let modeChanged = inodes.locked { t -> Bool in
+            guard let n = t[ino] else { return false }
             let now = nowNanos()
             n.rec.size = max(n.rec.size, offset + Int64(done))
             n.rec.mtimeNs = now
             n.rec.ctimeNs = now
             n.rec.contentGen += 1
             n.unpersisted = true
+            return clearSetID.map { n.clearSetID(inGroup: $0.inGroup) } ?? false
         }
+        // The kernel keeps the mode it had (a write refreshes only size and times).
+        if modeChanged { invalidateKernelAttributes(ino) }
         return done
     }
 
@@ -406,6 +412,7 @@ extension FileSystem {
                 n.rec.contentGen += 1
             }
             if let mode = ch.mode { n.rec.perm = mode & 0o7777 }
+            if let clear = ch.clearSetID { _ = n.clearSetID(inGroup: clear.inGroup) }
             if let uid = ch.uid { n.rec.uid = uid }
             if let gid = ch.gid { n.rec.gid = gid }
             switch ch.atime { case .now: n.rec.atimeNs = now; case .at(let t): n.rec.atimeNs = t; case nil: break }
@@ -435,7 +442,9 @@ extension FileSystem {
     /// KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE, COLLAPSE_RANGE, INSERT_RANGE); the
     /// new size is read back from the cache file, so each mode's effect on
     /// the size is the disk's own.
-    public func fallocate(_ fh: UInt64, mode: Int32, offset: Int64, length: Int64) throws {
+    /// `clearSetID`: the caller may not keep setuid/setgid (the kernel does not say so for a
+    /// fallocate when the file system handles it: the binding passes "not root").
+    public func fallocate(_ fh: UInt64, mode: Int32, offset: Int64, length: Int64, clearSetID: SetIDClearing? = nil) throws {
         if offset < 0 || length <= 0 { throw FSError.invalid }
         let (ino, fd, canWrite) = try handle(fh)
         guard canWrite else { throw FSError.badHandle }
@@ -447,15 +456,17 @@ extension FileSystem {
         }
         var st = stat()
         if fstat(fd, &st) != 0 { throw FSError.fromErrno(errno) }
-        inodes.locked { t in
-            guard let n = t[ino] else { return }
+        let modeChanged = inodes.locked { t -> Bool in
+            guard let n = t[ino] else { return false }
             let now = nowNanos()
             n.rec.size = Int64(st.st_size)
             n.rec.mtimeNs = now
             n.rec.ctimeNs = now
             n.rec.contentGen += 1
             n.unpersisted = true
+            return clearSetID.map { n.clearSetID(inGroup: $0.inGroup) } ?? false
         }
+        if modeChanged { invalidateKernelAttributes(ino) }
     }
 
     // MARK: - Extended attributes

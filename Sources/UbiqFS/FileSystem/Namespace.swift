@@ -86,7 +86,7 @@ extension FileSystem {
     /// create(2) with O_CREAT: makes the file (or opens it if it exists and
     /// O_EXCL is not set) and opens it. Returns its attributes and a handle.
     public func create(_ parent: UInt64, _ name: [UInt8], mode: UInt32, flags: Int32,
-                       caller: Caller) throws -> (Attributes, UInt64) {
+                       caller: Caller, clearSetID: SetIDClearing? = nil) throws -> (Attributes, UInt64) {
         let c = try claim([parent], .write)
         var existing: UInt64?
         let made: (Attributes, UInt64)? = try {
@@ -112,7 +112,7 @@ extension FileSystem {
             return made
         }
         // Opening an existing file through create: count the lookup as the kernel will.
-        let fh = try open(existing!, flags: flags & ~(O_CREAT | O_EXCL))
+        let fh = try open(existing!, flags: flags & ~(O_CREAT | O_EXCL), clearSetID: clearSetID)
         let a = try inodes.locked { t -> Attributes in
             let n = try t.node(existing!)
             n.lookups += 1

@@ -106,11 +106,23 @@ public struct AttributeChanges: Sendable {
     public var size: Int64?
     public var atime: TimeChange?
     public var mtime: TimeChange?
+    /// Clear setuid and setgid (the kernel asks it of a chown, and of a truncation by a caller
+    /// without CAP_FSETID, when the file system handles it: FUSE_HANDLE_KILLPRIV_V2). A `mode`
+    /// is never given with it.
+    public var clearSetID: SetIDClearing?
     public init(mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, size: Int64? = nil,
-                atime: TimeChange? = nil, mtime: TimeChange? = nil) {
+                atime: TimeChange? = nil, mtime: TimeChange? = nil, clearSetID: SetIDClearing? = nil) {
         self.mode = mode; self.uid = uid; self.gid = gid; self.size = size
-        self.atime = atime; self.mtime = mtime
+        self.atime = atime; self.mtime = mtime; self.clearSetID = clearSetID
     }
+}
+
+/// A change that must clear setuid/setgid (FUSE_HANDLE_KILLPRIV_V2): whether its caller is in
+/// a group or may act as if (CAP_FSETID), asked only of a setgid file its group may not
+/// execute (`Node.clearSetID`).
+public struct SetIDClearing: Sendable {
+    public let inGroup: @Sendable (UInt32) -> Bool
+    public init(inGroup: @escaping @Sendable (UInt32) -> Bool) { self.inGroup = inGroup }
 }
 
 /// One entry of a directory listing.

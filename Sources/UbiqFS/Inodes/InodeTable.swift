@@ -154,6 +154,19 @@ final class Node {
     init(_ rec: InodeRecord) { self.rec = rec }
     var isDirectory: Bool { rec.type == UInt32(S_IFDIR) }
     var isRegular: Bool { rec.type == UInt32(S_IFREG) }
+
+    /// Clears setuid, and setgid if the group may execute or the caller is not in the file's
+    /// group (`inGroup`; without group execute, setgid marks mandatory locking), as the kernel
+    /// does on ext4 for a write, a truncation or a chown by a caller without CAP_FSETID
+    /// (`setattr_should_drop_sgid`). Whether the mode changed (its ctime is the caller's).
+    func clearSetID(inGroup: (UInt32) -> Bool) -> Bool {
+        var perm = rec.perm & ~UInt32(S_ISUID)
+        if perm & UInt32(S_ISGID) != 0 && (perm & UInt32(S_IXGRP) != 0 || !inGroup(rec.gid)) { perm &= ~UInt32(S_ISGID) }
+        guard perm != rec.perm else { return false }
+        rec.perm = perm
+        rec.metaGen += 1
+        return true
+    }
 }
 
 /// An open file or directory.

@@ -9,6 +9,7 @@ Prints one line per check ("!!" where the two differ); exit status 1 if any diff
 import errno
 import os
 import stat
+import struct
 import sys
 
 U1, G1, U2, G2 = 1501, 1501, 1502, 1502
@@ -35,6 +36,14 @@ def as_user(uid, gid, fn):
     os.close(r)
     os.waitpid(pid, 0)
     return out
+
+
+def fallocate(p):
+    fd = os.open(p, os.O_WRONLY)
+    try:
+        os.posix_fallocate(fd, 0, 8192)
+    finally:
+        os.close(fd)
 
 
 def mode(p):
@@ -77,6 +86,35 @@ def run(root):
     os.chmod("f", 0o6755)
     os.chown("f", U2, G2)
     rec("mode after chown by root", mode("f"))
+    # ... and each other way a file's content changes, by another user and by root (ubiq clears
+    # them itself: FUSE_HANDLE_KILLPRIV_V2, docs/kernel-options.md).
+    for name, change in [
+        ("write", lambda: open("f", "a").write("z")),
+        ("truncate", lambda: os.truncate("f", 1)),
+        ("open O_TRUNC", lambda: os.close(os.open("f", os.O_WRONLY | os.O_TRUNC))),
+        ("fallocate", lambda: fallocate("f")),
+    ]:
+        os.chown("f", U1, G1)
+        os.chmod("f", 0o6777)
+        rec(f"{name} by other", as_user(U2, G2, change) + " " + mode("f"))
+        os.chmod("f", 0o6777)
+        change()
+        rec(f"{name} by root", mode("f"))
+    os.chmod("f", 0o2666)  # setgid without group execute stays (mandatory locking's mark)
+    rec("write by other, setgid without g+x", as_user(U2, G2, lambda: open("f", "a").write("z")) + " " + mode("f"))
+    os.chmod("f", 0o2666)
+    rec("write by group member, setgid without g+x", as_user(U1, G1, lambda: open("f", "a").write("z")) + " " + mode("f"))
+    os.chown("f", U1, G1)
+    os.chmod("f", 0o6755)
+    rec("chgrp by owner", as_user(U1, G1, lambda: os.chown("f", -1, G1)) + " " + mode("f"))
+    # A file capability goes with a write, whoever writes.
+    cap = struct.pack("<IIIII", 0x02000000, 1 << 10, 0, 0, 0)  # VFS_CAP_REVISION_2, cap_net_bind_service
+    os.chmod("f", 0o666)
+    for who, write in [("other", lambda: as_user(U2, G2, lambda: open("f", "a").write("z"))),
+                       ("root", lambda: open("f", "a").write("z"))]:
+        os.setxattr("f", "security.capability", cap)
+        write()
+        rec(f"capability after {who}'s write", "kept" if "security.capability" in os.listxattr("f") else "gone")
     # Sticky directory: only the owner of an entry (or of the folder) removes it.
     os.mkdir("sticky")
     os.chmod("sticky", 0o1777)  # mkdir(2) applies the umask

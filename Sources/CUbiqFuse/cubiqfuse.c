@@ -1,0 +1,91 @@
+#define _GNU_SOURCE 1
+#define FUSE_USE_VERSION 312
+#include "cubiqfuse.h"
+#include <fuse3/fuse_lowlevel.h>
+#include <linux/fuse.h>
+#include <stddef.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+static int want_killpriv_v2;
+/* FUSE_INIT's flags as the kernel sent them; set once the read hook saw FUSE_INIT, which
+ * proves every request passes through it (libfuse may otherwise splice them past it). */
+static _Atomic int init_seen;
+static _Atomic uint32_t kernel_flags;
+static _Atomic int killpriv_v2;
+static __thread int init_reply_next;
+static __thread int request_kills;
+
+static uint32_t field32(const char *buf, size_t len, size_t off) {
+    uint32_t v = 0;
+    if (off + sizeof v <= len) memcpy(&v, buf + off, sizeof v);
+    return v;
+}
+
+static ssize_t hook_read(int fd, void *buf, size_t len, void *userdata) {
+    (void)userdata;
+    ssize_t n = read(fd, buf, len);
+    request_kills = 0;
+    if (n < (ssize_t)sizeof(struct fuse_in_header)) return n;
+    const char *b = buf;
+    size_t got = (size_t)n, at = sizeof(struct fuse_in_header);
+    uint32_t opcode = field32(b, got, offsetof(struct fuse_in_header, opcode));
+    switch (opcode) {
+    case FUSE_INIT:
+        atomic_store(&kernel_flags, field32(b, got, at + offsetof(struct fuse_init_in, flags)));
+        atomic_store(&init_seen, 1);
+        break;
+    case FUSE_WRITE:
+        if (atomic_load(&killpriv_v2))
+            request_kills = (field32(b, got, at + offsetof(struct fuse_write_in, write_flags)) & FUSE_WRITE_KILL_SUIDGID) != 0;
+        break;
+    case FUSE_SETATTR:
+        if (atomic_load(&killpriv_v2))
+            request_kills = (field32(b, got, at + offsetof(struct fuse_setattr_in, valid)) & FATTR_KILL_SUIDGID) != 0;
+        break;
+    case FUSE_OPEN:
+        if (atomic_load(&killpriv_v2))
+            request_kills = (field32(b, got, at + offsetof(struct fuse_open_in, open_flags)) & FUSE_OPEN_KILL_SUIDGID) != 0;
+        break;
+    case FUSE_CREATE:
+        if (atomic_load(&killpriv_v2))
+            request_kills = (field32(b, got, at + offsetof(struct fuse_create_in, open_flags)) & FUSE_OPEN_KILL_SUIDGID) != 0;
+        break;
+    default:
+        break;
+    }
+    return n;
+}
+
+static ssize_t hook_writev(int fd, struct iovec *iov, int count, void *userdata) {
+    (void)userdata;
+    if (init_reply_next) {
+        init_reply_next = 0;
+        if (want_killpriv_v2 && atomic_load(&init_seen) && (atomic_load(&kernel_flags) & FUSE_HANDLE_KILLPRIV_V2) &&
+            count >= 2 && iov[0].iov_len >= sizeof(struct fuse_out_header) &&
+            ((struct fuse_out_header *)iov[0].iov_base)->error == 0 &&
+            iov[1].iov_len >= offsetof(struct fuse_init_out, flags) + sizeof(uint32_t)) {
+            struct fuse_init_out *out = iov[1].iov_base;
+            out->flags |= FUSE_HANDLE_KILLPRIV_V2;
+            /* Before the kernel has the answer: its next requests may be read by other threads. */
+            atomic_store(&killpriv_v2, 1);
+        }
+    }
+    return writev(fd, iov, count);
+}
+
+int cubiqfuse_install_io(struct fuse_session *se, int killpriv) {
+    static const struct fuse_custom_io io = { .writev = hook_writev, .read = hook_read };
+    want_killpriv_v2 = killpriv;
+    atomic_store(&init_seen, 0);
+    atomic_store(&killpriv_v2, 0);
+    return fuse_session_custom_io(se, &io, fuse_session_fd(se));
+}
+
+void cubiqfuse_init_reply_follows(void) { init_reply_next = 1; }
+
+int cubiqfuse_killpriv_v2(void) { return atomic_load(&killpriv_v2); }
+
+int cubiqfuse_request_kills_suidgid(void) { return request_kills; }
