@@ -24,6 +24,9 @@ public final class FileSystem: @unchecked Sendable {
     let cache: ContentCache
     /// Where the cache files of dropped inodes go to the pool, off the request and the lock.
     private let recycling = DispatchQueue(label: "ubiq.fs.recycling")
+    /// Inodes whose cache files wait for `recycling`, oldest first (emptied from the front by
+    /// `recycleDropped`, on that queue only; a job is scheduled whenever it stops being empty).
+    private let toRecycle = Mutex<[UInt64]>([])
     let materializer: Materializer
     let uploader: Uploader?
     let logger: Logger
@@ -48,6 +51,9 @@ public final class FileSystem: @unchecked Sendable {
     let pendingCreates = Mutex<[(ino: UInt64, changes: [StateChange])]>([])
     /// How long a new file's rows may wait for a transaction (tests make it long).
     var pendingCreatesDelay: TimeInterval = 0.5
+    /// Whether a commit of `pendingCreates` is scheduled: one timer a `pendingCreatesDelay`,
+    /// not one a create (each close empties the list; a timer per file woke a thread per file).
+    let pendingCreatesTimer = Mutex<Bool>(false)
 
     /// The kernel's caches of this file system (the FUSE binding: `attach(kernel:)`), held weakly.
     private weak var kernel: (any KernelNotifier)?
@@ -269,13 +275,16 @@ public final class FileSystem: @unchecked Sendable {
 
     /// Keeps a new file's rows for the next transaction, which comes half a second on (by the
     /// state's clock) at the latest. Call under the inode table's lock (the file is in the table already).
+    /// (A timer scheduled earlier fires earlier: one that is already set keeps the promise.)
     func deferCreate(_ ino: UInt64, _ changes: [StateChange]) {
-        let first = pendingCreates.withLock { pending in
-            pending.append((ino, changes))
-            return pending.count == 1
+        pendingCreates.withLock { pending in pending.append((ino, changes)) }
+        let arm = pendingCreatesTimer.withLock { armed in
+            defer { armed = true }
+            return !armed
         }
-        guard first else { return }
+        guard arm else { return }
         state.time.after(pendingCreatesDelay, on: .global(), execute: DispatchWorkItem { [weak self] in
+            self?.pendingCreatesTimer.withLock { $0 = false }
             do { try self?.commitPendingCreates() } catch {
                 self?.logger.error("could not write new files' rows: \(error)")
             }
@@ -295,13 +304,28 @@ public final class FileSystem: @unchecked Sendable {
         // Nothing can open this cache file any more (the inode is gone, its number is never
         // given again in this run): emptying and pooling it need not hold up the next request.
         if n.isRegular {
-            let ino = n.rec.ino, cache = self.cache
-            recycling.async { cache.recycle(ino) }
+            // In batches, a twentieth of a second apart: rm -rf drops a file a request, and a
+            // job each woke the recycling thread each time.
+            let first = toRecycle.withLock { list in
+                list.append(n.rec.ino)
+                return list.count == 1
+            }
+            if first { recycling.asyncAfter(deadline: .now() + 0.05) { [self] in recycleDropped() } }
+        }
+    }
+
+    /// Pools the cache files of the inodes dropped so far (on `recycling`).
+    private func recycleDropped() {
+        while true {
+            let batch = toRecycle.withLock { list in list }
+            if batch.isEmpty { return }
+            for ino in batch { cache.recycle(ino) }
+            toRecycle.withLock { list in list.removeFirst(batch.count) }
         }
     }
 
     /// Waits until the cache files of the inodes dropped so far are in the pool (at unmount).
-    public func waitForRecycling() { recycling.sync {} }
+    public func waitForRecycling() { recycling.sync { recycleDropped() } }
 
     public func isOpenForWriting(_ ino: UInt64) -> Bool {
         inodes.locked { t in (t[ino]?.writers ?? 0) > 0 || (t[ino]?.unpersisted ?? false) }
