@@ -138,10 +138,17 @@ enum FuseOps {
             OpStats.measure("create") {
                 let s = FuseServer.from(req)
                 do {
-                    let (a, fh) = try s.fs.create(parent, name(n), mode: mode, flags: ubiq_fi_flags(fi), caller: caller(req),
-                                                  clearSetID: setIDClearing(req))
+                    let flags = ubiq_fi_flags(fi)
+                    let (a, fh, isNew) = try s.fs.createOrOpen(parent, name(n), mode: mode, flags: flags, caller: caller(req),
+                                                                clearSetID: setIDClearing(req))
                     fi!.pointee.fh = fh
                     ubiq_fi_set_keep_cache(fi, 1)
+                    // A new file opened only for writing: its writes skip the kernel's page cache
+                    // (none of it holds this file yet, and the handle can neither read nor map
+                    // it). The kernel then asks for no `security.capability` before its first
+                    // write (ubiq clears that itself, as FUSE_HANDLE_KILLPRIV_V2 requires), and
+                    // copies no page: docs/kernel-options.md.
+                    if isNew && (flags & O_ACCMODE) == O_WRONLY && !s.options.writebackCache { ubiq_fi_set_direct_io(fi, 1) }
                     var e = s.entry(a)
                     if fuse_reply_create(req, &e, fi) != 0 {
                         s.fs.release(fh)

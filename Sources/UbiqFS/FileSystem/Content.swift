@@ -262,6 +262,7 @@ extension FileSystem {
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
         try markBeingWritten(ino)
+        try dropFileCapabilities(ino)
         var freedForThis = false
         if !state.reserve.contentHasRoom(for: Int64(count)) {
             // The disk filled up and the state database took its reserve: content may not use
@@ -299,6 +300,27 @@ extension FileSystem {
         if modeChanged { invalidateKernelAttributes(ino) }
         return done
     }
+
+    /// A write takes a file's capabilities (`security.capability`) away, whoever writes, as
+    /// on a local disk. The kernel does it itself before a write through its page cache; not
+    /// before one that skips it (a new write-only file's: `FuseOps.create`), and with
+    /// FUSE_HANDLE_KILLPRIV_V2 it is the file system's to do.
+    private func dropFileCapabilities(_ ino: UInt64) throws {
+        try inodes.locked { t in
+            guard let n = t[ino], n.xattrs[Self.fileCapabilities] != nil else { return }
+            n.rec.ctimeNs = nowNanos()
+            n.rec.metaGen += 1
+            let rec = n.rec, named = n.nlink > 0, delay = uploadDelay
+            try persist { tx in
+                tx.removeXattr(ino, name: Self.fileCapabilities)
+                tx.upsert(rec)
+                if named { tx.enqueue(ino, delay: delay) }
+            }
+            n.xattrs[Self.fileCapabilities] = nil
+        }
+    }
+
+    static let fileCapabilities = Array("security.capability".utf8)
 
     /// close(2): commits what was written (the new size and times, the upload queued). A
     /// killed daemon loses nothing of it: the cache file's bytes and the committed WAL frames

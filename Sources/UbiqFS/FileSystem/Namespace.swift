@@ -87,6 +87,13 @@ extension FileSystem {
     /// O_EXCL is not set) and opens it. Returns its attributes and a handle.
     public func create(_ parent: UInt64, _ name: [UInt8], mode: UInt32, flags: Int32,
                        caller: Caller, clearSetID: SetIDClearing? = nil) throws -> (Attributes, UInt64) {
+        let made = try createOrOpen(parent, name, mode: mode, flags: flags, caller: caller, clearSetID: clearSetID)
+        return (made.attributes, made.handle)
+    }
+
+    /// `create`, saying whether it made the file (`isNew`) or opened one that was there.
+    public func createOrOpen(_ parent: UInt64, _ name: [UInt8], mode: UInt32, flags: Int32, caller: Caller,
+                             clearSetID: SetIDClearing? = nil) throws -> (attributes: Attributes, handle: UInt64, isNew: Bool) {
         let c = try claim([parent], .write)
         var existing: UInt64?
         let made: (Attributes, UInt64)? = try {
@@ -109,7 +116,7 @@ extension FileSystem {
             // (Nothing queued yet: the close queues the upload and kicks the uploader.) The path
             // from the folder's: the file's own rows wait for a transaction (`deferCreate`).
             if events.hasSubscribers, let dir = pathBytes(of: parent) { emit(.changed, made.0.ino, path: Self.join(dir, name)) }
-            return made
+            return (made.0, made.1, true)
         }
         // Opening an existing file through create: count the lookup as the kernel will.
         let fh = try open(existing!, flags: flags & ~(O_CREAT | O_EXCL), clearSetID: clearSetID)
@@ -118,7 +125,7 @@ extension FileSystem {
             n.lookups += 1
             return attributes(n)
         }
-        return (a, fh)
+        return (a, fh, false)
     }
 
     public func link(_ ino: UInt64, _ newParent: UInt64, _ newName: [UInt8]) throws -> Attributes {

@@ -115,6 +115,37 @@ def run(root):
         os.setxattr("f", "security.capability", cap)
         write()
         rec(f"capability after {who}'s write", "kept" if "security.capability" in os.listxattr("f") else "gone")
+    # A new file opened only for writing (on ubiq its writes skip the kernel's page cache:
+    # docs/kernel-options.md): setuid/setgid and a capability go with its writes as on a local
+    # disk, and a reader that holds its pages sees each write.
+    def create_write_only(name, bits):
+        old = os.umask(0)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, bits)
+        finally:
+            os.umask(old)
+        os.write(fd, b"1")
+        os.close(fd)
+    rec("new write-only 6755 file, by other", as_user(U2, G2, lambda: create_write_only("wo-other", 0o6755)) + " " + mode("wo-other"))
+    create_write_only("wo-root", 0o6755)
+    rec("new write-only 6755 file, by root", mode("wo-root"))
+    fd = os.open("wo-cap", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, b"1")
+    os.setxattr("wo-cap", "security.capability", cap)
+    os.write(fd, b"2")
+    os.close(fd)
+    rec("capability, new write-only file's write", "kept" if "security.capability" in os.listxattr("wo-cap") else "gone")
+    fd = os.open("wo-read", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, b"a" * 100)
+    r = os.open("wo-read", os.O_RDONLY)
+    first = os.pread(r, 4096, 0)
+    os.pwrite(fd, b"b" * 50, 25)
+    os.write(fd, b"c" * 10)
+    second = os.pread(r, 4096, 0)
+    os.close(fd)
+    again = open("wo-read", "rb").read()
+    os.close(r)
+    rec("reader of a new write-only file", f"{len(first)} {second.count(b'b')} {len(second)} {again == second}")
     # Sticky directory: only the owner of an entry (or of the folder) removes it.
     os.mkdir("sticky")
     os.chmod("sticky", 0o1777)  # mkdir(2) applies the umask
