@@ -451,6 +451,12 @@ public final class Materializer: @unchecked Sendable {
         return failures[ino]
     }
 
+    /// Each download under way and how far it got (`localBytes`).
+    public func downloadedSoFar() -> [(ino: UInt64, bytes: Int64)] {
+        cond.lock(); defer { cond.unlock() }
+        return jobs.map { (ino, job) in (ino, min(job.size, Int64(job.presentCount) * chunkSize)) }
+    }
+
     /// Bytes of `ino` already local, while it is downloading (nil: no download under way).
     public func localBytes(_ ino: UInt64) -> Int64? {
         cond.lock(); defer { cond.unlock() }

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import UbiqS3
-import UbiqFS
+@testable import UbiqFS
 import UbiqStore
 @testable import UbiqSync
 
@@ -132,6 +132,9 @@ struct SplitMix: RandomNumberGenerator {
             let lost = live.subtracting(contents)
             #expect(lost.isEmpty, "seed \(seed): device \(i) lost \(lost.sorted()); it has \(t)")
             #expect(devices[i].uploader.pendingCount == 0, "seed \(seed): device \(i) still has uploads to do; its log ends: \(devices[i].log.all.suffix(12))")
+            // The cache limit's running count of local bytes is what a walk over every inode finds.
+            let counted = devices[i].fs.presentBytesBothWays
+            #expect(counted.kept == counted.walked, "seed \(seed): device \(i) counts \(counted.kept) local bytes, a walk \(counted.walked)")
         }
         return (done, trees[0].keys.filter { ConflictName.target(of: ($0 as NSString).lastPathComponent) != nil }.count)
     }

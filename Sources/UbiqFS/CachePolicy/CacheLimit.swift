@@ -8,13 +8,20 @@ import UbiqState
 /// exceeded by what must stay (open, modified, pinned files).
 extension FileSystem {
     /// Local content bytes: downloaded files in full, downloads under way as far as they got.
+    /// (No walk over every inode: the check runs every tenth of a second while files are
+    /// written, under the inode table's lock.)
     public var localContentBytes: Int64 {
         inodes.locked { t in
-            t.all.reduce(0) { sum, n in
-                guard n.isRegular else { return sum }
-                return sum + (n.rec.present ? n.rec.size : (materializer.localBytes(n.rec.ino) ?? 0))
+            materializer.downloadedSoFar().reduce(t.presentBytes) { sum, d in
+                sum + (t[d.ino].map { $0.isRegular && !$0.rec.present } == true ? d.bytes : 0)
             }
         }
+    }
+
+    /// The running count of present files' bytes, and the same summed over every inode,
+    /// taken under one lock (what tests compare).
+    var presentBytesBothWays: (kept: Int64, walked: Int64) {
+        inodes.locked { t in (t.presentBytes, t.all.reduce(0) { $0 + Node.localBytes($1.rec) }) }
     }
 
     /// Evicts least recently used files until local content is at most `target` bytes

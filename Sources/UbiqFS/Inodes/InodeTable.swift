@@ -65,12 +65,24 @@ final class Inodes {
 
     /// Adds an inode (loaded from the state database, or new).
     func insert(_ n: Node) {
+        remove(n.rec.ino)
         nodes[n.rec.ino] = n
+        n.tally = tally
+        tally.bytes += Node.localBytes(n.rec)
         nextIno = max(nextIno, n.rec.ino + 1)
     }
 
     /// Drops an inode from memory (its number is not given again in this run).
-    func remove(_ ino: UInt64) { nodes[ino] = nil }
+    func remove(_ ino: UInt64) {
+        guard let n = nodes.removeValue(forKey: ino) else { return }
+        tally.bytes -= Node.localBytes(n.rec)
+        n.tally = nil
+    }
+
+    /// The bytes of content held here in full: every present regular file's size, kept as
+    /// records change (`Node.rec`), so the cache limit's check does not walk every inode.
+    var presentBytes: Int64 { tally.bytes }
+    private let tally = ContentTally()
 
     /// Puts a new inode in memory under `name` in `dir`, counting links both ways.
     @discardableResult
@@ -122,7 +134,13 @@ final class Inodes {
 
 /// One inode in memory. Reached only under the inode table's lock.
 final class Node {
-    var rec: InodeRecord
+    var rec: InodeRecord {
+        didSet { if let tally { tally.bytes += Self.localBytes(rec) - Self.localBytes(oldValue) } }
+    }
+    /// The table's count of local content this node adds to while it is in the table.
+    fileprivate var tally: ContentTally?
+    /// What a record holds locally, in full: a present regular file's size.
+    static func localBytes(_ r: InodeRecord) -> Int64 { r.present && r.type == UInt32(S_IFREG) ? r.size : 0 }
     var nlink: UInt32 = 0
     /// Directories: the parent directory (root: itself).
     var parent: UInt64 = 0
@@ -167,6 +185,11 @@ final class Node {
         rec.metaGen += 1
         return true
     }
+}
+
+/// The sum of `Node.localBytes` over the nodes of one table (under its lock).
+final class ContentTally {
+    var bytes: Int64 = 0
 }
 
 /// An open file or directory.
