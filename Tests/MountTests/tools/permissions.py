@@ -7,6 +7,7 @@ between a ubiq mount (mounted with allow_other) and a local ext4 directory.
 Prints one line per check ("!!" where the two differ); exit status 1 if any differ.
 """
 import errno
+import mmap
 import os
 import stat
 import struct
@@ -139,13 +140,16 @@ def run(root):
     os.write(fd, b"a" * 100)
     r = os.open("wo-read", os.O_RDONLY)
     first = os.pread(r, 4096, 0)
+    mapped = mmap.mmap(r, 100, mmap.MAP_SHARED, mmap.PROT_READ)
     os.pwrite(fd, b"b" * 50, 25)
+    seen = mapped[20:30]
     os.write(fd, b"c" * 10)
     second = os.pread(r, 4096, 0)
     os.close(fd)
     again = open("wo-read", "rb").read()
+    mapped.close()
     os.close(r)
-    rec("reader of a new write-only file", f"{len(first)} {second.count(b'b')} {len(second)} {again == second}")
+    rec("reader of a new write-only file", f"{len(first)} {second.count(b'b')} {len(second)} {again == second} {seen}")
     # Sticky directory: only the owner of an entry (or of the folder) removes it.
     os.mkdir("sticky")
     os.chmod("sticky", 0o1777)  # mkdir(2) applies the umask
