@@ -68,14 +68,14 @@ final class Inodes {
         remove(n.rec.ino)
         nodes[n.rec.ino] = n
         n.tally = tally
-        tally.bytes += Node.localBytes(n.rec)
+        tally.bytes = tally.bytes &+ Node.localBytes(n.rec)
         nextIno = max(nextIno, n.rec.ino + 1)
     }
 
     /// Drops an inode from memory (its number is not given again in this run).
     func remove(_ ino: UInt64) {
         guard let n = nodes.removeValue(forKey: ino) else { return }
-        tally.bytes -= Node.localBytes(n.rec)
+        tally.bytes = tally.bytes &- Node.localBytes(n.rec)
         n.tally = nil
     }
 
@@ -135,7 +135,7 @@ final class Inodes {
 /// One inode in memory. Reached only under the inode table's lock.
 final class Node {
     var rec: InodeRecord {
-        didSet { if let tally { tally.bytes += Self.localBytes(rec) - Self.localBytes(oldValue) } }
+        didSet { if let tally { tally.bytes = tally.bytes &+ (Self.localBytes(rec) &- Self.localBytes(oldValue)) } }
     }
     /// The table's count of local content this node adds to while it is in the table.
     fileprivate var tally: ContentTally?
@@ -187,7 +187,9 @@ final class Node {
     }
 }
 
-/// The sum of `Node.localBytes` over the nodes of one table (under its lock).
+/// The sum of `Node.localBytes` over the nodes of one table (under its lock). Wrapping sums:
+/// a record may say any size for a moment (a store's, before it is checked) without a trap,
+/// and the sum is right again once it says what it holds.
 final class ContentTally {
     var bytes: Int64 = 0
 }
