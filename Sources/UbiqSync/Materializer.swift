@@ -454,14 +454,17 @@ public final class Materializer: @unchecked Sendable {
     /// Each download under way and how far it got (`localBytes`).
     public func downloadedSoFar() -> [(ino: UInt64, bytes: Int64)] {
         cond.lock(); defer { cond.unlock() }
-        return jobs.map { (ino, job) in (ino, min(job.size, Int64(job.presentCount) * chunkSize)) }
+        return jobs.map { (ino, job) in (ino, fetchedBytes(job)) }
     }
+
+    /// How much of `job`'s file is local: its chunks fetched so far (under `cond`).
+    private func fetchedBytes(_ job: Job) -> Int64 { min(job.size, Int64(job.presentCount) * chunkSize) }
 
     /// Bytes of `ino` already local, while it is downloading (nil: no download under way).
     public func localBytes(_ ino: UInt64) -> Int64? {
         cond.lock(); defer { cond.unlock() }
         guard let job = jobs[ino] else { return nil }
-        return min(job.size, Int64(job.presentCount) * chunkSize)
+        return fetchedBytes(job)
     }
 
     // MARK: - Workers (under `cond` unless noted)

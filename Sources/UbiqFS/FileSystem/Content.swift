@@ -262,7 +262,6 @@ extension FileSystem {
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
         try markBeingWritten(ino)
-        try dropFileCapabilities(ino)
         var freedForThis = false
         if !state.reserve.contentHasRoom(for: Int64(count)) {
             // The disk filled up and the state database took its reserve: content may not use
@@ -286,16 +285,17 @@ extension FileSystem {
             }
             done += n
         }
-        let modeChanged = inodes.locked { t -> Bool in
-            guard let n = t[ino] else { return false }
+        let (modeChanged, hasCapabilities) = inodes.locked { t -> (Bool, Bool) in
+            guard let n = t[ino] else { return (false, false) }
             let now = nowNanos()
             n.rec.size = max(n.rec.size, offset + Int64(done))
             n.rec.mtimeNs = now
             n.rec.ctimeNs = now
             n.rec.contentGen += 1
             n.unpersisted = true
-            return clearSetID.map { n.clearSetID(inGroup: $0.inGroup) } ?? false
+            return (clearSetID.map { n.clearSetID(inGroup: $0.inGroup) } ?? false, n.xattrs[Self.fileCapabilities] != nil)
         }
+        if hasCapabilities { try dropFileCapabilities(ino) }
         // The kernel keeps the mode it had (a write refreshes only size and times).
         if modeChanged { invalidateKernelAttributes(ino) }
         return done
@@ -304,7 +304,8 @@ extension FileSystem {
     /// A write takes a file's capabilities (`security.capability`) away, whoever writes, as
     /// on a local disk. The kernel does it itself before a write through its page cache; not
     /// before one that skips it (a new write-only file's: `FuseOps.create`), and with
-    /// FUSE_HANDLE_KILLPRIV_V2 it is the file system's to do.
+    /// FUSE_HANDLE_KILLPRIV_V2 it is the file system's to do. (`write` asks only when the file
+    /// has them: no second trip through the inode table's lock for every write.)
     private func dropFileCapabilities(_ ino: UInt64) throws {
         try inodes.locked { t in
             guard let n = t[ino], n.xattrs[Self.fileCapabilities] != nil else { return }
