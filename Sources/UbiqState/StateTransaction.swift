@@ -43,21 +43,30 @@ public struct StateTransaction {
     }
 
     public func inode(_ ino: UInt64) throws -> InodeRecord? {
-        try Row.fetchOne(db, cached: "SELECT * FROM inodes WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
+        try Row.fetchOne(db, cached: "SELECT \(Self.inodeColumns) FROM inodes WHERE ino = ?", arguments: [Int64(bitPattern: ino)])
             .map(Self.inodeRecord)
     }
 
     public func allInodes() throws -> [InodeRecord] {
-        try Row.fetchAll(db, cached: "SELECT * FROM inodes").map(Self.inodeRecord)
+        try Row.fetchAll(db, cached: "SELECT \(Self.inodeColumns) FROM inodes").map(Self.inodeRecord)
     }
 
+    /// The columns `inodeRecord` reads, in its order (`prefix`: a table alias, "i.").
+    static func inodeColumns(_ prefix: String) -> String {
+        ["ino", "type", "perm", "uid", "gid", "size", "atime", "mtime", "ctime", "rdev", "target", "present",
+         "content_gen", "meta_gen", "pinned"].map { prefix + $0 }.joined(separator: ", ")
+    }
+    static let inodeColumns = inodeColumns("")
+
+    /// The record of a row that begins with `inodeColumns` (read by position: a name is looked
+    /// up case-insensitively at every read, the most of a folder's read-in).
     static func inodeRecord(_ r: Row) -> InodeRecord {
-        var rec = InodeRecord(ino: UInt64(bitPattern: r["ino"]), type: r["type"], perm: r["perm"], uid: r["uid"],
-                              gid: r["gid"], size: r["size"], atimeNs: r["atime"], mtimeNs: r["mtime"],
-                              ctimeNs: r["ctime"], rdev: UInt64(bitPattern: r["rdev"]),
-                              target: (r["target"] as Data?).map { [UInt8]($0) }, present: r["present"],
-                              contentGen: r["content_gen"], metaGen: r["meta_gen"])
-        rec.pinned = r["pinned"]
+        var rec = InodeRecord(ino: UInt64(bitPattern: r[0]), type: r[1], perm: r[2], uid: r[3],
+                              gid: r[4], size: r[5], atimeNs: r[6], mtimeNs: r[7],
+                              ctimeNs: r[8], rdev: UInt64(bitPattern: r[9]),
+                              target: (r[10] as Data?).map { [UInt8]($0) }, present: r[11],
+                              contentGen: r[12], metaGen: r[13])
+        rec.pinned = r[14]
         return rec
     }
 
@@ -140,14 +149,6 @@ public struct StateTransaction {
         var out: [[UInt8]: [UInt8]] = [:]
         for r in try Row.fetchAll(db, cached: "SELECT name, value FROM xattrs WHERE ino = ?", arguments: [Int64(bitPattern: ino)]) {
             out[[UInt8](r["name"] as Data)] = [UInt8](r["value"] as Data)
-        }
-        return out
-    }
-
-    public func allXattrs() throws -> [UInt64: [[UInt8]: [UInt8]]] {
-        var out: [UInt64: [[UInt8]: [UInt8]]] = [:]
-        for r in try Row.fetchAll(db, cached: "SELECT ino, name, value FROM xattrs") {
-            out[UInt64(bitPattern: r["ino"]), default: [:]][[UInt8](r["name"] as Data)] = [UInt8](r["value"] as Data)
         }
         return out
     }

@@ -21,6 +21,8 @@ final class Device: @unchecked Sendable {
     let hydration: HydrationPolicy
     let cacheLimit: Int64?
     let syncOnClose: Bool
+    /// Nodes of files kept in memory (nil: the default); every node leaving is checked then.
+    let residentNodes: Int?
     /// The free space of the state's disk (nil: the real disk's).
     let freeBytes: (@Sendable (String) -> Int64?)?
     /// The time upload delays and retries go by (a `ManualTime` the test moves), and the delay.
@@ -41,8 +43,9 @@ final class Device: @unchecked Sendable {
     init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true,
          hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil, syncOnClose: Bool = false,
          freeBytes: (@Sendable (String) -> Int64?)? = nil, time: any TimeSource = SystemTime(),
-         uploadDelay: TimeInterval = 0) throws {
+         uploadDelay: TimeInterval = 0, residentNodes: Int? = nil) throws {
         self.store = store
+        self.residentNodes = residentNodes
         self.time = time
         self.uploadDelay = uploadDelay
         self.freeBytes = freeBytes
@@ -69,6 +72,10 @@ final class Device: @unchecked Sendable {
         options.hydration = hydration
         options.cacheLimit = cacheLimit
         options.syncOnClose = syncOnClose
+        if let residentNodes {
+            options.residentNodes = residentNodes
+            options.checkNodes = true
+        }
         let engine = try Engine(state: state, store: remote, cache: cache, deviceID: dir.lastPathComponent, logger: logger,
                                 options: options)
         (materializer, uploader, fs, feed) = (engine.materializer, engine.uploader, engine.fs, engine.feed)
@@ -461,7 +468,8 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(try d.fs.getattr(a.ino).size == 0, "the file is there for everyone at once")
         try d.write("b", "closed")  // b's close commits a's rows first, then its own
         #expect(try recorded("a") && recorded("b"))
-        #expect(try d.state.read { try $0.isQueued(d.ino("b")) })
+        let b = try d.ino("b")
+        #expect(try d.state.read { try $0.isQueued(b) })
         try d.fs.flush(ah)
         d.fs.release(ah)
 
@@ -1023,7 +1031,8 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         let b = try Device(store: store)
         try b.fs.setPinned(try b.ino("keep"), true)
         for p in ["keep/one", "keep/deeper/two"] { try waitLocal(b, try b.ino(p)) }
-        #expect(try b.state.read { try $0.inode(try b.ino("other"))?.present } == false)
+        let other = try b.ino("other")
+        #expect(try b.state.read { try $0.inode(other)?.present } == false)
         #expect(try b.fs.isPinned(try b.ino("keep/deeper/two")))
         #expect(try !b.fs.isPinned(try b.ino("other")))
         // Pins survive a restart, and placeholders under them are fetched then.
@@ -1071,8 +1080,9 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         try waitLocal(b, try b.ino("f0"))
         b.fs.enforceCacheLimit()
         // Pinned f0 stays even though it is the oldest; the most recent file stays; the rest went.
-        #expect(try b.state.read { try $0.inode(try b.ino("f0"))?.present } == true)
-        #expect(try b.state.read { try $0.inode(try b.ino("f5"))?.present } == true)
+        let (f0, f5) = (try b.ino("f0"), try b.ino("f5"))
+        #expect(try b.state.read { try $0.inode(f0)?.present } == true)
+        #expect(try b.state.read { try $0.inode(f5)?.present } == true)
         #expect(b.fs.localContentBytes <= limit)
         // Evicted files are still there, and read back whole.
         #expect(try b.read("f1") == String(repeating: "1", count: 1 << 20))

@@ -38,6 +38,10 @@ public struct Engine {
         public var traceUploads = false
         /// How long a claim waits before it fails with ETIMEDOUT.
         public var claimTimeout: TimeInterval = 30
+        /// Nodes of files kept in memory past those that must be (`Inodes`), and whether each
+        /// that leaves is compared with its rows first (tests).
+        public var residentNodes = FileSystem.defaultResidentLimit
+        public var checkNodes = false
 
         public init(deviceName: String) { self.deviceName = deviceName }
     }
@@ -56,7 +60,8 @@ public struct Engine {
         materializer.readTimeout = options.readTimeout
         fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
                             uploader: uploader, logger: logger, uploadDelay: options.uploadDelay,
-                            hydration: options.hydration, cacheLimit: options.cacheLimit, syncOnClose: options.syncOnClose)
+                            hydration: options.hydration, cacheLimit: options.cacheLimit, syncOnClose: options.syncOnClose,
+                            residentLimit: options.residentNodes, checkNodes: options.checkNodes)
         // The feed holds the file system (its sink); the file system reaches the feed weakly
         // (no cycle: a test that starts a device again from its state directory lets the old
         // one go). The uploader and downloads reach the file system weakly too (its init).

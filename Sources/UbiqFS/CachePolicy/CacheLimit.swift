@@ -18,10 +18,17 @@ extension FileSystem {
         }
     }
 
-    /// The running count of present files' bytes, and the same summed over every inode,
-    /// taken under one lock (what tests compare).
+    /// The running count of present files' bytes, and the same summed over every inode (those
+    /// in memory as they are there, the others from their rows), taken under one lock (what
+    /// tests compare).
     var presentBytesBothWays: (kept: Int64, walked: Int64) {
-        inodes.locked { t in (t.presentBytes, t.all.reduce(0) { $0 + Node.localBytes($1.rec) }) }
+        get throws {
+            try inodes.locked { t in
+                let stored = try state.read { tx in try tx.presentFiles() }
+                let inMemory = t.residents.reduce(Int64(0)) { $0 + Node.localBytes($1.rec) }
+                return (t.presentBytes, stored.reduce(inMemory) { sum, f in t.resident(f.ino) == nil ? sum + f.size : sum })
+            }
+        }
     }
 
     /// Evicts least recently used files until local content is at most `target` bytes
@@ -32,13 +39,19 @@ extension FileSystem {
         guard let limit = target ?? cacheLimit else { return 0 }
         var usage = localContentBytes
         if usage <= limit { return 0 }
+        // From the rows (files not in memory are closed and committed), least recently used
+        // first: those not in memory count as used before any that is.
+        guard let stored = try? state.read({ tx in try tx.unpinnedPresentFiles() }) else { return 0 }
         let candidates = inodes.locked { t in
-            t.all.filter { $0.isRegular && $0.rec.present && $0.opens == 0 && !$0.unpersisted && !$0.rec.pinned }
-                .sorted { $0.lastUsed < $1.lastUsed }
-                .map { ($0.rec.ino, $0.rec.size) }
+            stored.compactMap { f -> (ino: UInt64, size: Int64, used: UInt64)? in
+                guard let n = t.resident(f.ino) else { return (f.ino, f.size, 0) }
+                guard n.isRegular && n.rec.present && n.opens == 0 && !n.unpersisted && !n.rec.pinned else { return nil }
+                return (f.ino, n.rec.size, n.lastUsed)
+            }
+            .sorted { $0.used < $1.used }
         }
         var freed: Int64 = 0
-        for (ino, size) in candidates where usage > limit {
+        for (ino, size, _) in candidates where usage > limit {
             // evictFile refuses, losing nothing, whatever must stay (pinned folder, not uploaded, opened meanwhile).
             guard (try? evictFile(ino, waiting: waiting)) != nil else { continue }
             usage -= size

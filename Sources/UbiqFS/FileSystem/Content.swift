@@ -223,7 +223,7 @@ extension FileSystem {
     /// Writes access times kept in memory (at unmount).
     public func writeAccessTimes() {
         inodes.locked { t in
-            let dirty = t.all.filter { $0.atimeDirty && !$0.rowsDeleted }
+            let dirty = t.residents.filter { $0.atimeDirty && !$0.rowsDeleted }
             guard !dirty.isEmpty else { return }
             do {
                 try persist { tx in for n in dirty { tx.upsert(n.rec) } }
@@ -417,8 +417,8 @@ extension FileSystem {
             if !isReg { throw FSError.invalid }
             if !present {
                 if size == 0 {
+                    // (Present from here: marked so below, with the new size.)
                     do { try cache.createEmpty(ino) } catch { throw FSError.fromErrno(errno) }
-                    try inodes.locked { t in try t.node(ino).rec.present = true }
                 } else {
                     try materialize(ino)
                 }
@@ -430,6 +430,7 @@ extension FileSystem {
             let n = try t.node(ino)
             let now = nowNanos()
             if let size = ch.size {
+                n.rec.present = true  // held in full now (downloaded or emptied above, under the claim)
                 n.rec.size = size
                 n.rec.mtimeNs = now
                 n.rec.contentGen += 1

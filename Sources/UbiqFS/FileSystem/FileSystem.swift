@@ -74,15 +74,21 @@ public final class FileSystem: @unchecked Sendable {
     /// A container's folder levels (nil: any depth).
     public let folderLevels = Mutex<FolderLevels?>(nil)
 
-    /// Every inode and open handle (reached under its lock: `inodes.locked { t in … }`).
+    /// The inodes in memory and every open handle (reached under its lock: `inodes.locked { t in … }`).
     let inodes = InodeTable()
+    /// Nodes of files kept in memory past those that must be (`Inodes.residentLimit`): about
+    /// 200 bytes each (docs/architecture.md, "Inodes in memory").
+    public static let defaultResidentLimit = 100_000
+    /// Nodes that differed from their rows as they were to leave memory (`UBIQ_NODE_CHECK`).
+    public let nodeCheckFailures = Mutex(0)
     /// When the last local change happened (uptime ns); its own lock, read by the uploader.
     let lastChange = Mutex<UInt64>(0)
 
     public init(state: LocalState, coordinator: Coordinator, cache: ContentCache, materializer: Materializer,
                 uploader: Uploader?, logger: Logger, rootOwner: Caller = Caller(uid: getuid(), gid: getgid()),
                 uploadDelay: TimeInterval = 0.2, hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil,
-                syncOnClose: Bool = false) throws {
+                syncOnClose: Bool = false, residentLimit: Int = FileSystem.defaultResidentLimit,
+                checkNodes: Bool = false) throws {
         self.state = state
         self.coordinator = coordinator
         self.cache = cache
@@ -93,6 +99,7 @@ public final class FileSystem: @unchecked Sendable {
         self.hydration = hydration
         self.cacheLimit = cacheLimit
         self.syncOnClose = syncOnClose
+        setUpNodeSource(residentLimit: residentLimit, checking: checkNodes)
         try load(rootOwner: rootOwner)
         uploader?.attach(host: self)
         materializer.attach(sink: self)
@@ -104,79 +111,73 @@ public final class FileSystem: @unchecked Sendable {
     private func load(rootOwner: Caller) throws {
         var repairs: [InodeRecord] = []
         var lost: [UInt64] = []
-        var dropped: [UInt64] = []
         var damaged: [UInt64] = []
+        var dropped: [UInt64] = []
         var kept = Set<UInt64>()
         try inodes.locked { t in try state.write { tx in
-            for r in try tx.allInodes() { t.insert(Node(r)) }
-            if t[rootIno] == nil {
+            // Folders are always in memory, with their names; files are read when asked for.
+            for r in try tx.directories() { t.insert(Node(r)) }
+            if t.resident(rootIno) == nil {
                 let now = nowNanos()
                 let root = InodeRecord(ino: rootIno, type: UInt32(S_IFDIR), perm: 0o755, uid: rootOwner.uid,
                                        gid: rootOwner.gid, atimeNs: now, mtimeNs: now, ctimeNs: now)
                 try tx.upsert(root)
                 t.insert(Node(root))
             }
-            t[rootIno]!.parent = rootIno
-            // Every directory starts at 2 ("." and its name); entries are read in no
-            // particular order, so subdirectories add to it whenever they come.
-            for n in t.all where n.isDirectory { n.nlink = 2 }
-            for e in try tx.allEntries() {
-                guard let dir = t[e.parent], dir.isDirectory, let child = t[e.ino] else {
-                    try tx.removeEntry(parent: e.parent, name: e.name)
-                    continue
-                }
-                dir.children[e.name] = e.ino
-                if child.isDirectory {
-                    child.parent = e.parent
+            t.resident(rootIno)!.parent = rootIno
+            // Every directory starts at 2 ("." and its name); subdirectories add to it.
+            for n in t.residents { n.nlink = 2 }
+            _ = try tx.removeDanglingEntries()
+            try tx.eachName { parent, name, ino, isDirectory in
+                let dir = t.resident(parent)!  // a folder with a row: `removeDanglingEntries`
+                dir.children[name] = ino
+                if isDirectory, let child = t.resident(ino) {
+                    child.parent = parent
                     dir.nlink += 1
-                } else {
-                    child.nlink += 1
                 }
             }
-            for (ino, attrs) in try tx.allXattrs() { t[ino]?.xattrs = attrs }
+            for (ino, attrs) in try tx.directoryXattrs() { t.resident(ino)?.xattrs = attrs }
             // Inodes with no name left were open-unlinked when the last run ended: gone now.
-            var named: Set<UInt64> = [rootIno]
-            for n in t.all { named.formUnion(n.children.values) }
-            for n in t.all where !named.contains(n.rec.ino) {
-                let ino = n.rec.ino
+            dropped = try tx.namelessInodes()
+            for ino in dropped {
                 try tx.deleteInode(ino)
-                dropped.append(ino)
+                t.remove(ino)
             }
-            for ino in dropped { t.remove(ino) }
             // Content written but not committed before a crash: the cache file is the truth.
-            for node in t.all where node.isRegular && node.rec.present {
-                let actual = cache.size(of: node.rec.ino)
-                if actual == nil, let up = try tx.uploadState(node.rec.ino), up.uploadedContentGen == node.rec.contentGen,
-                   try tx.entries(of: node.rec.ino).contains(where: { $0.remoteVersion != nil }) {
+            for (ino, size) in try tx.presentFiles() {
+                let actual = cache.size(of: ino)
+                guard actual != size, var rec = try tx.inode(ino) else { continue }
+                let inStore = { () throws -> Bool in
+                    guard let up = try tx.uploadState(ino), up.uploadedContentGen == rec.contentGen else { return false }
+                    return try tx.entries(of: ino).contains(where: { $0.remoteVersion != nil })
+                }
+                if actual == nil, try inStore() {
                     // A crash never removes a cache file: someone did. The store has these bytes
                     // (nothing changed here since they went up): a placeholder again, not an empty file.
-                    node.rec.present = false
-                    try tx.upsert(node.rec)
-                    lost.append(node.rec.ino)
+                    rec.present = false
+                    try tx.upsert(rec)
+                    lost.append(ino)
                     continue
                 }
-                if let actual, actual != node.rec.size, let up = try tx.uploadState(node.rec.ino),
-                   up.uploadedContentGen == node.rec.contentGen,
-                   try tx.entries(of: node.rec.ino).contains(where: { $0.remoteVersion != nil }) {
+                if actual != nil, try inStore() {
                     // No write was under way (a write marks the file first): the cache file was
                     // damaged or cut short outside ubiq. The store has the bytes: fetched anew.
-                    node.rec.present = false
-                    try tx.upsert(node.rec)
-                    damaged.append(node.rec.ino)
+                    rec.present = false
+                    try tx.upsert(rec)
+                    damaged.append(ino)
                     continue
                 }
-                if actual == nil || actual! != node.rec.size {
-                    node.rec.size = actual ?? 0
-                    if actual == nil { try cache.createEmpty(node.rec.ino) }
-                    node.rec.contentGen += 1
-                    try tx.upsert(node.rec)
-                    try tx.enqueue(node.rec.ino)
-                    repairs.append(node.rec)
-                }
+                rec.size = actual ?? 0
+                if actual == nil { try cache.createEmpty(ino) }
+                rec.contentGen += 1
+                try tx.upsert(rec)
+                try tx.enqueue(ino)
+                repairs.append(rec)
             }
             // (Numbers are never reused within a run: the table numbers past every one it was
             // given. One freed before a restart may be.)
-            kept = Set(t.all.map(\.rec.ino))
+            t.loaded(items: try tx.inodeCount(), presentBytes: try tx.presentBytes(), maxIno: UInt64(try tx.maxInode()))
+            kept = try tx.inodeNumbers()
         } }
         for ino in dropped { cache.remove(ino) }
         // Cache files of inodes without rows: a new file whose create returned but no close
@@ -189,6 +190,63 @@ public final class FileSystem: @unchecked Sendable {
             cache.remove(ino)
             logger.warning("the cache file of inode \(ino) was changed outside ubiq (its size is not the recorded one); its content is in the store: a placeholder again")
         }
+    }
+
+    /// How the inode table reads nodes of files in and which may leave memory (`Inodes`):
+    /// `residentLimit` nodes of files stay past those that must (`UBIQ_RESIDENT_NODES` in the
+    /// environment overrides it, for tests); `checking` (or `UBIQ_NODE_CHECK=1`) compares each
+    /// node that leaves memory with its rows first, and keeps it, with a log line, where they
+    /// differ (`nodeCheckFailures`).
+    private func setUpNodeSource(residentLimit: Int, checking: Bool) {
+        let env = ProcessInfo.processInfo.environment
+        let limit = env["UBIQ_RESIDENT_NODES"].flatMap { Int($0) }.map { max(0, $0) } ?? residentLimit
+        let checking = checking || env["UBIQ_NODE_CHECK"] == "1"
+        inodes.locked { t in
+            t.source = NodeSource(
+                load: { [unowned self] ino in try readNode(ino) },
+                loadChildren: { [unowned self] dir in
+                    try state.read { tx in
+                        try tx.childFiles(of: dir).map { f in
+                            let n = Node(f.rec)
+                            n.nlink = UInt32(f.names)
+                            n.xattrs = f.xattrs
+                            return n
+                        }
+                    }
+                },
+                rowsPending: { [unowned self] in Set(pendingCreates.withLock { $0.map(\.ino) }) },
+                saveAccessTimes: { [unowned self] nodes in
+                    do { try persist { tx in for n in nodes { tx.upsert(n.rec) } } } catch { return false }
+                    for n in nodes { n.atimeDirty = false }
+                    return true
+                },
+                check: checking ? { [unowned self] n in nodeMatchesRows(n) } : nil)
+            t.residentLimit = limit
+        }
+    }
+
+    /// The node of a file, link or device node from its rows (nil: none, or a folder).
+    private func readNode(_ ino: UInt64) throws -> Node? {
+        try state.read { tx -> Node? in
+            guard let r = try tx.inode(ino), r.type != UInt32(S_IFDIR) else { return nil }
+            let n = Node(r)
+            n.nlink = UInt32(try tx.nameCount(of: ino))
+            n.xattrs = try tx.xattrs(ino)
+            return n
+        }
+    }
+
+    /// Whether `n` says what its rows say (`UBIQ_NODE_CHECK`); logs where it does not.
+    private func nodeMatchesRows(_ n: Node) -> Bool {
+        guard let read = try? readNode(n.rec.ino) else {
+            logger.error("node check: inode \(n.rec.ino) leaves memory but its rows cannot be read")
+            nodeCheckFailures.withLock { $0 += 1 }
+            return false
+        }
+        if read.rec == n.rec && read.nlink == n.nlink && read.xattrs == n.xattrs { return true }
+        logger.error("node check: inode \(n.rec.ino) in memory \(n.rec) nlink \(n.nlink) xattrs \(n.xattrs.count) differs from its rows \(read.rec) nlink \(read.nlink) xattrs \(read.xattrs.count)")
+        nodeCheckFailures.withLock { $0 += 1 }
+        return false
     }
 
     // MARK: - Helpers
@@ -328,7 +386,8 @@ public final class FileSystem: @unchecked Sendable {
     public func waitForRecycling() { recycling.sync { recycleDropped() } }
 
     public func isOpenForWriting(_ ino: UInt64) -> Bool {
-        inodes.locked { t in (t[ino]?.writers ?? 0) > 0 || (t[ino]?.unpersisted ?? false) }
+        // (A node not in memory is neither: `Node.mayLeaveMemory`.)
+        inodes.locked { t in t.resident(ino).map { $0.writers > 0 || $0.unpersisted } ?? false }
     }
 
     /// Every local change ends here: notes the time (the uploader waits for quiet) and wakes the uploader.
@@ -405,8 +464,7 @@ public final class FileSystem: @unchecked Sendable {
     /// The kernel dropped `count` references to `ino`.
     public func forget(_ ino: UInt64, _ count: UInt64) {
         inodes.locked { t in
-            guard let n = t[ino] else { return }
-            n.lookups = n.lookups >= count ? n.lookups - count : 0
+            guard let n = t.forget(ino, count) else { return }
             reapIfUnreferenced(n, t)
         }
     }
@@ -424,7 +482,7 @@ public final class FileSystem: @unchecked Sendable {
     public func statfs() -> FSStats {
         var s = statvfs()
         _ = statvfs(cache.directory.path, &s)
-        let files = UInt64(inodes.locked { t in t.count })
+        let files = UInt64(inodes.locked { t in t.items })
         if let u = uploader?.storeUsage, let quota = u.quotaBytes {
             let bs: UInt64 = 4096
             let total = UInt64(max(0, quota)) / bs
@@ -464,8 +522,11 @@ public final class FileSystem: @unchecked Sendable {
         state.syncToDisk()
     }
 
-    /// Number of inodes in memory.
-    public var inodeCount: Int { inodes.locked { t in t.count } }
+    /// Number of items (inodes), in memory or not.
+    public var inodeCount: Int { inodes.locked { t in t.items } }
+
+    /// Number of inodes in memory (`Inodes`), and how many left memory so far.
+    public var residentNodes: (count: Int, evicted: Int) { inodes.locked { t in (t.residentCount, t.evictions) } }
 
     /// The kernel's current lookup count of `ino` (tests check forget accounting).
     public func lookupCount(_ ino: UInt64) -> UInt64? { inodes.locked { t in t[ino]?.lookups } }

@@ -353,9 +353,17 @@ extension FileSystem {
                 DirEntry(name: [UInt8(ascii: "."), UInt8(ascii: ".")], ino: dir.parent, type: UInt32(S_IFDIR), nextOffset: 2),
             ]
             list.reserveCapacity(dir.children.count + 2)
+            // The files' nodes read in at once (readdirplus asks for each next), or, in a folder
+            // too large for that, the types of those not in memory in one query.
+            _ = t.readInChildren(of: dir)
+            var stored: [UInt64: UInt32]?
             for (name, child) in dir.children {
-                let t = t[child]?.rec.type ?? UInt32(S_IFREG)
-                list.append(DirEntry(name: name, ino: child, type: t, nextOffset: Int64(list.count + 1)))
+                var type = t.resident(child)?.rec.type
+                if type == nil {
+                    if stored == nil { stored = (try? state.read { tx in try tx.childTypes(of: ino) }) ?? [:] }
+                    type = stored?[child]
+                }
+                list.append(DirEntry(name: name, ino: child, type: type ?? UInt32(S_IFREG), nextOffset: Int64(list.count + 1)))
             }
             h.listing = list
             return t.add(h)

@@ -1,11 +1,18 @@
 import Foundation
 import UbiqState
 
-/// The inode table: every inode and open handle in memory, behind one lock.
+/// The inode table: the inodes in memory and every open handle, behind one lock.
 ///
 /// Its contents (`Inodes`) are reachable only through `locked`, which holds the lock for the
 /// length of the closure; a function that takes an `Inodes` is thus one that runs with the lock
 /// held, and the compiler says so (where the code used to say "call with `lock` held").
+///
+/// Not every inode is in memory (docs/architecture.md, "Inodes in memory"): every folder is, with
+/// its names; a file, link or device node is while something needs it there (open, written and
+/// not yet committed, its rows not yet written, an access time to write, no name left) or was
+/// used lately (at most `residentLimit` of them), and is read from the state database again when
+/// asked for (`subscript`, `node`). A number the kernel holds needs no node: its count of kernel
+/// references is kept without one.
 ///
 /// LOCK ORDER (docs/architecture.md): Coordinator claims first, then this lock, then the
 /// Materializer's, then the state database. Never wait for a claim, a download or the store
@@ -15,33 +22,100 @@ final class InodeTable: @unchecked Sendable {
     private let lock = NSLock()
     private let contents = Inodes()
 
-    /// Runs `body` with the lock held. `body` must not keep the `Inodes` it is given.
+    /// Runs `body` with the lock held. `body` must not keep the `Inodes` it is given (nor any
+    /// `Node`: one may leave memory when the lock is given up, `Inodes.trim`).
     func locked<T>(_ body: (Inodes) throws -> T) rethrows -> T {
-        lock.lock(); defer { lock.unlock() }
+        lock.lock()
+        defer {
+            contents.trim()
+            lock.unlock()
+        }
         return try body(contents)
     }
+}
+
+/// How the inode table reads a node from the state database and tells which may leave memory
+/// (`FileSystem` sets it up, before anything else uses the table).
+struct NodeSource {
+    /// The node of a file, link or device node from the state database (nil: no such inode,
+    /// or a folder: folders are always in memory). Its `nlink` and `xattrs` filled in.
+    var load: (UInt64) throws -> Node?
+    /// The nodes of the files, links and device nodes in a folder, in one read.
+    var loadChildren: (UInt64) throws -> [Node]
+    /// Inodes whose rows are not in the state database yet (`FileSystem.pendingCreates`).
+    var rowsPending: () -> Set<UInt64>
+    /// Records the access times of nodes about to leave memory (`Node.atimeDirty`); false:
+    /// they could not be, and stay.
+    var saveAccessTimes: ([Node]) -> Bool
+    /// Checks a node against its rows before it leaves memory (tests: `UBIQ_NODE_CHECK`);
+    /// false keeps it in memory.
+    var check: ((Node) -> Bool)?
 }
 
 /// What the inode table holds, handed out only under its lock (`InodeTable.locked`).
 final class Inodes {
     private var nodes: [UInt64: Node] = [:]
+    /// Kernel references of inodes not in memory (a node leaving memory leaves its count here).
+    private var heldRefs: [UInt64: UInt64] = [:]
     private var handles: [UInt64: Handle] = [:]
     private var nextHandle: UInt64 = 1
     /// The number the next new inode gets: never one given before in this run.
     private(set) var nextIno: UInt64 = 2
     /// Counts uses of content, for least-recently-used order (`touch`).
     private var useClock: UInt64 = 0
+    /// Counts every reach of a node, for which ones leave memory first (`Node.lastSeen`).
+    private var seenClock: UInt64 = 0
+    /// Counts replacements of content by a remote version (`Node.contentEpoch`). A node read in
+    /// again gets the count as its epoch: equal to the one it had unless some content was
+    /// replaced meanwhile (then an open in progress starts over once, needlessly at worst).
+    private var epochClock = 0
+    var source = NodeSource(load: { _ in nil }, loadChildren: { _ in [] }, rowsPending: { [] }, saveAccessTimes: { _ in false }, check: nil)
+    /// How many nodes of files (not folders) stay in memory past those that must.
+    var residentLimit = Int.max { didSet { trimAbove = residentLimit } }
+    /// Nodes of files in memory; a trim comes when there are more than `trimAbove`.
+    private var residentFiles = 0
+    private var trimAbove = Int.max
+    /// Nodes that left memory so far (what tests look at).
+    private(set) var evictions = 0
 
     fileprivate init() {}
 
     // MARK: Inodes
 
-    subscript(ino: UInt64) -> Node? { nodes[ino] }
+    /// The inode `ino`, from memory or from the state database (nil: none; also when the
+    /// database cannot be read, which `node` says instead).
+    subscript(ino: UInt64) -> Node? { try? node(ino) }
 
     func node(_ ino: UInt64) throws -> Node {
-        guard let n = nodes[ino] else { throw FSError.notFound }
+        if let n = nodes[ino] {
+            seenClock &+= 1
+            n.lastSeen = seenClock
+            return n
+        }
+        let loaded: Node?
+        do { loaded = try source.load(ino) } catch { throw FSError.io("state database: \(error)") }
+        guard let n = loaded else { throw FSError.notFound }
+        n.lookups = heldRefs.removeValue(forKey: ino) ?? 0
+        admit(n)
         return n
     }
+
+    /// Reads the nodes of the folder `dir`'s files in at once, when some are not in memory and
+    /// they fit well within `residentLimit` (a listing with attributes, `readdirplus`, asks for
+    /// every one next: one read instead of one each). False when it did not.
+    func readInChildren(of dir: Node) -> Bool {
+        guard dir.children.count <= residentLimit / 2,
+              dir.children.values.contains(where: { nodes[$0] == nil }),
+              let read = try? source.loadChildren(dir.rec.ino) else { return false }
+        for n in read where nodes[n.rec.ino] == nil {
+            n.lookups = heldRefs.removeValue(forKey: n.rec.ino) ?? 0
+            admit(n)
+        }
+        return true
+    }
+
+    /// The node of `ino` if it is in memory (never reads the database).
+    func resident(_ ino: UInt64) -> Node? { nodes[ino] }
 
     func directory(_ ino: UInt64) throws -> Node {
         let n = try node(ino)
@@ -59,28 +133,96 @@ final class Inodes {
         }
     }
 
-    /// Every inode in memory.
-    var all: Dictionary<UInt64, Node>.Values { nodes.values }
-    var count: Int { nodes.count }
+    /// The inodes in memory (every folder; files only as `Inodes` says).
+    var residents: Dictionary<UInt64, Node>.Values { nodes.values }
+    /// Every inode there is, in memory or not.
+    private(set) var items = 0
+    /// Inodes in memory.
+    var residentCount: Int { nodes.count }
 
-    /// Adds an inode (loaded from the state database, or new).
+    /// Adds a new inode (or one loaded at mount), counting it among the items.
     func insert(_ n: Node) {
         remove(n.rec.ino)
-        nodes[n.rec.ino] = n
-        n.tally = tally
+        admit(n)
+        items += 1
         tally.bytes = tally.bytes &+ Node.localBytes(n.rec)
         nextIno = max(nextIno, n.rec.ino + 1)
     }
 
-    /// Drops an inode from memory (its number is not given again in this run).
+    /// Drops an inode that is gone (its number is not given again in this run). `ino` must
+    /// be in memory (`reapIfUnreferenced` has its node).
     func remove(_ ino: UInt64) {
+        heldRefs[ino] = nil
         guard let n = nodes.removeValue(forKey: ino) else { return }
+        items -= 1
+        if !n.isDirectory { residentFiles -= 1 }
         tally.bytes = tally.bytes &- Node.localBytes(n.rec)
         n.tally = nil
     }
 
+    /// Sets what the mount found in the state database: how many items, how many bytes
+    /// present, the highest number given.
+    func loaded(items: Int, presentBytes: Int64, maxIno: UInt64) {
+        self.items = items
+        tally.bytes = presentBytes
+        nextIno = max(nextIno, maxIno + 1)
+    }
+
+    /// Puts a node into memory, not counting it as new.
+    private func admit(_ n: Node) {
+        n.contentEpoch = epochClock
+        seenClock &+= 1
+        n.lastSeen = seenClock
+        n.tally = tally
+        nodes[n.rec.ino] = n
+        if !n.isDirectory { residentFiles += 1 }
+    }
+
+    /// The kernel dropped `count` references to `ino`. Its node, if it is in memory (one that
+    /// is not has a name and nothing open: nothing to reap).
+    func forget(_ ino: UInt64, _ count: UInt64) -> Node? {
+        if let n = nodes[ino] {
+            n.lookups = n.lookups >= count ? n.lookups - count : 0
+            return n
+        }
+        if let held = heldRefs[ino] { heldRefs[ino] = held > count ? held - count : nil }
+        return nil
+    }
+
+    /// A new content epoch for `n` (its content was replaced: an open in progress starts over).
+    func replacedContent(_ n: Node) {
+        epochClock += 1
+        n.contentEpoch = epochClock
+    }
+
+    /// Lets the least recently seen nodes of files go from memory, past `residentLimit`, of
+    /// those that may (`Node.mayLeaveMemory`). Runs as the lock is given up; amortized: when
+    /// none may go, the next try waits for a quarter of the limit more.
+    fileprivate func trim() {
+        guard residentFiles > trimAbove else { return }
+        let pending = source.rowsPending()
+        var out = nodes.values.filter { $0.mayLeaveMemory && !pending.contains($0.rec.ino) }
+        let goal = residentLimit - residentLimit / 4
+        let excess = residentFiles - goal
+        if out.count > excess {
+            out.sort { $0.lastSeen < $1.lastSeen }
+            out.removeLast(out.count - excess)
+        }
+        let touched = out.filter(\.atimeDirty)
+        if !touched.isEmpty && !source.saveAccessTimes(touched) { out.removeAll(where: \.atimeDirty) }
+        for n in out where source.check?(n) ?? true {
+            nodes[n.rec.ino] = nil
+            residentFiles -= 1
+            n.tally = nil
+            if n.lookups > 0 { heldRefs[n.rec.ino] = n.lookups }
+            evictions += 1
+        }
+        trimAbove = max(residentLimit, residentFiles + residentLimit / 4)
+    }
+
     /// The bytes of content held here in full: every present regular file's size, kept as
-    /// records change (`Node.rec`), so the cache limit's check does not walk every inode.
+    /// records change (`Node.rec`) and items come and go, so the cache limit's check walks
+    /// nothing. (A node leaving memory or read in again changes nothing.)
     var presentBytes: Int64 { tally.bytes }
     private let tally = ContentTally()
 
@@ -100,7 +242,7 @@ final class Inodes {
         return n
     }
 
-    /// Inodes under (and including) `ino`.
+    /// Inodes under (and including) `ino` (from the folders' names: reads no file's node).
     func subtree(_ ino: UInt64) -> [UInt64] {
         var out: [UInt64] = []
         var stack = [ino]
@@ -162,12 +304,23 @@ final class Node {
     /// Removing the name it is being removed by leaves it with none, and nothing has it open:
     /// its rows can go in the same transaction (`rowsDeleted`).
     var losesRowsWithThisName: Bool { (isDirectory || nlink <= 1) && opens == 0 }
-    /// When the content was last opened (`Inodes.touch`, for least-recently-used eviction).
+    /// When the content was last opened (`Inodes.touch`, for least-recently-used eviction; 0
+    /// for a node read in again: its files are the first the cache limit evicts).
     var lastUsed: UInt64 = 0
+    /// When the node was last reached (`Inodes.node`): which nodes leave memory first.
+    var lastSeen: UInt64 = 0
     /// atime changed by a read and not written yet (see `writeAccessTimes`).
     var atimeDirty = false
-    /// Counts replacements of the content by a remote version (an open in progress starts over).
-    var contentEpoch = 0
+    /// Changes when the content is replaced by a remote version (an open in progress starts
+    /// over), and when the node is read in again (`Inodes.replacedContent`, `admit`).
+    fileprivate(set) var contentEpoch = 0
+
+    /// Whether it may leave memory and be read from its rows again when asked for: nothing
+    /// about it lives only here but an access time, which is recorded as it leaves. (Folders
+    /// never leave: their names are the tree.)
+    var mayLeaveMemory: Bool {
+        !isDirectory && nlink > 0 && opens == 0 && writers == 0 && !unpersisted && !rowsDeleted
+    }
 
     init(_ rec: InodeRecord) { self.rec = rec }
     var isDirectory: Bool { rec.type == UInt32(S_IFDIR) }

@@ -439,7 +439,7 @@ extension FileSystem {
         let isFile = kind == UInt32(S_IFREG)
         let contentChanged = isFile && (e.remoteTag == nil || info.contentTag == nil || e.remoteTag != info.contentTag)
         // A reader keeps the version it opened until it closes.
-        if contentChanged && inodes.locked({ t in (t[ino]?.opens ?? 0) > 0 }) {
+        if contentChanged && inodes.locked({ t in (t.resident(ino)?.opens ?? 0) > 0 }) {
             waitingForClose.withLock { _ = $0.insert(ino) }
             return false
         }
@@ -462,7 +462,7 @@ extension FileSystem {
                     n.rec.size = info.size
                     n.rec.present = info.size == 0
                     if info.size == 0 { try cache.createEmpty(ino) }
-                    n.contentEpoch += 1
+                    t.replacedContent(n)
                 }
                 let m = info.metadata
                 n.rec.ctimeNs = now

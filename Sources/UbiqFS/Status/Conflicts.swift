@@ -32,7 +32,7 @@ extension FileSystem {
         inodes.locked { t in
             var out = Set<UInt64>()
             for i in inos {
-                guard let dir = t[i], dir.isDirectory else { continue }
+                guard let dir = t.resident(i), dir.isDirectory else { continue }  // (folders are in memory)
                 for target in conflictIndex(of: dir).keys {
                     if let item = dir.children[target] { out.insert(item) }
                 }

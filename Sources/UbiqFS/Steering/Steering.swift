@@ -55,9 +55,11 @@ extension FileSystem {
 
     /// Starts downloading a placeholder, or every placeholder under a folder. Returns at once.
     public func download(_ ino: UInt64) throws {
+        // Files not in memory are judged by their rows, read first (not one by one under the lock).
+        let stored = try storedFiles(present: false)
         let files = try inodes.locked { t -> [UInt64] in
             _ = try t.node(ino)
-            return t.subtree(ino).filter { i in t[i].map { $0.isRegular && !$0.rec.present } ?? false }
+            return t.subtree(ino).filter { i in t.resident(i).map { $0.isRegular && !$0.rec.present } ?? stored.contains(i) }
         }
         for f in files {
             do { try materializer.start(f) } catch {
@@ -74,12 +76,21 @@ extension FileSystem {
     public func evict(_ ino: UInt64) throws {
         let isDir = try inodes.locked { t in try t.node(ino).isDirectory }
         if !isDir { return try evictFile(ino, waiting: true) }
-        let files = inodes.locked { t in t.subtree(ino).filter { t[$0]?.isRegular ?? false } }
+        let stored = try storedFiles(present: nil)
+        let files = inodes.locked { t in t.subtree(ino).filter { t.resident($0).map(\.isRegular) ?? stored.contains($0) } }
         var refusal: Error?
         for f in files {
             do { try evictFile(f, waiting: true) } catch { refusal = refusal ?? error }
         }
         if let refusal { throw refusal }
+    }
+
+    /// The regular files whose rows say they are held here in full (`present`), are
+    /// placeholders, or (nil) either: for a walk of a folder that reads no file's node.
+    private func storedFiles(present: Bool?) throws -> Set<UInt64> {
+        do { return Set(try state.read { tx in try tx.regularFiles(present: present) }) } catch {
+            throw FSError.io("state database: \(error)")
+        }
     }
 
     /// `waiting` false: for a caller that holds a claim of its own (a write making room), so
@@ -90,7 +101,7 @@ extension FileSystem {
         // ago still counts as open. Give pending releases a moment (before claiming: a
         // writer's release takes a claim of its own).
         let deadline = Date(timeIntervalSinceNow: waiting ? 1 : 0)
-        while inodes.locked({ t in (t[ino]?.opens ?? 0) > 0 }) && Date() < deadline { usleep(5_000) }
+        while inodes.locked({ t in (t.resident(ino)?.opens ?? 0) > 0 }) && Date() < deadline { usleep(5_000) }
         let c = try claim([ino], .evict, timeout: waiting ? nil : 0)
         defer { coordinator.release(c) }
         materializer.cancelIfIdle(ino)
@@ -170,7 +181,7 @@ extension FileSystem {
 
     /// At start: placeholders under pinned items begin downloading.
     func resumePinnedDownloads() {
-        let pinned = inodes.locked { t in t.all.filter { $0.rec.pinned }.map { $0.rec.ino } }
+        let pinned = (try? state.read { tx in try tx.pinnedInodes() }) ?? []
         for p in pinned { try? download(p) }
     }
 }
