@@ -398,8 +398,8 @@ extension FileSystem {
         if h.canWrite { emit(.changed, h.ino) }
         // An update from the store waited for this close.
         if closed, waitingForClose.withLock({ $0.remove(h.ino) != nil }) { storeFeed?.kick(everywhere: false) }
-        // Only writing can have grown the cache here (downloads check when they finish):
-        // the check walks every inode, so a close after reading does not ask for it.
+        // Only writing can have grown the cache here (downloads check when they finish): a
+        // close after reading does not ask for the check.
         if h.canWrite { scheduleCacheLimitCheck() }
     }
 
