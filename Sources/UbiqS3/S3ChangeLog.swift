@@ -50,6 +50,8 @@ final class S3ChangeLog: @unchecked Sendable {
         /// The server's time of the look (the next one lists from `window` before it).
         var position: Int64 = 0
         var requests = 0
+        /// The log objects read (or passed over), by their time: noted as read by `noteRead`.
+        var objects: [String: Int64] = [:]
     }
 
     let objects: S3Objects
@@ -196,9 +198,13 @@ final class S3ChangeLog: @unchecked Sendable {
             read = read.filter { $0.value >= start }
             return listed.filter { read[$0.0] == nil }
         }
+        // Noted as read only once the caller has what the whole look found (`noteRead`): a
+        // look that throws part way, or whose changes the caller could not take, leaves every
+        // object to the next one.
+        var done: [String: Int64] = [:]
         for (name, time) in fresh {
             if markOnly {
-                lock.withLock { read[name] = time }
+                done[name] = time
                 continue
             }
             let data: Data
@@ -207,23 +213,30 @@ final class S3ChangeLog: @unchecked Sendable {
                 data = try await objects.client.send(.GET, key: objects.prefix + Self.folder + name,
                                                      headers: ["Range": "bytes=0-\(Self.maxObjectBytes - 1)"],
                                                      maxResponse: Self.maxObjectBytes + (64 << 10)).data
-            } catch StoreError.notFound {
-                lock.withLock { read[name] = time }  // deleted meanwhile (older than the retention)
-                continue
             } catch {
+                // Gone too (listed, then not there) counts as a failure: an object in the window
+                // is younger than any retention, so that is the server's hiccup, not a prune.
                 let n = lock.withLock { () -> Int in
                     failures[name, default: 0] += 1
                     return failures[name]!
                 }
                 guard n >= Self.attemptsPerObject else { throw error }
                 out.unreadable.add("log object \(name): \(error) (\(n) times; its changes are found by the full listing)")
-                lock.withLock { read[name] = time; failures[name] = nil }
+                lock.withLock { failures[name] = nil }
+                done[name] = time
                 continue
             }
-            lock.withLock { read[name] = time; failures[name] = nil }
+            lock.withLock { failures[name] = nil }
+            done[name] = time
             parse(data, of: name, into: &out)
         }
+        out.objects = done
         return out
+    }
+
+    /// Notes the log objects `look` read as read: the next looks in the window pass them over.
+    func noteRead(_ look: Read) {
+        lock.withLock { read.merge(look.objects) { a, _ in a } }
     }
 
     /// The log objects' names after `after` (their time), in order, up to `pages` thousands;

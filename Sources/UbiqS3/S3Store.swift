@@ -389,6 +389,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             }
         }
         guard let next = try index.nextGeneration(since: since) else { return reset }
+        log.noteRead(read)  // a cursor older than `next` is a reset from now on: nothing is missed
         lock.withLock { lastLook = (read.requests, false) }
         return ChangeBatch(changes: read.changes, cursor: next + "@\(read.position)", reset: false, unreadable: read.unreadable.lines)
     }
@@ -402,6 +403,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         guard let (changes, next) = try index.advance(since: since, to: listing, stableFolders: !objects.keepsFolderMetadata) else {
             return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         }
+        log.noteRead(marked)
         listed(requests: marked.requests + listing.requests)
         try? await log.prune(olderThan: logRetention)
         if (try? await snapshotDue()) == true { await writeSnapshot(listing) }

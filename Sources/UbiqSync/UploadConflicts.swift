@@ -31,6 +31,31 @@ extension Uploader {
         }.version
     }
 
+    /// Deletes `key`, which this device no longer names (an item moved or removed), if the
+    /// store still holds `version` there (nil: whatever it holds). Another version there is
+    /// left alone (an edit elsewhere beats the delete a move or removal implies) unless this
+    /// device wrote it and no item here records it (an upload whose answer was lost, or made
+    /// just before a crash): nothing of another device's is there to keep, and it goes too;
+    /// left, it would come back as a file on every device. Other failures are thrown.
+    func deleteNoLongerNamed(_ key: String, version: String?, why: String) throws {
+        let store = self.store
+        do {
+            trace("delete \(key) \(version ?? "always") (\(why))")
+            try runBlocking { try await store.delete(key, condition: version.map { .ifMatch($0) } ?? .always) }
+        } catch StoreError.notFound {
+        } catch StoreError.preconditionFailed {
+            guard let leftover = try? leftoverOfOurs(key) else {
+                logger.info("left \(key) in the store: it changed there since")
+                return
+            }
+            trace("delete \(key) ifMatch(\(leftover)) (\(why): our own unrecorded upload)")
+            do { try runBlocking { try await store.delete(key, condition: .ifMatch(leftover)) } } catch StoreError.notFound {
+            } catch StoreError.preconditionFailed {
+                logger.info("left \(key) in the store: it changed there since")
+            }
+        }
+    }
+
     /// The store's current version of `key` when this device wrote it and no item here records
     /// it: an upload whose answer never came (a lost reply, a crash), from an item since deleted,
     /// renamed or written again here. Nil otherwise (another device's version, or one recorded).

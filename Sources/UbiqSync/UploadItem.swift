@@ -256,16 +256,9 @@ extension Uploader {
             return false
         }
         guard cycle else { return }
-        let store = self.store
-        do {
-            trace("delete \(oldKey) \(entry.remoteVersion ?? "always") (rename cycle)")
-            try runBlocking { try await store.delete(oldKey, condition: entry.remoteVersion.map { .ifMatch($0) } ?? .always) }
-        } catch StoreError.notFound {
-        } catch StoreError.preconditionFailed {
-            // Another device wrote there since: its version stays (an edit beats the delete
-            // a rename implies), and this item still goes up anew under its new name.
-            logger.info("left \(oldKey) in the store: it changed there since")
-        }
+        // Another device's version written there since stays; this item still goes up anew
+        // under its new name.
+        try deleteNoLongerNamed(oldKey, version: entry.remoteVersion, why: "rename cycle")
         try state.write { try $0.setRemote(entryID: entry.id, key: nil, version: nil) }
         logger.info("names swapped: \(oldKey) is sent again as \(key) once that name is free")
     }
@@ -286,15 +279,7 @@ extension Uploader {
     /// the tombstone `recordAt` left for it (which, should this fail, deletes it later).
     func removeOld(_ entry: EntryRecord, newKey: String, tombstone: Int64?) throws {
         guard let old = entry.remoteKey, old != newKey else { return }
-        let version = entry.remoteVersion
-        let store = self.store
-        do {
-            trace("delete \(old) \(version ?? "always") (moved to \(newKey))")
-            try runBlocking { try await store.delete(old, condition: version.map { .ifMatch($0) } ?? .always) }
-        } catch StoreError.notFound {
-        } catch StoreError.preconditionFailed {
-            logger.info("left \(old) in the store: it changed there since")
-        }
+        try deleteNoLongerNamed(old, version: entry.remoteVersion, why: "moved to \(newKey)")
         if let tombstone { try state.write { try $0.removeTombstone(tombstone) } }
         keepFolderEmptied(by: old)
     }

@@ -38,28 +38,11 @@ extension Uploader {
                     handled += 1
                     continue
                 }
-                let cond: WriteCondition = t.version.map { .ifMatch($0) } ?? .always
-                let store = self.store
-                trace("delete \(t.key) \(cond) (tombstone)")
-                try runBlocking { try await store.delete(t.key, condition: cond) }
+                try deleteNoLongerNamed(t.key, version: t.version, why: "tombstone")
             } catch StoreError.notFound {
+                // The unanswered upload is not there: nothing to delete.
             } catch StoreError.preconditionFailed {
-                if let leftover = try? leftoverOfOurs(t.key) {
-                    // This device's own later upload, whose answer it never had (a lost reply, a
-                    // crash): the item it came from is gone here, so the delete covers it too.
-                    let store = self.store
-                    trace("delete \(t.key) ifMatch(\(leftover)) (tombstone, our unrecorded upload)")
-                    do { try runBlocking { try await store.delete(t.key, condition: .ifMatch(leftover)) } } catch StoreError.notFound {
-                    } catch StoreError.preconditionFailed {
-                        logger.info("not deleting \(t.key): it changed in the store")
-                    } catch {
-                        logger.warning("delete of \(t.key) failed, will retry: \(error)")
-                        return handled
-                    }
-                } else {
-                    // Changed in the store since we last saw it: an edit elsewhere beats our delete.
-                    logger.info("not deleting \(t.key): it changed in the store")
-                }
+                logger.info("not deleting \(t.key): it changed in the store")
             } catch {
                 logger.warning("delete of \(t.key) failed, will retry: \(error)")
                 return handled

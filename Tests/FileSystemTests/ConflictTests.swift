@@ -192,6 +192,50 @@ import UbiqStore
         #expect(a.uploader.pendingCount == 0)
     }
 
+    /// A write whose answer was lost, then an edit and a rename before it went up again: the
+    /// old key holds this device's own version that no item records. The move deletes it (no
+    /// other device's edit is there to keep); left, the file would come back under its old name
+    /// on every device.
+    @Test func aRenameAfterALostAnswerLeavesNothingAtTheOldName() throws {
+        let store = try newStore()
+        let faulty = FaultyStore(store)
+        let a = try Device(store: store, remote: faulty)
+        let b = try Device(store: store)
+        try a.write("f.txt", "one")
+        a.sync()
+        try a.write("f.txt", "two")
+        faulty.loseAnswers(.put)
+        a.uploader.processRound(ignoringDelay: true)
+        faulty.heal()
+        #expect(a.uploader.pendingCount > 0)  // it went up, but A does not know it
+        try a.write("f.txt", "three")
+        try a.fs.rename(rootIno, n("f.txt"), rootIno, n("g.txt"))
+        a.sync()
+        a.pull()
+        b.pull()
+        for d in [a, b] {
+            #expect(try d.names("") == ["g.txt"])
+            #expect(try d.read("g.txt") == "three")
+        }
+        #expect(try runBlocking { try await store.list(prefix: "") }.map(\.key) == ["g.txt"])
+    }
+
+    /// An upload that failed (it may have been made) and its file removed before it went up
+    /// again: the removal's check of the key finds nothing there, and the queue is empty.
+    @Test func aFileRemovedAfterAFailedFirstUploadLeavesAnEmptyQueue() throws {
+        let store = try newStore()
+        let faulty = FaultyStore(store)
+        let a = try Device(store: store, remote: faulty)
+        try a.write("n.txt", "never made")
+        faulty.fail(.put)
+        a.uploader.processRound(ignoringDelay: true)
+        faulty.heal()
+        try a.fs.unlink(rootIno, n("n.txt"))
+        a.sync()
+        #expect(a.uploader.pendingCount == 0)
+        #expect(try runBlocking { try await store.list(prefix: "") }.isEmpty)
+    }
+
     @Test func aMetadataChangeHereMergesWithAnEditThere() throws {
         let store = try newStore()
         let a = try Device(store: store)

@@ -71,6 +71,29 @@ import UbiqStore
         #expect(try await b.changes(since: "elsewhere:4@\(Int64(Date().timeIntervalSince1970 * 1000))", limit: 1000).reset)
     }
 
+    /// A look at the log whose changes never reach the caller (a later log object could not be
+    /// fetched, the index could not move its cursor) marks nothing as read: the next look with
+    /// the same cursor finds the same changes. (A look that threw part way used to leave the
+    /// objects it had read marked, and their changes were lost until the next full listing.)
+    @Test func aLookWhoseChangesWereNotTakenIsDoneAgain() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanB() }
+        let cursor = try await b.currentCursor()
+        _ = try await a.put("x", contentsOf: try tempFile([1]), metadata: meta, condition: .ifAbsent)
+        try await a.publishChanges()
+        let position = cursor.split(separator: "@").last.map(String.init) ?? ""
+        let from = try #require(Int64(position))
+        let lost = try await b.log.look(from: from, markOnly: false)
+        #expect(lost.changes.map(\.key) == ["x"])
+        let batch = try await b.changes(since: cursor, limit: 1000)
+        #expect(batch.changes.map(\.key) == ["x"] && !batch.reset, "\(batch)")
+        // Taken this time: the next look passes it over.
+        let idle = try await b.changes(since: batch.cursor, limit: 1000)
+        #expect(idle.changes.isEmpty && b.lastLook.requests == 1, "\(idle.changes) \(b.lastLook)")
+    }
+
     /// Log objects are hints from anyone who can write to the bucket: lines that are not
     /// entries, operations of a newer version, keys that are not names or are the store's own,
     /// a name that is not a log object's, one dated a year ahead, and one larger than a reader

@@ -149,6 +149,20 @@ import UbiqStore
         #expect(loaded.unreadable.lines.last == "… and \(50_000 - PassedOver.kept) more like these")
     }
 
+    /// A done object that is not one (another client's, a hostile one) is asked for once more,
+    /// then said with what it held, and the snapshot gives nothing: the listing covers it.
+    @Test func aDoneObjectThatIsNotOneIsSaid() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        let name = S3ChangeLog.name(time: a.log.serverNow(), device: "odd")
+        try await putRaw(a, S3Snapshots.folder + name + "/00000", #"{"key":"x"}"# + "\n")
+        try await putRaw(a, S3Snapshots.folder + name + "/done", "<done/>")
+        let loaded = try await a.snapshots.load(try #require(try await a.snapshots.latest()), into: a.index)
+        #expect(loaded.entries == 0 && loaded.requests == 2)
+        #expect(loaded.unreadable.lines == ["snapshot \(name): its done object is not one (HTTP 206, 7 bytes: \"<done/>\")"],
+                "\(loaded.unreadable.lines)")
+    }
+
     /// Old snapshots go when one is written: the latest two complete ones stay, with one
     /// still being written; one abandoned a day ago goes. Two devices writing at once write
     /// two whole snapshots.
