@@ -52,9 +52,11 @@ extension StateTransaction {
             """).map { UInt64(bitPattern: $0) }
     }
 
-    /// Every regular file whose content is held here, with its recorded size.
-    public func presentFiles() throws -> [(ino: UInt64, size: Int64)] {
-        try Row.fetchAll(db, cached: "SELECT ino, size FROM inodes WHERE type = ? AND present", arguments: [Self.regType])
+    /// Every regular file whose content is held here, with its recorded size; `unpinned`: only
+    /// those not pinned themselves (what the cache limit may evict, by its rows).
+    public func presentFiles(unpinned: Bool = false) throws -> [(ino: UInt64, size: Int64)] {
+        try Row.fetchAll(db, cached: "SELECT ino, size FROM inodes WHERE type = ? AND present" + (unpinned ? " AND NOT pinned" : ""),
+                         arguments: [Self.regType])
             .map { (UInt64(bitPattern: $0[0]), $0[1]) }
     }
 
@@ -66,13 +68,6 @@ extension StateTransaction {
         }
         return try Int64.fetchAll(db, cached: "SELECT ino FROM inodes WHERE type = ? AND present = ?", arguments: [Self.regType, present])
             .map { UInt64(bitPattern: $0) }
-    }
-
-    /// What the cache limit may evict, by its rows: present regular files not pinned themselves.
-    public func unpinnedPresentFiles() throws -> [(ino: UInt64, size: Int64)] {
-        try Row.fetchAll(db, cached: "SELECT ino, size FROM inodes WHERE type = ? AND present AND NOT pinned",
-                         arguments: [Self.regType])
-            .map { (UInt64(bitPattern: $0[0]), $0[1]) }
     }
 
     /// The sum of present regular files' sizes.

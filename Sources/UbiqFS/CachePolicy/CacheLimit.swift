@@ -41,7 +41,7 @@ extension FileSystem {
         if usage <= limit { return 0 }
         // From the rows (files not in memory are closed and committed), least recently used
         // first: those not in memory count as used before any that is.
-        guard let stored = try? state.read({ tx in try tx.unpinnedPresentFiles() }) else { return 0 }
+        guard let stored = try? state.read({ tx in try tx.presentFiles(unpinned: true) }) else { return 0 }
         let candidates = inodes.locked { t in
             stored.compactMap { f -> (ino: UInt64, size: Int64, used: UInt64)? in
                 guard let n = t.resident(f.ino) else { return (f.ino, f.size, 0) }

@@ -206,12 +206,7 @@ public final class FileSystem: @unchecked Sendable {
                 load: { [unowned self] ino in try readNode(ino) },
                 loadChildren: { [unowned self] dir in
                     try state.read { tx in
-                        try tx.childFiles(of: dir).map { f in
-                            let n = Node(f.rec)
-                            n.nlink = UInt32(f.names)
-                            n.xattrs = f.xattrs
-                            return n
-                        }
+                        try tx.childFiles(of: dir).map { Node($0.rec, names: $0.names, xattrs: $0.xattrs) }
                     }
                 },
                 rowsPending: { [unowned self] in Set(pendingCreates.withLock { $0.map(\.ino) }) },
@@ -229,10 +224,7 @@ public final class FileSystem: @unchecked Sendable {
     private func readNode(_ ino: UInt64) throws -> Node? {
         try state.read { tx -> Node? in
             guard let r = try tx.inode(ino), r.type != UInt32(S_IFDIR) else { return nil }
-            let n = Node(r)
-            n.nlink = UInt32(try tx.nameCount(of: ino))
-            n.xattrs = try tx.xattrs(ino)
-            return n
+            return Node(r, names: try tx.nameCount(of: ino), xattrs: try tx.xattrs(ino))
         }
     }
 
@@ -387,7 +379,7 @@ public final class FileSystem: @unchecked Sendable {
 
     public func isOpenForWriting(_ ino: UInt64) -> Bool {
         // (A node not in memory is neither: `Node.mayLeaveMemory`.)
-        inodes.locked { t in t.resident(ino).map { $0.writers > 0 || $0.unpersisted } ?? false }
+        inodes.locked { t in t.isBeingWritten(ino) }
     }
 
     /// Every local change ends here: notes the time (the uploader waits for quiet) and wakes the uploader.

@@ -355,7 +355,7 @@ extension FileSystem {
             list.reserveCapacity(dir.children.count + 2)
             // The files' nodes read in at once (readdirplus asks for each next), or, in a folder
             // too large for that, the types of those not in memory in one query.
-            _ = t.readInChildren(of: dir)
+            t.readInChildren(of: dir)
             var stored: [UInt64: UInt32]?
             for (name, child) in dir.children {
                 var type = t.resident(child)?.rec.type

@@ -95,27 +95,34 @@ final class Inodes {
         let loaded: Node?
         do { loaded = try source.load(ino) } catch { throw FSError.io("state database: \(error)") }
         guard let n = loaded else { throw FSError.notFound }
-        n.lookups = heldRefs.removeValue(forKey: ino) ?? 0
-        admit(n)
+        readIn(n)
         return n
     }
 
     /// Reads the nodes of the folder `dir`'s files in at once, when some are not in memory and
     /// they fit well within `residentLimit` (a listing with attributes, `readdirplus`, asks for
-    /// every one next: one read instead of one each). False when it did not.
-    func readInChildren(of dir: Node) -> Bool {
+    /// every one next: one read instead of one each). Left to `node` when the read fails.
+    func readInChildren(of dir: Node) {
         guard dir.children.count <= residentLimit / 2,
               dir.children.values.contains(where: { nodes[$0] == nil }),
-              let read = try? source.loadChildren(dir.rec.ino) else { return false }
-        for n in read where nodes[n.rec.ino] == nil {
-            n.lookups = heldRefs.removeValue(forKey: n.rec.ino) ?? 0
-            admit(n)
-        }
-        return true
+              let read = try? source.loadChildren(dir.rec.ino) else { return }
+        for n in read where nodes[n.rec.ino] == nil { readIn(n) }
+    }
+
+    /// Puts a node read from its rows into memory, with the kernel's references it had.
+    private func readIn(_ n: Node) {
+        n.lookups = heldRefs.removeValue(forKey: n.rec.ino) ?? 0
+        admit(n)
     }
 
     /// The node of `ino` if it is in memory (never reads the database).
     func resident(_ ino: UInt64) -> Node? { nodes[ino] }
+
+    /// Whether `ino` is open. A node not in memory is not: an open one never leaves.
+    func isOpen(_ ino: UInt64) -> Bool { (nodes[ino]?.opens ?? 0) > 0 }
+
+    /// Whether `ino` is being written or has writes not yet committed (neither leaves memory).
+    func isBeingWritten(_ ino: UInt64) -> Bool { nodes[ino].map { $0.writers > 0 || $0.unpersisted } ?? false }
 
     func directory(_ ino: UInt64) throws -> Node {
         let n = try node(ino)
@@ -323,6 +330,14 @@ final class Node {
     }
 
     init(_ rec: InodeRecord) { self.rec = rec }
+
+    /// The node of a file, link or device node as its rows say: its record, how many names it
+    /// has, its xattrs.
+    convenience init(_ rec: InodeRecord, names: Int, xattrs: [[UInt8]: [UInt8]]) {
+        self.init(rec)
+        nlink = UInt32(names)
+        self.xattrs = xattrs
+    }
     var isDirectory: Bool { rec.type == UInt32(S_IFDIR) }
     var isRegular: Bool { rec.type == UInt32(S_IFREG) }
 

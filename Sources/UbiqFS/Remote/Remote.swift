@@ -439,7 +439,7 @@ extension FileSystem {
         let isFile = kind == UInt32(S_IFREG)
         let contentChanged = isFile && (e.remoteTag == nil || info.contentTag == nil || e.remoteTag != info.contentTag)
         // A reader keeps the version it opened until it closes.
-        if contentChanged && inodes.locked({ t in (t.resident(ino)?.opens ?? 0) > 0 }) {
+        if contentChanged && inodes.locked({ t in t.isOpen(ino) }) {
             waitingForClose.withLock { _ = $0.insert(ino) }
             return false
         }

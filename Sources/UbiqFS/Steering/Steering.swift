@@ -101,7 +101,7 @@ extension FileSystem {
         // ago still counts as open. Give pending releases a moment (before claiming: a
         // writer's release takes a claim of its own).
         let deadline = Date(timeIntervalSinceNow: waiting ? 1 : 0)
-        while inodes.locked({ t in (t.resident(ino)?.opens ?? 0) > 0 }) && Date() < deadline { usleep(5_000) }
+        while inodes.locked({ t in t.isOpen(ino) }) && Date() < deadline { usleep(5_000) }
         let c = try claim([ino], .evict, timeout: waiting ? nil : 0)
         defer { coordinator.release(c) }
         materializer.cancelIfIdle(ino)
