@@ -51,7 +51,7 @@ final class S3ChangeLog: @unchecked Sendable {
         var position: Int64 = 0
         var requests = 0
         /// The log objects read (or passed over), by their time: noted as read by `noteRead`.
-        var objects: [String: Int64] = [:]
+        var logObjects: [String: Int64] = [:]
     }
 
     let objects: S3Objects
@@ -230,13 +230,13 @@ final class S3ChangeLog: @unchecked Sendable {
             done[name] = time
             parse(data, of: name, into: &out)
         }
-        out.objects = done
+        out.logObjects = done
         return out
     }
 
     /// Notes the log objects `look` read as read: the next looks in the window pass them over.
     func noteRead(_ look: Read) {
-        lock.withLock { read.merge(look.objects) { a, _ in a } }
+        lock.withLock { read.merge(look.logObjects) { a, _ in a } }
     }
 
     /// The log objects' names after `after` (their time), in order, up to `pages` thousands;

@@ -36,7 +36,8 @@ extension Uploader {
     /// left alone (an edit elsewhere beats the delete a move or removal implies) unless this
     /// device wrote it and no item here records it (an upload whose answer was lost, or made
     /// just before a crash): nothing of another device's is there to keep, and it goes too;
-    /// left, it would come back as a file on every device. Other failures are thrown.
+    /// left, it would come back as a file on every device. Other failures are thrown (the
+    /// caller's tombstone or upload tries again).
     func deleteNoLongerNamed(_ key: String, version: String?, why: String) throws {
         let store = self.store
         do {
@@ -44,16 +45,24 @@ extension Uploader {
             try runBlocking { try await store.delete(key, condition: version.map { .ifMatch($0) } ?? .always) }
         } catch StoreError.notFound {
         } catch StoreError.preconditionFailed {
-            guard let leftover = try? leftoverOfOurs(key) else {
-                logger.info("left \(key) in the store: it changed there since")
+            do {
+                if try deleteUnrecordedOfOurs(key, why: why) { return }
+            } catch StoreError.notFound {
                 return
-            }
-            trace("delete \(key) ifMatch(\(leftover)) (\(why): our own unrecorded upload)")
-            do { try runBlocking { try await store.delete(key, condition: .ifMatch(leftover)) } } catch StoreError.notFound {
-            } catch StoreError.preconditionFailed {
-                logger.info("left \(key) in the store: it changed there since")
-            }
+            } catch StoreError.preconditionFailed {}
+            logger.info("left \(key) in the store: it changed there since")
         }
+    }
+
+    /// Deletes the version at `key` when this device wrote it and no item here records it
+    /// (`leftoverOfOurs`); whether it was such a version. Throws `notFound` when nothing is
+    /// there, `preconditionFailed` when it changed meanwhile.
+    func deleteUnrecordedOfOurs(_ key: String, why: String) throws -> Bool {
+        guard let leftover = try leftoverOfOurs(key) else { return false }
+        let store = self.store
+        trace("delete \(key) ifMatch(\(leftover)) (\(why): our own unrecorded upload)")
+        try runBlocking { try await store.delete(key, condition: .ifMatch(leftover)) }
+        return true
     }
 
     /// The store's current version of `key` when this device wrote it and no item here records

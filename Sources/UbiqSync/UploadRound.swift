@@ -29,11 +29,7 @@ extension Uploader {
                 if t.isLeftover {
                     // Where an upload went whose answer never came, from an item removed since:
                     // deleted if it is there and no item here records it.
-                    if let leftover = try leftoverOfOurs(t.key) {
-                        let store = self.store
-                        trace("delete \(t.key) ifMatch(\(leftover)) (tombstone for an unanswered upload)")
-                        try runBlocking { try await store.delete(t.key, condition: .ifMatch(leftover)) }
-                    }
+                    _ = try deleteUnrecordedOfOurs(t.key, why: "tombstone for an unanswered upload")
                     guard recordDone(tombstone: t.id) else { return handled }
                     handled += 1
                     continue
