@@ -56,7 +56,7 @@ struct NodeSource {
 final class Inodes {
     private var nodes: [UInt64: Node] = [:]
     /// Kernel references of inodes not in memory (a node leaving memory leaves its count here).
-    private var heldRefs: [UInt64: UInt64] = [:]
+    private var heldRefs = HeldReferences()
     private var handles: [UInt64: Handle] = [:]
     private var nextHandle: UInt64 = 1
     /// The number the next new inode gets: never one given before in this run.
@@ -294,7 +294,7 @@ final class Node {
     /// Directories: the parent directory (root: itself).
     var parent: UInt64 = 0
     /// Directories: name → inode.
-    var children: [[UInt8]: UInt64] = [:] { didSet { conflictIndex = nil } }
+    var children = FolderNames() { didSet { conflictIndex = nil } }
     /// Directories: the conflict copies among `children`, by the name they were made for
     /// (worked out when asked, dropped when `children` changes).
     var conflictIndex: [[UInt8]: [[UInt8]]]?
