@@ -86,15 +86,18 @@ public final class ControlConnection: @unchecked Sendable {
         return sendRaw(line + "\n")
     }
 
+    /// Sends `text` as it is (from the string's own bytes: a query's answer may be 100 MB).
     public func sendRaw(_ text: String) -> Bool {
-        let bytes = Array(text.utf8)
-        var done = 0
-        while done < bytes.count {
-            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL)) }
-            if n < 0 { if errno == EINTR { continue }; return false }
-            done += n
+        var text = text
+        return text.withUTF8 { bytes in
+            var done = 0
+            while done < bytes.count {
+                let n = Glibc.send(fd, bytes.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL))
+                if n < 0 { if errno == EINTR { continue }; return false }
+                done += n
+            }
+            return true
         }
-        return true
     }
 
     /// The next line, without its newline (nil at the end, or past `limit` bytes).

@@ -139,7 +139,9 @@ public final class ControlServer: @unchecked Sendable {
                 engine.uploader.kick()
                 return conn.send(Done())
             case .query(let scope, let spec):
-                return conn.sendRaw(Self.queryReply(try fs.query(scope: scope, spec)))
+                var reply = QueryText()
+                try fs.query(scope: scope, spec) { reply.append($0); return true }
+                return conn.sendRaw(reply.finished())
             case .history(let path):
                 let (key, all) = try engine.history(at: path)
                 return conn.send(HistoryReply(storeKey: key, versions: all.map { v in
@@ -164,21 +166,6 @@ public final class ControlServer: @unchecked Sendable {
         } catch {
             return conn.send(Refusal(error: "\(error)"))
         }
-    }
-
-    /// The rows of a query, written by hand: JSONEncoder takes a second for 100,000 rows.
-    static func queryReply(_ rows: [QueryRow]) -> String {
-        var out = "{\"ok\":true,\"items\":["
-        out.reserveCapacity(rows.count * 160)
-        for (i, r) in rows.enumerated() {
-            if i > 0 { out += "," }
-            out += "{\"ino\":\(r.ino),\"path\":" + jsonString(r.path) + ",\"name\":" + jsonString(r.name)
-            if let raw = r.rawPath { out += ",\"rawPath\":[" + raw.map(String.init).joined(separator: ",") + "]" }
-            out += ",\"depth\":\(r.depth),\"type\":\"\(r.type)\",\"size\":\(r.size),\"mtimeNs\":\(r.mtimeNs)"
-            out += ",\"status\":\"\(r.status.rawValue)\",\"pinned\":\(r.pinned)}"
-        }
-        out += "]}\n"
-        return out
     }
 
     private func watch(_ conn: ControlConnection, scope: String) -> Bool {
@@ -216,5 +203,26 @@ public final class ControlServer: @unchecked Sendable {
             }
             if changes.isEmpty && !conn.alive { return false }
         }
+    }
+}
+
+/// The answer to a query (`QueryReply`) as text, a row at a time: written by hand, as
+/// JSONEncoder takes a second for 100,000 rows, and as the rows come (no array of them).
+struct QueryText {
+    private var out = "{\"ok\":true,\"items\":["
+    private var first = true
+
+    mutating func append(_ r: QueryRow) {
+        if !first { out += "," }
+        first = false
+        out += "{\"ino\":\(r.ino),\"path\":" + jsonString(r.path) + ",\"name\":" + jsonString(r.name)
+        if let raw = r.rawPath { out += ",\"rawPath\":[" + raw.map(String.init).joined(separator: ",") + "]" }
+        out += ",\"depth\":\(r.depth),\"type\":\"\(r.type)\",\"size\":\(r.size),\"mtimeNs\":\(r.mtimeNs)"
+        out += ",\"status\":\"\(r.status.rawValue)\",\"pinned\":\(r.pinned)}"
+    }
+
+    mutating func finished() -> String {
+        out += "]}\n"
+        return out
     }
 }

@@ -49,6 +49,14 @@ extension StateTransaction {
     /// Items under folder `scope` that match `q`, sorted (status filtering is left to the
     /// caller, which knows what is downloading).
     public func query(scope: UInt64, _ q: QuerySpec) throws -> [QueryRow] {
+        var out: [QueryRow] = []
+        try query(scope: scope, q) { out.append($0); return true }
+        return out
+    }
+
+    /// The same, one row at a time, until `each` says false: read from a cursor, so that a
+    /// query that matches a million items holds no row but the one at hand.
+    public func query(scope: UInt64, _ q: QuerySpec, each: (QueryRow) throws -> Bool) throws {
         var filters: [String] = []
         var args: [DatabaseValueConvertible?] = [Int64(bitPattern: scope), q.maxDepth]
         if let g = q.name { filters.append("name GLOB ?"); args.append(g) }
@@ -94,7 +102,8 @@ extension StateTransaction {
             ORDER BY \(order.split(separator: ",").map { $0 + dir }.joined(separator: ","))
             """
         // A limit is applied by the caller, after the status filter.
-        return try Row.fetchAll(db, sql: sql, arguments: StatementArguments(args)).map { r in
+        let rows = try Row.fetchCursor(db, sql: sql, arguments: StatementArguments(args))
+        while let r = try rows.next() {
             let type: Int64 = r["type"]
             let t: String
             switch UInt32(type) {
@@ -104,9 +113,10 @@ extension StateTransaction {
             default: t = "other"
             }
             let (path, rawPath) = PathText.of([UInt8]((r["path"] as Data?) ?? Data()))
-            return QueryRow(ino: UInt64(bitPattern: r["ino"]), path: path, rawPath: rawPath, name: r["name"], depth: r["depth"], type: t,
-                            size: t == "file" ? r["size"] : 0, mtimeNs: r["mtime"],
-                            status: SyncStatus(rawValue: r["status"]) ?? .current, pinned: r["pinned"])
+            let row = QueryRow(ino: UInt64(bitPattern: r["ino"]), path: path, rawPath: rawPath, name: r["name"], depth: r["depth"], type: t,
+                               size: t == "file" ? r["size"] : 0, mtimeNs: r["mtime"],
+                               status: SyncStatus(rawValue: r["status"]) ?? .current, pinned: r["pinned"])
+            guard try each(row) else { return }
         }
     }
 }

@@ -210,15 +210,29 @@ extension FileSystem {
 
     /// `ubiq query`: items under the folder `scope` that match `spec`, from the state database.
     public func query(scope: String, _ spec: QuerySpec) throws -> [QueryRow] {
-        let start = try folder(at: scope)
-        var rows = try readState { try $0.query(scope: start, spec) }
-        let withCopies = itemsWithConflictCopies(inodes.locked { t in t.subtree(start) })
-        for i in rows.indices where withCopies.contains(rows[i].ino) { rows[i].status = .conflict }
-        for i in rows.indices where rows[i].status == .placeholder && materializer.localBytes(rows[i].ino) != nil {
-            rows[i].status = .downloading
-        }
-        if let wanted = spec.status { rows = rows.filter { wanted.contains($0.status) } }
-        if let limit = spec.limit, rows.count > limit { rows = Array(rows.prefix(max(0, limit))) }
+        var rows: [QueryRow] = []
+        try query(scope: scope, spec) { rows.append($0); return true }
         return rows
+    }
+
+    /// The same, one row at a time in order, until `each` says false. `each` runs inside the
+    /// state database's read, which every request waits for: it must take no lock and wait
+    /// for nothing (`ControlServer` writes the reply's text, and sends it after).
+    public func query(scope: String, _ spec: QuerySpec, each: (QueryRow) throws -> Bool) throws {
+        let start = try folder(at: scope)
+        let withCopies = itemsWithConflictCopies(inodes.locked { t in t.subtree(start) })
+        let downloading = Set(materializer.downloadedSoFar().map(\.ino))
+        var left = spec.limit.map { max(0, $0) } ?? Int.max
+        guard left > 0 else { return }
+        try readState { tx in
+            try tx.query(scope: start, spec) { r in
+                var r = r
+                if withCopies.contains(r.ino) { r.status = .conflict }
+                if r.status == .placeholder && downloading.contains(r.ino) { r.status = .downloading }
+                if let wanted = spec.status, !wanted.contains(r.status) { return true }
+                left -= 1
+                return try each(r) && left > 0
+            }
+        }
     }
 }
