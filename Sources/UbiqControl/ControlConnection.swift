@@ -86,18 +86,39 @@ public final class ControlConnection: @unchecked Sendable {
         return sendRaw(line + "\n")
     }
 
-    /// Sends `text` as it is (from the string's own bytes: a query's answer may be 100 MB).
+    /// Sends `text` as it is.
     public func sendRaw(_ text: String) -> Bool {
         var text = text
-        return text.withUTF8 { bytes in
-            var done = 0
-            while done < bytes.count {
-                let n = Glibc.send(fd, bytes.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL))
-                if n < 0 { if errno == EINTR { continue }; return false }
-                done += n
+        return text.withUTF8 { send(bytes: $0, wait: true) } != nil
+    }
+
+    /// Sends `bytes` as they are.
+    public func sendRaw(_ bytes: [UInt8]) -> Bool {
+        bytes.withUnsafeBufferPointer { send(bytes: $0, wait: true) } != nil
+    }
+
+    /// Sends what of `bytes` the socket takes now, without waiting, and drops it from them;
+    /// false once the other end is gone.
+    public func sendSome(_ bytes: inout [UInt8]) -> Bool {
+        guard let n = bytes.withUnsafeBufferPointer({ send(bytes: $0, wait: false) }) else { return false }
+        bytes.removeFirst(n)
+        return true
+    }
+
+    /// Sends `bytes`, all of them or (not `wait`) what the socket takes now: how many went
+    /// (nil: the connection failed).
+    private func send(bytes: UnsafeBufferPointer<UInt8>, wait: Bool) -> Int? {
+        var done = 0
+        while done < bytes.count {
+            let n = Glibc.send(fd, bytes.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL) | (wait ? 0 : Int32(MSG_DONTWAIT)))
+            if n < 0 {
+                if errno == EINTR { continue }
+                if !wait && (errno == EAGAIN || errno == EWOULDBLOCK) { break }
+                return nil
             }
-            return true
+            done += n
         }
+        return done
     }
 
     /// The next line, without its newline (nil at the end, or past `limit` bytes).

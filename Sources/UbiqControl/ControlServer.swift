@@ -139,9 +139,25 @@ public final class ControlServer: @unchecked Sendable {
                 engine.uploader.kick()
                 return conn.send(Done())
             case .query(let scope, let spec):
+                // Rows come inside the state database's read, which every request waits
+                // for: the text goes out as the socket takes it, never waiting for the reader.
+                // (Once part of it went, a failure can only close the connection.)
                 var reply = QueryText()
-                try fs.query(scope: scope, spec) { reply.append($0); return true }
-                return conn.sendRaw(reply.finished())
+                var sent = false, gone = false
+                do {
+                    try fs.query(scope: scope, spec) { r in
+                        reply.append(r)
+                        if reply.text.count > 1 << 20 {
+                            sent = true
+                            gone = !conn.sendSome(&reply.text)
+                        }
+                        return !gone
+                    }
+                } catch {
+                    if sent { return false }
+                    throw error
+                }
+                return !gone && conn.sendRaw(reply.finished())
             case .history(let path):
                 let (key, all) = try engine.history(at: path)
                 return conn.send(HistoryReply(storeKey: key, versions: all.map { v in
@@ -209,20 +225,22 @@ public final class ControlServer: @unchecked Sendable {
 /// The answer to a query (`QueryReply`) as text, a row at a time: written by hand, as
 /// JSONEncoder takes a second for 100,000 rows, and as the rows come (no array of them).
 struct QueryText {
-    private var out = "{\"ok\":true,\"items\":["
+    /// What is written and not sent yet.
+    var text = Array("{\"ok\":true,\"items\":[".utf8)
     private var first = true
 
     mutating func append(_ r: QueryRow) {
-        if !first { out += "," }
+        var o = first ? "" : ","
         first = false
-        out += "{\"ino\":\(r.ino),\"path\":" + jsonString(r.path) + ",\"name\":" + jsonString(r.name)
-        if let raw = r.rawPath { out += ",\"rawPath\":[" + raw.map(String.init).joined(separator: ",") + "]" }
-        out += ",\"depth\":\(r.depth),\"type\":\"\(r.type)\",\"size\":\(r.size),\"mtimeNs\":\(r.mtimeNs)"
-        out += ",\"status\":\"\(r.status.rawValue)\",\"pinned\":\(r.pinned)}"
+        o += "{\"ino\":\(r.ino),\"path\":" + jsonString(r.path) + ",\"name\":" + jsonString(r.name)
+        if let raw = r.rawPath { o += ",\"rawPath\":[" + raw.map(String.init).joined(separator: ",") + "]" }
+        o += ",\"depth\":\(r.depth),\"type\":\"\(r.type)\",\"size\":\(r.size),\"mtimeNs\":\(r.mtimeNs)"
+        o += ",\"status\":\"\(r.status.rawValue)\",\"pinned\":\(r.pinned)}"
+        text.append(contentsOf: o.utf8)
     }
 
-    mutating func finished() -> String {
-        out += "]}\n"
-        return out
+    mutating func finished() -> [UInt8] {
+        text.append(contentsOf: "]}\n".utf8)
+        return text
     }
 }

@@ -64,6 +64,27 @@ import UbiqSync
         #expect(throws: ControlError.self) { try JSONDecoder().decode(ControlRequest.self, from: Data(#"{"op":"format-disk"}"#.utf8)) }
     }
 
+    /// An answer of several megabytes goes out in pieces while the rows are read (as the
+    /// socket takes them); the reader gets every row, in order, and the connection goes on.
+    @Test func aLargeQueryAnswerComesWhole() throws {
+        let store = try DirectoryStore(root: TempPaths.make("ubiq-ctl-store"))
+        let a = try Device(store: store, uploadDelay: 3600)
+        let served = try Served(a, store: store)
+        try a.mkdir("many")
+        let dir = try a.ino("many")
+        let long = String(repeating: "n", count: 180)
+        for i in 0 ..< 12_000 { _ = try a.fs.mknod(dir, Array("\(long)-\(i)".utf8), mode: UInt32(S_IFREG) | 0o644, rdev: 0, caller: .root) }
+        let c = try served.connect()
+        defer { c.close() }
+        var spec = QuerySpec()
+        spec.sort = "name"
+        let rows = try c.request(.query(scope: "many", spec: spec), as: QueryReply.self).items
+        #expect(rows.count == 12_000)
+        #expect(rows.map(\.name) == (0 ..< 12_000).map { "\(long)-\($0)" }.sorted())
+        spec.limit = 7
+        #expect(try c.request(.query(scope: "many", spec: spec), as: QueryReply.self).items.map(\.name) == Array(rows.prefix(7).map(\.name)))
+    }
+
     @Test func statusSyncQueryAndRefusalsOverTheSocket() throws {
         let store = try DirectoryStore(root: TempPaths.make("ubiq-ctl-store"))
         let a = try Device(store: store)
