@@ -127,8 +127,13 @@ extension StateTransaction {
         try String.fetchAll(db, cached: "SELECT remote_key FROM tombstones")
     }
 
-    public func remoteKeys() throws -> [String] {
-        try String.fetchAll(db, cached: "SELECT remote_key FROM entries WHERE remote_key IS NOT NULL")
+    /// Store keys from `low` through `high` (in byte order) that an entry stands for, or that
+    /// a tombstone waits to delete: what an import of a page of the store's listing leaves alone.
+    public func recordedKeys(from low: String, through high: String) throws -> [String] {
+        try String.fetchAll(db, cached: """
+            SELECT remote_key FROM entries WHERE remote_key >= ?1 AND remote_key <= ?2
+            UNION ALL SELECT remote_key FROM tombstones WHERE remote_key >= ?1 AND remote_key <= ?2
+            """, arguments: [low, high])
     }
 
     /// Every store key an entry stands for, with the version recorded for it.

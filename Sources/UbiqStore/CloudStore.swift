@@ -191,6 +191,11 @@ public protocol CloudStore: Sendable {
     /// Every current object whose key starts with `prefix` (recursive), in key order.
     func list(prefix: String) async throws -> [ObjectInfo]
 
+    /// The same listing handed to `body` in pages of at most `size` objects, in key order, so
+    /// that a caller that takes a page at a time holds no more (an import of a million keys).
+    /// By default one `list` cut into pages; a store that can read a page at a time does.
+    func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws
+
     /// Bytes `range` (clamped to the object) of `version` of `key`.
     /// Throws `notFound` when that version is gone: a read never mixes versions.
     func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data
@@ -245,6 +250,11 @@ public protocol CloudStore: Sendable {
 
 extension CloudStore {
     public var keepsPriorVersions: Bool { true }
+
+    public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
+        let all = try await list(prefix: prefix)
+        for first in stride(from: 0, to: all.count, by: max(1, size)) { try body(Array(all[first ..< min(all.count, first + max(1, size))])) }
+    }
     public func publishChanges() async throws {}
     public func lookEverywhereNext() {}
 

@@ -128,18 +128,45 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                                          arguments: [prefix, prefix]) ?? 0
             var out: [ObjectInfo] = []
             out.reserveCapacity(count)
-            let rows = try Row.fetchCursor(db, sql: """
-                SELECT CAST(key AS BLOB) AS rawkey, version, size, meta, blob FROM objects
-                WHERE substr(key, 1, length(?)) = ? ORDER BY key
-                """, arguments: [prefix, prefix])
-            while let row = try rows.next() {
-                guard let raw = Data.fromDatabaseValue(row["rawkey"]), !raw.contains(0),
-                      let key = String(validating: raw, as: UTF8.self),
-                      (try? StoreKey.validate(key)) != nil else { continue }
-                out.append(Self.info(row, key: key))
-            }
+            _ = try Self.listRows(db, prefix: prefix, after: nil, limit: -1) { out.append($0) }
             return out
         }
+    }
+
+    /// A page at a time, each its own read (from the key after the last one's: the key's
+    /// index, not an offset).
+    public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
+        var after: Data?
+        while true {
+            var page: [ObjectInfo] = []
+            page.reserveCapacity(size)
+            let last = try dbRead { db in try Self.listRows(db, prefix: prefix, after: after, limit: max(1, size)) { page.append($0) } }
+            if !page.isEmpty { try body(page) }
+            guard let last else { return }
+            after = last
+        }
+    }
+
+    /// Objects under `prefix` after the key `after` (its bytes), at most `limit` rows read
+    /// (-1: all), to `each`; the last row's key when `limit` rows were read (more may follow).
+    /// Keys are read as bytes: one that is not exactly representable as a key (invalid
+    /// UTF-8, a NUL, a malformed path) is left out, never turned into a similar-looking name.
+    private static func listRows(_ db: Database, prefix: String, after: Data?, limit: Int, _ each: (ObjectInfo) -> Void) throws -> Data? {
+        let rows = try Row.fetchCursor(db, sql: """
+            SELECT CAST(key AS BLOB) AS rawkey, version, size, meta, blob FROM objects
+            WHERE substr(key, 1, length(?1)) = ?1 AND (?2 IS NULL OR key > CAST(?2 AS TEXT)) ORDER BY key LIMIT ?3
+            """, arguments: [prefix, after, limit])
+        var read = 0
+        var last: Data?
+        while let row = try rows.next() {
+            read += 1
+            guard let raw = Data.fromDatabaseValue(row["rawkey"]) else { continue }
+            last = raw
+            guard !raw.contains(0), let key = String(validating: raw, as: UTF8.self),
+                  (try? StoreKey.validate(key)) != nil else { continue }
+            each(Self.info(row, key: key))
+        }
+        return limit >= 0 && read == limit ? last : nil
     }
 
     /// Copies inside the kernel (copy_file_range): the bytes never pass through the process.

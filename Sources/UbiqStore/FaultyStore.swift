@@ -199,6 +199,11 @@ public final class FaultyStore: CloudStore, Sendable {
         return try await inner.list(prefix: prefix).map(lying)
     }
 
+    public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
+        try await check(.list)
+        try await inner.list(prefix: prefix, pagesOf: size) { try body($0.map(lying)) }
+    }
+
     private let sizeLie = Mutex<Int64>(0)
 
     /// From now on the store describes every file as `delta` bytes longer than its content

@@ -48,6 +48,12 @@ public final class PrefixStore: CloudStore, Sendable {
         try await inner.list(prefix: prefix + p).filter { $0.key.count > prefix.count }.map(local)
     }
 
+    public func list(prefix p: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
+        try await inner.list(prefix: prefix + p, pagesOf: size) { page in
+            try body(page.filter { $0.key.count > prefix.count }.map(local))
+        }
+    }
+
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
         let k = try outer(key)
         return try await mapped { try await inner.read(k, version: version, range: range) }

@@ -25,24 +25,42 @@ public struct Importer {
         public var skipped = 0
     }
 
+    /// Objects taken from the store's listing at a time, each page in a transaction of its own:
+    /// a million keys at once were the mount's peak (900 MB) and most of its time.
+    static let pageSize = 10_000
+
     @discardableResult
     public func run() throws -> Report {
         let store = self.store
-        // Asked again a moment later when the store fails transiently: besides the placeholders,
-        // this listing is where leftovers of this device's unanswered uploads are found (below).
-        let objects = try retryingTransient(attempts: 4, pause: 200_000) { try runBlocking { try await store.list(prefix: "") } }
-        var report = Report()
+        let tally = Tally()
+        let page = PageTaker { objects in try self.importPage(objects, tally) }
+        // Asked again a moment later when the store fails transiently (the pages brought in
+        // by then are known, and left alone): besides the placeholders, this listing is where
+        // leftovers of this device's unanswered uploads are found (below).
+        try retryingTransient(attempts: 4, pause: 200_000) {
+            try runBlocking { try await store.list(prefix: "", pagesOf: Self.pageSize) { try page.take($0) } }
+        }
+        let report = tally.report
+        if report.added > 0 || report.skipped > 0 {
+            logger.info("imported \(report.added) items from the store, skipped \(report.skipped)")
+        }
+        return report
+    }
+
+    /// Brings one page of the listing in. In key order, a folder's marker comes before what
+    /// is in it (`a/` is a prefix of `a/b`), as does a file before a key below the same name,
+    /// so each page goes as the listing gives it (sorted again, for a store that would not).
+    private func importPage(_ objects: [ObjectInfo], _ tally: Tally) throws {
+        let sorted = objects.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
+        guard let low = sorted.first?.key, let high = sorted.last?.key else { return }
         try state.write { tx in
-            let known = Set(try tx.remoteKeys().map(KeyBytes.init))
-            let doomed = Set(try tx.tombstoneKeys().map(KeyBytes.init))
+            var report = tally.report
+            defer { tally.report = report }
+            // Keys the device knows (as a name's remote key, or as a pending delete) are left alone.
+            let known = Set(try tx.recordedKeys(from: low, through: high).map(KeyBytes.init))
             var nextIno = max(UInt64(try tx.maxInode()) + 1, 2)
             let now = nowNanos()
-            // Directories first (shorter keys first), so parents exist before children.
-            let sorted = objects.sorted { a, b in
-                let da = a.key.split(separator: "/").count, db = b.key.split(separator: "/").count
-                return da != db ? da < db : a.key.utf8.lexicographicallyPrecedes(b.key.utf8)
-            }
-            for obj in sorted where !known.contains(KeyBytes(obj.key)) && !doomed.contains(KeyBytes(obj.key)) && !ReservedKeys.isReserved(obj.key) {
+            for obj in sorted where !known.contains(KeyBytes(obj.key)) && !ReservedKeys.isReserved(obj.key) {
                 do { try StoreKey.validate(obj.key) } catch {
                     logger.warning("skipping store key \(obj.key.debugDescription): \(error)")
                     report.skipped += 1
@@ -116,13 +134,21 @@ public struct Importer {
                 report.added += 1
             }
         }
-        if report.added > 0 || report.skipped > 0 {
-            logger.info("imported \(report.added) items from the store, skipped \(report.skipped)")
-        }
-        return report
     }
 
     private func importXattrs(_ tx: StateTransaction, _ ino: UInt64, _ m: ObjectMetadata) throws {
         for (k, v) in m.localXattrs { try tx.setXattr(ino, name: k, value: v) }
     }
+}
+
+/// What an import counted so far (its pages are taken in the store's task).
+private final class Tally: @unchecked Sendable {
+    var report = Importer.Report()
+}
+
+/// An import's handling of a page, handed to the store's listing (which runs it where the
+/// listing runs, one page after another).
+private final class PageTaker: @unchecked Sendable {
+    let take: ([ObjectInfo]) throws -> Void
+    init(_ take: @escaping ([ObjectInfo]) throws -> Void) { self.take = take }
 }

@@ -47,6 +47,32 @@ import TestSupport
                                 condition: .always)
     }
 
+    /// Keys the store's index holds that are not keys (not UTF-8, a NUL, a malformed path) are
+    /// left out of a listing in pages as of a whole one, and the pages go on past them (a page
+    /// of only such keys is not the end).
+    @Test func aListingInPagesPassesOverKeysThatAreNot() async throws {
+        let store = try newStore()
+        let index = try Index(store)
+        try await Self.put(store, "a", "1")
+        try index.plant(key: Data([0x62, 0xFF, 0xFE]), meta: Self.meta([:]))
+        try index.plant(key: Data([0x62, 0x00, 0x63]), meta: Self.meta([:]))
+        try index.plant(key: "b//c", meta: Self.meta([:]))
+        // The same bytes as text values, which sort among the good keys (blobs sort after all text).
+        for hex in ["62FFFE", "620063", "62"] {
+            try await index.db.write { db in
+                try db.execute(sql: "INSERT INTO objects (key, version, size, meta, blob, modified) VALUES (CAST(X'\(hex)' AS TEXT) || ?, 'v', 0, ?, 'b', 0)",
+                               arguments: [hex == "62" ? "/./x" : "", Self.meta([:])])
+            }
+        }
+        try await Self.put(store, "c", "2")
+        #expect(try await store.list(prefix: "").map(\.key) == ["a", "c"])
+        for size in [1, 2, 3] {
+            var keys: [String] = []
+            try await store.list(prefix: "", pagesOf: size) { keys += $0.map(\.key) }
+            #expect(keys == ["a", "c"], "pages of \(size)")
+        }
+    }
+
     /// The journal names a key that is not UTF-8 (it crashed every device that polled it).
     @Test func aJournalKeyThatIsNotUTF8IsPassedOverOnce() async throws {
         let store = try newStore()

@@ -206,6 +206,28 @@ let fileMeta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mt
         if kind.comparesListings { #expect(stale.reset) }
     }
 
+    /// The listing in pages (an import takes it so) is the listing: every object once, in key
+    /// order, under the prefix only, whatever the page size.
+    @Test(arguments: StoreKind.allCases)
+    func aListingInPagesIsTheListing(kind: StoreKind) async throws {
+        let (store, cleanup) = try await kind.make()
+        defer { cleanup() }
+        for key in ["a/", "a/1", "a/2", "a/b/", "a/b/c", "a-z", "b", "é", "z/9"] {
+            _ = try await store.put(key, contentsOf: key.hasSuffix("/") ? nil : try tempFile([1]),
+                                    metadata: key.hasSuffix("/") ? ObjectMetadata(kind: .directory) : fileMeta, condition: .ifAbsent)
+        }
+        for prefix in ["", "a/"] {
+            let whole = try await store.list(prefix: prefix).map(\.key)
+            #expect(whole.count == (prefix.isEmpty ? 9 : 5))
+            for size in [1, 2, 4, 100] {
+                var pages: [[String]] = []
+                try await store.list(prefix: prefix, pagesOf: size) { pages.append($0.map(\.key)) }
+                #expect(pages.allSatisfy { !$0.isEmpty && $0.count <= size }, "pages of \(size)")
+                #expect(pages.flatMap { $0 } == whole, "pages of \(size) under \(prefix.debugDescription)")
+            }
+        }
+    }
+
     @Test(arguments: StoreKind.allCases)
     func hostileKeysAreRefused(kind: StoreKind) async throws {
         let (store, cleanup) = try await kind.make()
