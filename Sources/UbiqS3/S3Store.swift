@@ -162,35 +162,45 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     }
 
     public func list(prefix: String) async throws -> [ObjectInfo] {
-        // The whole bucket just after a full listing (a fresh mount: the feed's first look,
-        // then the importer's): that listing, rather than another.
+        var all: [ObjectInfo] = []
+        try await describe(listing(prefix), counted: true, pagesOf: describePage) { all += $0.lazy.map(\.1) }
+        return all
+    }
+
+    /// Each page described as it is found: what is held at once is the listing's records and
+    /// one page of metadata (a million objects' `ObjectInfo`s together were most of a mount's
+    /// peak).
+    public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
+        try await describe(listing(prefix), counted: true, pagesOf: min(max(1, size), describePage)) { try body($0.map(\.1)) }
+    }
+
+    /// The listing of `prefix`: the whole bucket's just after a full listing (a fresh mount:
+    /// the feed's first look, then the importer's) is that listing, rather than another.
+    private func listing(_ prefix: String) async throws -> Listing {
         let recent = prefix.isEmpty ? lock.withLock { () -> Listing? in
             defer { recentListing = nil }
             return recentListing.flatMap { Date().timeIntervalSince($0.at) < 10 ? $0.listing : nil }
         } : nil
-        let listing: Listing
-        if let recent { listing = recent } else {
-            listing = try await objects.listAll(under: prefix)
-            warn(listing.skipped)
-        }
-        return try await describe(listing, counted: true).map(\.1)
+        if let recent { return recent }
+        let listing = try await objects.listAll(under: prefix)
+        warn(listing.skipped)
+        return listing
     }
 
     /// Each listed object with its metadata: what the index knows of it at the listed stamp,
     /// else what the bucket's latest snapshot says (read when many are unknown), else a HEAD.
     /// Objects gone meanwhile are left out. `counted`: the HEADs sent are `headsForLastListing`.
-    /// Taken `describePage` objects at a time, so that what is looked up is held for a page
-    /// only (a whole bucket's at once was most of a mount's peak memory: 130 MiB at 100,000).
-    private func describe(_ listing: Listing, counted: Bool) async throws -> [(ListedObject, ObjectInfo)] {
-        let page = describePage
+    /// Taken `page` objects at a time, each page handed to `each` in listing order, so that
+    /// what is looked up is held for a page only (a whole bucket's at once was most of a
+    /// mount's peak memory: 130 MiB at 100,000).
+    private func describe(_ listing: Listing, counted: Bool, pagesOf page: Int,
+                          _ each: ([(ListedObject, ObjectInfo)]) throws -> Void) async throws {
         let all = listing.objects
         var unknown = try index.unknownCount(all)
         if unknown >= max(1, all.count / 10), await loadLatestSnapshot() { unknown = try index.unknownCount(all) }
         // A new device would send as many HEADs: the next full listing writes a snapshot.
         if unknown >= max(headsWorthASnapshot, all.count / 20) { lock.withLock { snapshotWanted = true } }
         let objects = self.objects
-        var out: [(ListedObject, ObjectInfo)] = []
-        out.reserveCapacity(all.count)
         var heads = 0
         for first in stride(from: 0, to: all.count, by: page) {
             let chunk = all[first ..< min(all.count, first + page)]
@@ -217,10 +227,9 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                 }
             }
             try index.remember(learned)
-            for o in chunk { if let info = found[KeyBytes(o.key)] { out.append((o, info)) } }
+            try each(chunk.compactMap { o in found[KeyBytes(o.key)].map { (o, $0) } })
         }
         if counted { lock.withLock { headsForLastListing = heads } }
-        return out
     }
 
     /// Whether `info` is surely `o` as listed, and settled (see S3Index.advance): what the
@@ -275,7 +284,10 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// the old ones. A failure is said and waits for the next interval.
     private func writeSnapshot(_ listing: Listing) async {
         do {
-            let described = try await describe(listing, counted: false).filter { Self.settled($0.0, $0.1, in: listing) }
+            var described: [(ListedObject, ObjectInfo)] = []
+            try await describe(listing, counted: false, pagesOf: describePage) { page in
+                described += page.lazy.filter { Self.settled($0.0, $0.1, in: listing) }
+            }
             let written = try await snapshots.write(described, time: log.serverNow(), device: index.id)
             try index.setSetting("snapshot", written.name)
             logger.info("wrote a snapshot of the bucket's \(described.count) objects (\(written.parts.count) parts)")
