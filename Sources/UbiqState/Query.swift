@@ -46,16 +46,10 @@ public struct QueryRow: Sendable, Codable, Equatable {
 extension StateTransaction {
     public static let sortKeys = ["path", "name", "size", "time"]
 
-    /// Items under folder `scope` that match `q`, sorted (status filtering is left to the
-    /// caller, which knows what is downloading).
-    public func query(scope: UInt64, _ q: QuerySpec) throws -> [QueryRow] {
-        var out: [QueryRow] = []
-        try query(scope: scope, q) { out.append($0); return true }
-        return out
-    }
-
-    /// The same, one row at a time, until `each` says false: read from a cursor, so that a
-    /// query that matches a million items holds no row but the one at hand.
+    /// Items under folder `scope` that match `q`, sorted, one row at a time until `each` says
+    /// false (status filtering is left to the caller, which knows what is downloading). Read
+    /// from a cursor, so that a query that matches a million items holds no row but the one
+    /// at hand.
     public func query(scope: UInt64, _ q: QuerySpec, each: (QueryRow) throws -> Bool) throws {
         var filters: [String] = []
         var args: [DatabaseValueConvertible?] = [Int64(bitPattern: scope), q.maxDepth]

@@ -1,8 +1,11 @@
 import Foundation
 import UbiqStore
 
-private final class ResultBox<T>: @unchecked Sendable {
-    var result: Result<T, Error>?
+/// A value handed between a thread that waits and the task or callback that fills or uses it
+/// while it waits (one at a time, so unchecked).
+final class UncheckedBox<T>: @unchecked Sendable {
+    var value: T
+    init(_ value: T) { self.value = value }
 }
 
 /// Runs store work off Swift's cooperative pool. A thread that blocks on
@@ -33,14 +36,14 @@ public func runBlocking<T>(_ op: @escaping @Sendable () async throws -> T) throw
 /// Starts work that answers through a callback (on this thread or any other, once) and waits
 /// on this thread for the answer. The callback only signals, so it may be called under a lock.
 public func waitForAnswer<T>(_ start: (@escaping @Sendable (Result<T, Error>) -> Void) -> Void) throws -> T {
-    let box = ResultBox<T>()
+    let box = UncheckedBox<Result<T, Error>?>(nil)
     let done = DispatchSemaphore(value: 0)
     start { r in
-        box.result = r
+        box.value = r
         done.signal()
     }
     done.wait()
-    return try box.result!.get()
+    return try box.value!.get()
 }
 
 /// `body`, tried up to `attempts` times while the store fails transiently, waiting `pause`

@@ -32,15 +32,17 @@ public struct Importer {
     @discardableResult
     public func run() throws -> Report {
         let store = self.store
-        let tally = Tally()
-        let page = PageTaker { objects in try self.importPage(objects, tally) }
+        // What the pages counted, and their handling, cross into the store's task (which runs
+        // one page after another while this thread waits).
+        let tally = UncheckedBox(Report())
+        let page = UncheckedBox { (objects: [ObjectInfo]) in try self.importPage(objects, tally) }
         // Asked again a moment later when the store fails transiently (the pages brought in
         // by then are known, and left alone): besides the placeholders, this listing is where
         // leftovers of this device's unanswered uploads are found (below).
         try retryingTransient(attempts: 4, pause: 200_000) {
-            try runBlocking { try await store.list(prefix: "", pagesOf: Self.pageSize) { try page.take($0) } }
+            try runBlocking { try await store.list(prefix: "", pagesOf: Self.pageSize) { try page.value($0) } }
         }
-        let report = tally.report
+        let report = tally.value
         if report.added > 0 || report.skipped > 0 {
             logger.info("imported \(report.added) items from the store, skipped \(report.skipped)")
         }
@@ -50,12 +52,12 @@ public struct Importer {
     /// Brings one page of the listing in. In key order, a folder's marker comes before what
     /// is in it (`a/` is a prefix of `a/b`), as does a file before a key below the same name,
     /// so each page goes as the listing gives it (sorted again, for a store that would not).
-    private func importPage(_ objects: [ObjectInfo], _ tally: Tally) throws {
+    private func importPage(_ objects: [ObjectInfo], _ tally: UncheckedBox<Report>) throws {
         let sorted = objects.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
         guard let low = sorted.first?.key, let high = sorted.last?.key else { return }
         try state.write { tx in
-            var report = tally.report
-            defer { tally.report = report }
+            var report = tally.value
+            defer { tally.value = report }
             // Keys the device knows (as a name's remote key, or as a pending delete) are left alone.
             let known = Set(try tx.recordedKeys(from: low, through: high).map(KeyBytes.init))
             var nextIno = max(UInt64(try tx.maxInode()) + 1, 2)
@@ -139,16 +141,4 @@ public struct Importer {
     private func importXattrs(_ tx: StateTransaction, _ ino: UInt64, _ m: ObjectMetadata) throws {
         for (k, v) in m.localXattrs { try tx.setXattr(ino, name: k, value: v) }
     }
-}
-
-/// What an import counted so far (its pages are taken in the store's task).
-private final class Tally: @unchecked Sendable {
-    var report = Importer.Report()
-}
-
-/// An import's handling of a page, handed to the store's listing (which runs it where the
-/// listing runs, one page after another).
-private final class PageTaker: @unchecked Sendable {
-    let take: ([ObjectInfo]) throws -> Void
-    init(_ take: @escaping ([ObjectInfo]) throws -> Void) { self.take = take }
 }
