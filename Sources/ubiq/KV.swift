@@ -252,6 +252,10 @@ struct KVWatch: ParsableCommand {
     @OptionGroup var target: KVTarget
     @Option(help: "Seconds between looks at the store.") var interval: Double = 2
 
+    func validate() throws {
+        if let refused = secondsRefused(interval, "--interval") { throw ValidationError(refused) }
+    }
+
     func run() throws {
         let client: KVStoreClient
         switch kvBackend(target) {

@@ -187,15 +187,10 @@ struct MountPlan {
     var made: [String] = []
 
     static func check(_ m: Mount) throws -> MountPlan {
-        guard m.readTimeout > 0, m.readTimeout <= 86_400 else {
-            throw UserError("--read-timeout must be between 0 and 86400 seconds, not \(m.readTimeout)")
-        }
-        guard m.pollInterval > 0, m.pollInterval <= 86_400 else {
-            throw UserError("--poll-interval must be between 0 and 86400 seconds, not \(m.pollInterval)")
-        }
-        guard m.fullListingInterval > 0, m.fullListingInterval <= 86_400 else {
-            throw UserError("--full-listing-interval must be between 0 and 86400 seconds, not \(m.fullListingInterval)")
-        }
+        let seconds = [secondsRefused(m.readTimeout, "--read-timeout"), secondsRefused(m.pollInterval, "--poll-interval"),
+                       secondsRefused(m.fullListingInterval, "--full-listing-interval"),
+                       secondsRefused(m.drainTimeout, "--drain-timeout", zero: true), secondsRefused(m.uploadDelay, "--upload-delay", zero: true)]
+        if let refused = seconds.compactMap({ $0 }).first { throw UserError(refused) }
         let mp = Paths.absolute(m.mountpoint)
         var isDir: ObjCBool = false
         if let e = Mounts.entry(at: mp) {
@@ -298,7 +293,7 @@ struct MountPlan {
         case .s3(let l, _, _): storeURL = "s3://\(l.bucket)/\(l.prefix)"
         }
         return MountPlan(mountpoint: mp, storeURL: storeURL, store: store, container: m.container, scope: m.scope, stateDir: stateDir,
-                         fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: max(0, m.uploadDelay), pollInterval: m.pollInterval,
+                         fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: m.uploadDelay, pollInterval: m.pollInterval,
                          fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout,
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }

@@ -78,7 +78,8 @@ struct Query: ParsableCommand {
         }
         if let m = minDepth, m < 0 { throw ValidationError("--min-depth must not be negative") }
         if let m = maxDepth, m < 1 { throw ValidationError("--max-depth must be at least 1") }
-        if interval <= 0 { throw ValidationError("--interval must be positive") }
+        if let l = limit, l < 0 { throw ValidationError("--limit must not be negative") }
+        if let refused = secondsRefused(interval, "--interval") { throw ValidationError(refused) }
         _ = try spec()  // sizes and times: refused here, with this command's usage
     }
 

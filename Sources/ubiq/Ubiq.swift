@@ -30,6 +30,14 @@ struct UserError: Error, CustomStringConvertible {
     var description: String { message }
 }
 
+/// Why `value`, given as `flag`, is not a number of seconds this command takes (nil: it is):
+/// at most a day, more than zero unless `zero` is allowed; never NaN or infinite, which would
+/// otherwise pass a comparison or stop a conversion to a whole number.
+func secondsRefused(_ value: Double, _ flag: String, zero: Bool = false) -> String? {
+    let ok = value.isFinite && (zero ? value >= 0 : value > 0) && value <= 86_400
+    return ok ? nil : "\(flag) must be \(zero ? "from" : "more than") 0 \(zero ? "to" : "and at most") 86400 seconds, not \(value)"
+}
+
 func fail(_ message: String) -> Never {
     FileHandle.standardError.write(Data("ubiq: \(message)\n".utf8))
     exit(1)

@@ -20,6 +20,10 @@ struct Unmount: ParsableCommand {
     @Argument(help: "The mount point.")
     var mountpoint: String
 
+    func validate() throws {
+        if let timeout, let refused = secondsRefused(timeout, "--timeout", zero: true) { throw ValidationError(refused) }
+    }
+
     func run() throws {
         let mp = Paths.absolute(mountpoint)
         guard let entry = Mounts.entry(at: mp) else { fail("\(mp) is not mounted") }

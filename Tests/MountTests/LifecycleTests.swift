@@ -210,6 +210,32 @@ import TestSupport
         #expect(exists("new/store.db"))
     }
 
+    /// Numbers a command cannot use (negative, NaN, infinite, more than a day of seconds) are
+    /// refused before anything starts, naming the option: a NaN drain timeout once reached the
+    /// daemon, which trapped turning it into a whole number at unmount.
+    @Test func numbersOutOfRangeAreRefusedBeforeAnythingStarts() throws {
+        let base = TempPaths.make("ubiq-numbers").path
+        expectOK(shell("mkdir -p \(base)/mnt"))
+        let store = "--store dir:\(base)/store --create-store --state \(base)/state"
+        let refused = [
+            ("mount \(store) --drain-timeout nan \(base)/mnt", "--drain-timeout"),
+            ("mount \(store) --upload-delay -1 \(base)/mnt", "--upload-delay"),
+            ("mount \(store) --poll-interval inf \(base)/mnt", "--poll-interval"),
+            ("mount \(store) --read-timeout 0 \(base)/mnt", "--read-timeout"),
+            ("mount \(store) --full-listing-interval 100000 \(base)/mnt", "--full-listing-interval"),
+            ("query --limit=-3 \(base)/mnt", "--limit"),
+            ("query --interval nan \(base)/mnt", "--interval"),
+            ("unmount --timeout inf \(base)/mnt", "--timeout"),
+            ("kv watch --store dir:\(base)/store --interval -2", "--interval"),
+        ]
+        for (args, option) in refused {
+            let r = shell("\(ubiqBinary) \(args)", timeout: 60)
+            #expect(r.status != 0 && r.err.contains(option), "\(args): \(r.status) \(r.err)")
+        }
+        #expect(!readWhole("/proc/self/mountinfo").contains(" \(base)/mnt "), "a refused mount is mounted")
+        #expect(!FileManager.default.fileExists(atPath: base + "/store"), "a refused mount made its store")
+    }
+
     /// A device whose store went missing (moved away) or was made anew in its place refuses
     /// to mount, with one line that says so; the store back where it was mounts as before.
     @Test func aDeviceWhoseStoreIsGoneOrMadeAnewRefusesToMount() throws {
