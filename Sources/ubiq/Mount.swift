@@ -350,7 +350,9 @@ struct MountPlan {
         var mult: Double = 1
         if let last = t.last, let u = units[last] { mult = u; number = String(t.dropLast()) }
         if number.hasSuffix("I") || number.hasSuffix("B") { return nil }
-        guard let v = Double(number), v >= 0 else { return nil }
+        // Not NaN, not negative, and within what a byte count holds ("inf" and "1e30G" are
+        // numbers to Double, and would trap as a whole number).
+        guard let v = Double(number), v >= 0, v * mult < Double(Int64.max) else { return nil }
         return Int64(v * mult)
     }
 

@@ -170,7 +170,8 @@ final class ProgressBar {
         lastDraw = Date()
         let secs = max(0.001, Date().timeIntervalSince(start))
         let rate = Double(done) / secs
-        let frac = total > 0 ? Double(done) / Double(total) : 1
+        // More than the total when a file grew while it came down: a full bar.
+        let frac = total > 0 ? min(1, max(0, Double(done) / Double(total))) : 1
         let width = 24
         let filled = Int(frac * Double(width))
         let eta = rate > 0 ? Int((Double(total - done) / rate).rounded()) : 0

@@ -227,12 +227,19 @@ import TestSupport
             ("query --interval nan \(base)/mnt", "--interval"),
             ("unmount --timeout inf \(base)/mnt", "--timeout"),
             ("kv watch --store dir:\(base)/store --interval -2", "--interval"),
+            ("mount \(store) --cache-size inf \(base)/mnt", "--cache-size"),
+            ("query --min-size 1e30G \(base)/mnt", "--min-size"),
         ]
         for (args, option) in refused {
             let r = shell("\(ubiqBinary) \(args)", timeout: 60)
             #expect(r.status != 0 && r.err.contains(option), "\(args): \(r.status) \(r.err)")
         }
         #expect(!readWhole("/proc/self/mountinfo").contains(" \(base)/mnt "), "a refused mount is mounted")
+        // Times past what nanoseconds hold are held at the end, which compares the same: no trap.
+        for when in ["--newer-than 9999-01-01", "--older-than 1e300d"] {
+            let r = shell("\(ubiqBinary) query \(when) \(base)/mnt", timeout: 60)
+            #expect(r.status == 1 && r.err.contains("not in a ubiq mount"), "\(when): \(r.status) \(r.err)")
+        }
         #expect(!FileManager.default.fileExists(atPath: base + "/store"), "a refused mount made its store")
     }
 
