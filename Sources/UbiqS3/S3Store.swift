@@ -170,8 +170,9 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// Each page described as it is found: what is held at once is the listing's records and
     /// one page of metadata (a million objects' `ObjectInfo`s together were most of a mount's
     /// peak).
-    public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
-        try await describe(listing(prefix), counted: true, pagesOf: min(max(1, size), describePage)) { try body($0.map(\.1)) }
+    public func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
+                     _ body: ([ObjectInfo]) throws -> Void) async throws {
+        try await describe(listing(prefix), counted: true, pagesOf: min(max(1, size), describePage), wanted: wanted) { try body($0.map(\.1)) }
     }
 
     /// The listing of `prefix`: the whole bucket's just after a full listing (a fresh mount:
@@ -192,8 +193,10 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// Objects gone meanwhile are left out. `counted`: the HEADs sent are `headsForLastListing`.
     /// Taken `page` objects at a time, each page handed to `each` in listing order, so that
     /// what is looked up is held for a page only (a whole bucket's at once was most of a
-    /// mount's peak memory: 130 MiB at 100,000).
+    /// mount's peak memory: 130 MiB at 100,000). Only the objects `wanted` keeps are looked up
+    /// (a page it keeps none of is not handed on).
     private func describe(_ listing: Listing, counted: Bool, pagesOf page: Int,
+                          wanted: ([String]) throws -> [Bool] = { $0.map { _ in true } },
                           _ each: ([(ListedObject, ObjectInfo)]) throws -> Void) async throws {
         let all = listing.objects
         var unknown = try index.unknownCount(all)
@@ -203,7 +206,9 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let objects = self.objects
         var heads = 0
         for first in stride(from: 0, to: all.count, by: page) {
-            let chunk = all[first ..< min(all.count, first + page)]
+            let listed = all[first ..< min(all.count, first + page)]
+            let chunk = zip(listed, try wanted(listed.map(\.key))).filter(\.1).map(\.0)
+            if chunk.isEmpty { continue }
             var found = try index.known(chunk)
             let need = chunk.filter { found[KeyBytes($0.key)] == nil }
             heads += need.count
@@ -227,7 +232,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                 }
             }
             try index.remember(learned)
-            try each(chunk.compactMap { o in found[KeyBytes(o.key)].map { (o, $0) } })
+            let described = chunk.compactMap { o in found[KeyBytes(o.key)].map { (o, $0) } }
+            if !described.isEmpty { try each(described) }
         }
         if counted { lock.withLock { headsForLastListing = heads } }
     }

@@ -193,8 +193,12 @@ public protocol CloudStore: Sendable {
 
     /// The same listing handed to `body` in pages of at most `size` objects, in key order, so
     /// that a caller that takes a page at a time holds no more (an import of a million keys).
-    /// By default one `list` cut into pages; a store that can read a page at a time does.
-    func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws
+    /// Each page's keys are first offered to `wanted`, which says of each (in order) whether
+    /// to describe it: the others are passed over without their metadata being read (a mount
+    /// again knows nearly every key), and a page left empty is not handed on. By default one
+    /// `list` cut into pages; a store that can read a page at a time does.
+    func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
+              _ body: ([ObjectInfo]) throws -> Void) async throws
 
     /// Bytes `range` (clamped to the object) of `version` of `key`.
     /// Throws `notFound` when that version is gone: a read never mixes versions.
@@ -251,9 +255,19 @@ public protocol CloudStore: Sendable {
 extension CloudStore {
     public var keepsPriorVersions: Bool { true }
 
-    public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
+    public func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
+                     _ body: ([ObjectInfo]) throws -> Void) async throws {
         let all = try await list(prefix: prefix)
-        for first in stride(from: 0, to: all.count, by: max(1, size)) { try body(Array(all[first ..< min(all.count, first + max(1, size))])) }
+        for first in stride(from: 0, to: all.count, by: max(1, size)) {
+            let page = all[first ..< min(all.count, first + max(1, size))]
+            let kept = zip(page, try wanted(page.map(\.key))).filter(\.1).map(\.0)
+            if !kept.isEmpty { try body(kept) }
+        }
+    }
+
+    /// Every object of the listing, in pages (see above).
+    public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
+        try await list(prefix: prefix, pagesOf: size, wanted: { $0.map { _ in true } }, body)
     }
     public func publishChanges() async throws {}
     public func lookEverywhereNext() {}
@@ -318,15 +332,28 @@ public enum StoreKey {
 
     /// Throws `invalidKey` unless `key` is a well-formed file or directory key.
     public static func validate(_ key: String) throws {
-        let body = key.hasSuffix("/") ? String(key.dropLast()) : key
+        // One pass over the bytes, making nothing (every key of a listing comes through here).
+        let bytes = key.utf8
+        let body = bytes.last == UInt8(ascii: "/") ? bytes.dropLast() : bytes[...]
         if body.isEmpty { throw StoreError.invalidKey(key, reason: "empty") }
-        if key.utf8.count > maxKeyBytes { throw StoreError.invalidKey(key, reason: "too long") }
-        if key.utf8.contains(0) { throw StoreError.invalidKey(key, reason: "contains NUL") }
-        for seg in body.split(separator: "/", omittingEmptySubsequences: false) {
-            if seg.isEmpty { throw StoreError.invalidKey(key, reason: "empty segment") }
-            if seg == "." || seg == ".." { throw StoreError.invalidKey(key, reason: "dot segment") }
-            if seg.utf8.count > maxSegmentBytes { throw StoreError.invalidKey(key, reason: "segment too long") }
+        if bytes.count > maxKeyBytes { throw StoreError.invalidKey(key, reason: "too long") }
+        if bytes.contains(0) { throw StoreError.invalidKey(key, reason: "contains NUL") }
+        var length = 0, dots = 0
+        func segmentEnds() throws {
+            if length == 0 { throw StoreError.invalidKey(key, reason: "empty segment") }
+            if dots == length && length <= 2 { throw StoreError.invalidKey(key, reason: "dot segment") }
+            if length > maxSegmentBytes { throw StoreError.invalidKey(key, reason: "segment too long") }
         }
+        for b in body {
+            if b == UInt8(ascii: "/") {
+                try segmentEnds()
+                length = 0; dots = 0
+            } else {
+                length += 1
+                if b == UInt8(ascii: ".") { dots += 1 }
+            }
+        }
+        try segmentEnds()
     }
 
     /// Splits a validated-or-not key into its segments and whether it names a directory.

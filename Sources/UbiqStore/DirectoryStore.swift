@@ -124,49 +124,105 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         // Row by row into an array made once (not every row first, then the objects: a whole
         // store's listing twice over, at a mount's import).
         try dbRead { db in
-            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM objects WHERE substr(key, 1, length(?)) = ?",
-                                         arguments: [prefix, prefix]) ?? 0
+            let (range, arguments) = Self.keyRange(prefix: prefix)
+            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM objects WHERE \(range)", arguments: arguments) ?? 0
             var out: [ObjectInfo] = []
             out.reserveCapacity(count)
-            _ = try Self.listRows(db, prefix: prefix, after: nil, limit: -1) { out.append($0) }
+            try Self.listRows(db, prefix: prefix) { out.append($0) }
             return out
         }
     }
 
     /// A page at a time, each its own read (from the key after the last one's: the key's
-    /// index, not an offset).
-    public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
+    /// index, not an offset): first the page's keys alone, then the rows of those `wanted`.
+    public func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
+                     _ body: ([ObjectInfo]) throws -> Void) async throws {
         var after: Data?
         while true {
-            var page: [ObjectInfo] = []
-            page.reserveCapacity(size)
-            let last = try dbRead { db in try Self.listRows(db, prefix: prefix, after: after, limit: max(1, size)) { page.append($0) } }
-            if !page.isEmpty { try body(page) }
+            var keys: [(raw: Data, key: String)] = []
+            let (last, more) = try dbRead { db in try Self.listKeys(db, prefix: prefix, after: after, limit: max(1, size)) { keys.append($0) } }
             guard let last else { return }
+            let mask = try wanted(keys.map(\.key))
+            let chosen = Set(zip(keys, mask).lazy.filter(\.1).map(\.0.raw))
+            if !chosen.isEmpty {
+                // Read again up to the page's last key: what changed meanwhile is as listed
+                // now, what was added meanwhile is not of this page.
+                var page: [ObjectInfo] = []
+                try dbRead { db in try Self.listRows(db, prefix: prefix, after: after, through: last, only: chosen) { page.append($0) } }
+                if !page.isEmpty { try body(page) }
+            }
+            guard more else { return }
             after = last
         }
     }
 
-    /// Objects under `prefix` after the key `after` (its bytes), at most `limit` rows read
-    /// (-1: all), to `each`; the last row's key when `limit` rows were read (more may follow).
-    /// Keys are read as bytes: one that is not exactly representable as a key (invalid
-    /// UTF-8, a NUL, a malformed path) is left out, never turned into a similar-looking name.
-    private static func listRows(_ db: Database, prefix: String, after: Data?, limit: Int, _ each: (ObjectInfo) -> Void) throws -> Data? {
-        let rows = try Row.fetchCursor(db, sql: """
-            SELECT CAST(key AS BLOB) AS rawkey, version, size, meta, blob FROM objects
-            WHERE substr(key, 1, length(?1)) = ?1 AND (?2 IS NULL OR key > CAST(?2 AS TEXT)) ORDER BY key LIMIT ?3
-            """, arguments: [prefix, after, limit])
+    /// The keys under `prefix` after `after` (bytes), at most `limit`, to `each` (as bytes and
+    /// as text; those that are not keys are passed over, as by `listRows`); the last key read,
+    /// and whether `limit` were read (more may follow).
+    private static func listKeys(_ db: Database, prefix: String, after: Data?, limit: Int,
+                                 _ each: ((raw: Data, key: String)) -> Void) throws -> (Data?, Bool) {
+        let (range, arguments) = keyRange(prefix: prefix, after: after)
+        let raws = try Data.fetchCursor(db, sql: "SELECT CAST(key AS BLOB) FROM objects WHERE \(range) ORDER BY key LIMIT ?",
+                                        arguments: arguments + [limit])
         var read = 0
         var last: Data?
-        while let row = try rows.next() {
+        while let raw = try raws.next() {
             read += 1
-            guard let raw = Data.fromDatabaseValue(row["rawkey"]) else { continue }
             last = raw
-            guard !raw.contains(0), let key = String(validating: raw, as: UTF8.self),
-                  (try? StoreKey.validate(key)) != nil else { continue }
+            if let key = key(raw) { each((raw, key)) }
+        }
+        return (last, read == limit)
+    }
+
+    /// Objects under `prefix` after the key `after` and up to `through` (bytes; nil: no bound),
+    /// only those whose key is in `only` (nil: all), to `each`.
+    private static func listRows(_ db: Database, prefix: String, after: Data? = nil, through: Data? = nil,
+                                 only: Set<Data>? = nil, _ each: (ObjectInfo) -> Void) throws {
+        let (range, arguments) = keyRange(prefix: prefix, after: after, through: through)
+        let rows = try Row.fetchCursor(db, sql: """
+            SELECT CAST(key AS BLOB) AS rawkey, version, size, meta, blob FROM objects WHERE \(range) ORDER BY key
+            """, arguments: arguments)
+        while let row = try rows.next() {
+            guard let raw = Data.fromDatabaseValue(row["rawkey"]), only?.contains(raw) ?? true, let key = key(raw) else { continue }
             each(Self.info(row, key: key))
         }
-        return limit >= 0 && read == limit ? last : nil
+    }
+
+    /// The condition on `key` for keys under `prefix`, after `after` and up to `through`
+    /// (bytes), with its arguments: ranges of the key's index, compared as bytes (as the
+    /// index orders them). An `? IS NULL OR` test or a `substr` had the index scanned from its
+    /// start for every page: a million keys' import spent most of its time there. Only text
+    /// is a key: a value of another type planted in the index (a blob sorts after every text,
+    /// a number before) is never listed, and never a page's bound.
+    private static func keyRange(prefix: String, after: Data? = nil, through: Data? = nil) -> (String, StatementArguments) {
+        // One bound each way (with two, SQLite may seek by the looser one and test the other on
+        // every row): `after` and `through` are keys under the prefix, so within its range.
+        var conditions: [String] = []
+        var arguments: StatementArguments = []
+        if let after {
+            conditions.append("key > CAST(? AS TEXT)"); arguments += [after]
+        } else {
+            conditions.append("key >= CAST(? AS TEXT)"); arguments += [Data(prefix.utf8)]
+        }
+        if let through {
+            conditions.append("key <= CAST(? AS TEXT)"); arguments += [through]
+        } else if prefix.isEmpty {
+            conditions.append("key < X''")
+        } else {
+            // Every key that starts with the prefix's bytes sorts before the prefix with its
+            // last byte one higher (UTF-8 never holds 0xFF, so there is one).
+            var end = Array(prefix.utf8)
+            end[end.count - 1] += 1
+            conditions.append("key < CAST(? AS TEXT)"); arguments += [Data(end)]
+        }
+        return (conditions.joined(separator: " AND "), arguments)
+    }
+
+    /// A listed key's bytes as a key. One that is not exactly representable as a key (invalid
+    /// UTF-8, a NUL, a malformed path) is left out, never turned into a similar-looking name.
+    private static func key(_ raw: Data) -> String? {
+        guard !raw.contains(0), let key = String(validating: raw, as: UTF8.self), (try? StoreKey.validate(key)) != nil else { return nil }
+        return key
     }
 
     /// Copies inside the kernel (copy_file_range): the bytes never pass through the process.

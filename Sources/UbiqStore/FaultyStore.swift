@@ -199,9 +199,10 @@ public final class FaultyStore: CloudStore, Sendable {
         return try await inner.list(prefix: prefix).map(lying)
     }
 
-    public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
+    public func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
+                     _ body: ([ObjectInfo]) throws -> Void) async throws {
         try await check(.list)
-        try await inner.list(prefix: prefix, pagesOf: size) { try body($0.map(lying)) }
+        try await inner.list(prefix: prefix, pagesOf: size, wanted: wanted) { try body($0.map(lying)) }
     }
 
     private let sizeLie = Mutex<Int64>(0)

@@ -48,8 +48,16 @@ public final class PrefixStore: CloudStore, Sendable {
         try await inner.list(prefix: prefix + p).filter { $0.key.count > prefix.count }.map(local)
     }
 
-    public func list(prefix p: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
-        try await inner.list(prefix: prefix + p, pagesOf: size) { page in
+    public func list(prefix p: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
+                     _ body: ([ObjectInfo]) throws -> Void) async throws {
+        try await inner.list(prefix: prefix + p, pagesOf: size, wanted: { keys in
+            // The prefix's own marker is not an object of this store: neither asked nor wanted.
+            let inside = keys.indices.filter { keys[$0].count > prefix.count }
+            let asked = try wanted(inside.map { String(keys[$0].dropFirst(prefix.count)) })
+            var mask = [Bool](repeating: false, count: keys.count)
+            for (i, w) in zip(inside, asked) { mask[i] = w }
+            return mask
+        }) { page in
             try body(page.filter { $0.key.count > prefix.count }.map(local))
         }
     }

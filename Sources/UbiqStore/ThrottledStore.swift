@@ -38,8 +38,9 @@ public final class ThrottledStore: CloudStore, Sendable {
 
     public func head(_ key: String) async throws -> ObjectInfo { try await inner.head(key) }
     public func list(prefix: String) async throws -> [ObjectInfo] { try await inner.list(prefix: prefix) }
-    public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
-        try await inner.list(prefix: prefix, pagesOf: size, body)
+    public func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
+                     _ body: ([ObjectInfo]) throws -> Void) async throws {
+        try await inner.list(prefix: prefix, pagesOf: size, wanted: wanted, body)
     }
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
                     condition: WriteCondition) async throws -> ObjectInfo {

@@ -36,11 +36,12 @@ public struct Importer {
         // one page after another while this thread waits).
         let tally = UncheckedBox(Report())
         let page = UncheckedBox { (objects: [ObjectInfo]) in try self.importPage(objects, tally) }
+        let wanted = UncheckedBox { (keys: [String]) in try self.unknown(keys) }
         // Asked again a moment later when the store fails transiently (the pages brought in
         // by then are known, and left alone): besides the placeholders, this listing is where
         // leftovers of this device's unanswered uploads are found (below).
         try retryingTransient(attempts: 4, pause: 200_000) {
-            try runBlocking { try await store.list(prefix: "", pagesOf: Self.pageSize) { try page.value($0) } }
+            try runBlocking { try await store.list(prefix: "", pagesOf: Self.pageSize, wanted: { try wanted.value($0) }) { try page.value($0) } }
         }
         let report = tally.value
         if report.added > 0 || report.skipped > 0 {
@@ -49,7 +50,18 @@ public struct Importer {
         return report
     }
 
-    /// Brings one page of the listing in. In key order, a folder's marker comes before what
+    /// Of a page's keys, those the device does not know: the store reads the
+    /// metadata of these alone (a mount again knows nearly all, and reading every object's was
+    /// half its time).
+    private func unknown(_ keys: [String]) throws -> [Bool] {
+        let byBytes = { (a: String, b: String) in a.utf8.lexicographicallyPrecedes(b.utf8) }
+        guard let low = keys.min(by: byBytes), let high = keys.max(by: byBytes) else { return [] }
+        let known = try state.read { tx in Set(try tx.recordedKeys(from: low, through: high).map(KeyBytes.init)) }
+        return keys.map { !known.contains(KeyBytes($0)) && !ReservedKeys.isReserved($0) }
+    }
+
+    /// Brings one page of the listing in (what `unknown` kept of it; a key the device came to
+    /// know meanwhile is left alone here too). In key order, a folder's marker comes before what
     /// is in it (`a/` is a prefix of `a/b`), as does a file before a key below the same name,
     /// so each page goes as the listing gives it (sorted again, for a store that would not).
     private func importPage(_ objects: [ObjectInfo], _ tally: UncheckedBox<Report>) throws {

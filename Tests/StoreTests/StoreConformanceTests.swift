@@ -207,7 +207,8 @@ let fileMeta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mt
     }
 
     /// The listing in pages (an import takes it so) is the listing: every object once, in key
-    /// order, under the prefix only, whatever the page size.
+    /// order, under the prefix only, whatever the page size; with only the objects the caller
+    /// wants described.
     @Test(arguments: StoreKind.allCases)
     func aListingInPagesIsTheListing(kind: StoreKind) async throws {
         let (store, cleanup) = try await kind.make()
@@ -224,6 +225,18 @@ let fileMeta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mt
                 try await store.list(prefix: prefix, pagesOf: size) { pages.append($0.map(\.key)) }
                 #expect(pages.allSatisfy { !$0.isEmpty && $0.count <= size }, "pages of \(size)")
                 #expect(pages.flatMap { $0 } == whole, "pages of \(size) under \(prefix.debugDescription)")
+                // Only what is wanted described: every key offered once, in order; the pages
+                // handed on hold the wanted ones (none empty).
+                var offered: [String] = []
+                var kept: [[String]] = []
+                try await store.list(prefix: prefix, pagesOf: size, wanted: { keys in
+                    #expect(!keys.isEmpty && keys.count <= size)
+                    offered += keys
+                    return keys.map { $0.utf8.count % 2 == 1 }
+                }) { kept.append($0.map(\.key)) }
+                #expect(offered == whole, "offered in pages of \(size)")
+                #expect(kept.allSatisfy { !$0.isEmpty } && kept.flatMap { $0 } == whole.filter { $0.utf8.count % 2 == 1 },
+                        "kept in pages of \(size): \(kept)")
             }
         }
     }
