@@ -74,6 +74,9 @@ public struct Importer {
             let known = Set(try tx.recordedKeys(from: low, through: high).map(KeyBytes.init))
             var nextIno = max(UInt64(try tx.maxInode()) + 1, 2)
             let now = nowNanos()
+            // The folder each path of folders came to in this page (a folder's files come one
+            // after another: its path is looked up once, not once for each of them).
+            var folders: [ArraySlice<String>: UInt64] = [:]
             for obj in sorted where !known.contains(KeyBytes(obj.key)) && !ReservedKeys.isReserved(obj.key) {
                 do { try StoreKey.validate(obj.key) } catch {
                     logger.warning("skipping store key \(obj.key.debugDescription): \(error)")
@@ -94,29 +97,15 @@ public struct Importer {
                     report.skipped += 1
                     continue
                 }
-                var parent: UInt64 = 1
-                var ok = true
-                // Ensure every folder on the way exists.
-                for seg in parts.dropLast() {
-                    let name = Array(seg.utf8)
-                    if let e = try tx.entry(parent: parent, name: name) {
-                        guard let r = try tx.inode(e.ino), r.type == UInt32(S_IFDIR) else { ok = false; break }
-                        parent = e.ino
-                    } else {
-                        let ino = nextIno; nextIno += 1
-                        try tx.upsert(InodeRecord(ino: ino, type: UInt32(S_IFDIR), perm: 0o755, uid: getuid(), gid: getgid(),
-                                                  atimeNs: now, mtimeNs: now, ctimeNs: now))
-                        try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
-                        try tx.insertEntry(parent: parent, name: name, ino: ino)
-                        parent = ino
-                    }
-                }
+                // Every folder on the way, made where missing.
+                let path = parts.dropLast()
                 let name = Array(parts.last!.utf8)
-                if !ok {
+                guard let parent = try folders[path] ?? folder(path, tx, &nextIno, now) else {
                     logger.warning("skipping \(obj.key): a file stands where its folder would be")
                     report.skipped += 1
                     continue
                 }
+                folders[path] = parent
                 let m = obj.metadata
                 if let e = try tx.entry(parent: parent, name: name) {
                     // A folder created implicitly above, now with its marker: adopt it.
@@ -148,6 +137,27 @@ public struct Importer {
                 report.added += 1
             }
         }
+    }
+
+    /// The folder at `path` (folder names from the root), with those missing made on the way;
+    /// nil when a file stands where one of them would be.
+    private func folder(_ path: ArraySlice<String>, _ tx: StateTransaction, _ nextIno: inout UInt64, _ now: Int64) throws -> UInt64? {
+        var parent: UInt64 = 1
+        for seg in path {
+            let name = Array(seg.utf8)
+            if let e = try tx.entry(parent: parent, name: name) {
+                guard let r = try tx.inode(e.ino), r.type == UInt32(S_IFDIR) else { return nil }
+                parent = e.ino
+            } else {
+                let ino = nextIno; nextIno += 1
+                try tx.upsert(InodeRecord(ino: ino, type: UInt32(S_IFDIR), perm: 0o755, uid: getuid(), gid: getgid(),
+                                          atimeNs: now, mtimeNs: now, ctimeNs: now))
+                try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
+                try tx.insertEntry(parent: parent, name: name, ino: ino)
+                parent = ino
+            }
+        }
+        return parent
     }
 
     private func importXattrs(_ tx: StateTransaction, _ ino: UInt64, _ m: ObjectMetadata) throws {

@@ -219,6 +219,24 @@ import TestSupport
         #expect(throws: FSError.self) { try b.ino(nfd) }
     }
 
+    /// Keys that put a file where another key's folder would be (another tool's, or two devices
+    /// that had not seen each other's change): the file comes in, what would be below it is
+    /// passed over with a warning each, and the folders beside it come in whole (the import
+    /// looks a folder up once for all of its files).
+    @Test func aFileWhereAFolderWouldBeIsPassedOverAlone() async throws {
+        let store = try newStore()
+        try await Self.put(store, "a", "file a")
+        for k in ["a/b", "a/c/d", "c/d", "c/e", "c/f/g", "c/f/h", "c/z", "d/e/f", "d/z", "e"] { try await Self.put(store, k, "is " + k) }
+        let b = try Device(store: store)
+        #expect(try b.names("") == ["a", "c", "d", "e"])
+        #expect(try b.read("a") == "file a")
+        #expect(try b.names("c") == ["d", "e", "f", "z"])
+        #expect(try b.names("c/f") == ["g", "h"])
+        #expect(try b.names("d") == ["e", "z"])
+        for k in ["c/d", "c/f/h", "c/z", "d/e/f", "d/z", "e"] { #expect(try b.read(k) == "is " + k) }
+        #expect(b.log.count("a file stands where its folder would be") == 2, "\(b.log.all)")
+    }
+
     /// Thousands of random and hostile records through the whole import path (journal,
     /// listing, metadata, sizes, names, link targets, xattrs): no crash, and good records
     /// that come after bad ones still arrive, on a following device and on a new one.
