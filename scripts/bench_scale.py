@@ -107,11 +107,12 @@ def shown(c):
     return ", ".join(f"{k} {v:,}" for k, v in sorted(c.items())) or "none"
 
 
-def rss_mib(pid):
+def rss_mib(pid, field="VmRSS"):
+    """A process's resident memory now (VmHWM: at its peak so far), in MiB."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -190,6 +191,7 @@ def run(s3, binary, objects, idle=30.0, poll=3.0):
             r["mount_requests"] = proxy.take()
             pid = mount_pid(mnt)
             r["rss_mount_mib"] = rss_mib(pid)
+            r["peak_mount_mib"] = rss_mib(pid, "VmHWM")
             t0 = time.perf_counter()
             sh(f"ls -lR {mnt} > /dev/null")
             r["ls_lR_s"] = time.perf_counter() - t0
@@ -287,6 +289,7 @@ def report(r):
     row("of which the writer's ubiq sync (s)", lambda t: fmt(t["writer_sync_s"]))
     row("RSS after mount (MiB)", lambda t: fmt(t["rss_mount_mib"], 0))
     row("RSS after ls -lR (MiB)", lambda t: fmt(t["rss_ls_mib"], 0))
+    row("peak RSS during the mount (MiB)", lambda t: fmt(t["peak_mount_mib"], 0))
     print(f"\nFilled by rclone copy in {r['fill_s']:.0f} s (objects another tool wrote). The writer, a ubiq device straight to the")
     print(f"server, mounted first in {r['writer_mount_s']:.1f} s: a HEAD per object and a snapshot of the bucket written"
           + (f" ({r['snapshot_bytes'] / 1e6:.1f} MB)" if r.get("snapshot_bytes") else "")

@@ -142,7 +142,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             var keys: [(raw: Data, key: String)] = []
             let (last, more) = try dbRead { db in try Self.listKeys(db, prefix: prefix, after: after, limit: max(1, size)) { keys.append($0) } }
             guard let last else { return }
-            let mask = try wanted(keys.map(\.key))
+            let mask = try keys.isEmpty ? [] : wanted(keys.map(\.key))  // a page of keys that are not
             let chosen = Set(zip(keys, mask).lazy.filter(\.1).map(\.0.raw))
             if !chosen.isEmpty {
                 // Read again up to the page's last key: what changed meanwhile is as listed
