@@ -216,9 +216,12 @@ enum S3Time {
     static func httpDate(_ s: String) -> Date? {
         let f = s.split(separator: " ")
         let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
-        guard f.count >= 5, let d = Int(f[1]), let mo = months.firstIndex(of: String(f[2])), let y = Int(f[3]) else { return nil }
+        // Fields in their ranges only: what a server sends may be anything, and a year or a
+        // day past Int32 trapped as a field of `tm`.
+        guard f.count >= 5, let d = Int(f[1]), (1 ... 31).contains(d), let mo = months.firstIndex(of: String(f[2])),
+              let y = Int(f[3]), (1 ... 9999).contains(y) else { return nil }
         let hms = f[4].split(separator: ":").compactMap { Int($0) }
-        guard hms.count == 3 else { return nil }
+        guard hms.count == 3, (0 ... 23).contains(hms[0]), (0 ... 59).contains(hms[1]), (0 ... 60).contains(hms[2]) else { return nil }
         var t = tm()
         t.tm_year = Int32(y - 1900); t.tm_mon = Int32(mo); t.tm_mday = Int32(d)
         t.tm_hour = Int32(hms[0]); t.tm_min = Int32(hms[1]); t.tm_sec = Int32(hms[2])

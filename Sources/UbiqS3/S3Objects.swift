@@ -92,7 +92,7 @@ public struct S3Objects: Sendable {
     static func foreign(_ key: String, modified: Date?) -> ObjectMetadata {
         let dir = key.hasSuffix("/")
         return ObjectMetadata(kind: dir ? .directory : .file, mode: dir ? 0o755 : 0o644, uid: getuid(), gid: getgid(),
-                              mtimeNs: modified.map { Int64($0.timeIntervalSince1970 * 1e9) } ?? 0)
+                              mtimeNs: modified.map { nanoseconds(sinceEpoch: $0.timeIntervalSince1970) } ?? 0)
     }
 
     /// The header that carries `m` (writing the sidecar object first when `m` is large).

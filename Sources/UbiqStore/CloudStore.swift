@@ -1,5 +1,15 @@
 import Foundation
 
+/// Seconds since the epoch as nanoseconds (the unit of `ObjectMetadata.mtimeNs`), a time past
+/// what they hold (before 1678, after 2262: a server's "Last-Modified" of 9999, a user's
+/// "--newer-than 1e300d") held at the nearest end, which compares the same; NaN is 0. A plain
+/// `Int64(seconds * 1e9)` traps on them.
+public func nanoseconds(sinceEpoch seconds: Double) -> Int64 {
+    let ns = seconds * 1e9
+    if ns.isNaN { return 0 }
+    return ns >= Double(Int64.max) ? .max : ns <= Double(Int64.min) ? .min : Int64(ns)
+}
+
 /// The kind of filesystem object a store object stands for.
 public enum ObjectKind: String, Codable, Sendable {
     case file, directory, symlink, fifo, socket, charDevice, blockDevice

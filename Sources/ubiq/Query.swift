@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import UbiqControl
 import UbiqState
+import UbiqStore
 
 struct Query: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -106,23 +107,16 @@ struct Query: ParsableCommand {
         return q
     }
 
-    /// Seconds since the epoch as nanoseconds, those past what they hold (before 1678, after
-    /// 2262: "9999-01-01", "1e300d") held at the nearest end, which compares the same.
-    static func nanoseconds(_ seconds: Double) -> Int64 {
-        let ns = seconds * 1e9
-        return ns >= Double(Int64.max) ? .max : ns <= Double(Int64.min) ? .min : Int64(ns)
-    }
-
     /// "30m", "2h", "7d", "45s" ago, or a date ("2026-11-01", "2026-11-01T10:00:00Z"): ns since the epoch.
     static func when(_ s: String) throws -> Int64 {
         let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604_800]
         if let u = s.last, let mult = units[u], let n = Double(s.dropLast()), n >= 0 {
-            return nanoseconds(Date().timeIntervalSince1970 - n * mult)
+            return nanoseconds(sinceEpoch: Date().timeIntervalSince1970 - n * mult)
         }
         let iso = ISO8601DateFormatter()
-        if let d = iso.date(from: s) { return nanoseconds(d.timeIntervalSince1970) }
+        if let d = iso.date(from: s) { return nanoseconds(sinceEpoch: d.timeIntervalSince1970) }
         iso.formatOptions = [.withFullDate]
-        if let d = iso.date(from: s) { return nanoseconds(d.timeIntervalSince1970) }
+        if let d = iso.date(from: s) { return nanoseconds(sinceEpoch: d.timeIntervalSince1970) }
         throw ValidationError("cannot read \(s) as a time: use 30m, 2h, 7d, or a date like 2026-11-01")
     }
 

@@ -6,6 +6,22 @@ import UbiqStore
 
 /// The object operations of the S3 store on a real SeaweedFS, in a bucket without
 /// versioning and in one with it.
+/// Times a server sends (another device, a newer client or a malicious one may send anything)
+/// past what the fields hold: no date, or one held at the end of nanoseconds, never a trap (a
+/// year past Int32 trapped as a field of `tm`, a Last-Modified of 9999 as nanoseconds).
+@Test func aServersTimesPastWhatTheyHoldAreNoTrap() {
+    #expect(S3Time.httpDate("Mon, 23 Nov 2026 22:30:15 GMT") == Date(timeIntervalSince1970: 1_795_473_015))
+    for bad in ["Mon, 23 Nov 99999999999 22:30:15 GMT", "Mon, 99999999999 Nov 2026 22:30:15 GMT",
+                "Mon, 23 Nov 2026 99999999999:30:15 GMT", "Mon, 23 Nov 2026 22:-1:15 GMT", "Mon, 0 Nov 2026 22:30:15 GMT"] {
+        #expect(S3Time.httpDate(bad) == nil, "\(bad)")
+    }
+    let far = S3Time.httpDate("Fri, 31 Dec 9999 23:59:59 GMT")
+    #expect(far != nil)
+    #expect(S3Objects.foreign("x", modified: far).mtimeNs == Int64.max)
+    #expect(S3Objects.foreign("x", modified: Date(timeIntervalSince1970: 1)).mtimeNs == 1_000_000_000)
+    #expect(nanoseconds(sinceEpoch: -1e300) == Int64.min && nanoseconds(sinceEpoch: .nan) == 0)
+}
+
 /// Bytes of another version are refused: a server that ignores `If-Match` on a GET, or a
 /// proxy's stale copy, answers with another ETag (or version id), and the read fails as "that
 /// version is gone" instead of mixing those bytes into a file.
