@@ -266,8 +266,8 @@ struct Daemon {
     /// `ubiq unmount --timeout S` leaves its wish in the state directory.
     static func requestedDrainTimeout(_ plan: MountPlan) -> Double {
         if let s = try? String(contentsOfFile: plan.stateDir + "/unmount-request", encoding: .utf8),
-           let t = Double(s.trimmingCharacters(in: .whitespacesAndNewlines)), t.isFinite, t >= 0 {
-            return min(t, 86_400)
+           let t = Double(s.trimmingCharacters(in: .whitespacesAndNewlines)), secondsRefused(t, "--timeout", zero: true) == nil {
+            return t
         }
         return plan.drainTimeout
     }
