@@ -149,6 +149,9 @@ struct Daemon {
         options.cacheLimit = plan.cacheSize
         options.syncOnClose = plan.syncOnClose
         options.traceUploads = ProcessInfo.processInfo.environment["UBIQ_TRACE_UPLOADS"] == "1"
+        if let w = ProcessInfo.processInfo.environment["UBIQ_SYNC_WAIT"].flatMap(Double.init), w.isFinite, w > 0, w <= 3600 {
+            options.syncWait = w
+        }
         // A mount of a container's Documents only does not see the container's key-value store
         // (it is beside Documents): kv goes through a mount of the whole container.
         let kv: KVMirror? = plan.scope == "documents" ? nil

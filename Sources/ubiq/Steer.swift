@@ -212,11 +212,21 @@ struct Sync: ParsableCommand {
 
     func run() throws {
         guard let p = pathsInMounts([path]).first else { return }
-        let e = setAttribute(p, "user.ubiq.action", full ? "sync-full" : "sync")
-        if e != 0 { fail("cannot sync \(path): \(e == EIO ? "the store could not be reached" : String(cString: strerror(e)))") }
         let mount = Mounts.ubiqMount(containing: p) ?? p
+        // Each action waits at most a minute for its uploads (it holds a request of the mount):
+        // asked again while fewer items wait than the time before, so a big move (10,000
+        // copies) is waited for to its end, and a store that takes nothing more is not.
+        var waiting = Int.max
+        var action = full ? "sync-full" : "sync"
+        while true {
+            let e = setAttribute(p, "user.ubiq.action", action)
+            if e != 0 { fail("cannot sync \(path): \(e == EIO ? "the store could not be reached" : String(cString: strerror(e)))") }
+            let before = waiting
+            waiting = Int(getAttribute(mount, "user.ubiq.items-uploading") ?? "0") ?? 0
+            if waiting == 0 || waiting >= before { break }
+            action = "sync"  // the whole store was listed once already
+        }
         // Never "synced" while something is not in the store: name each, with why.
-        let waiting = Int(getAttribute(mount, "user.ubiq.items-uploading") ?? "0") ?? 0
         let failed = Int(getAttribute(mount, "user.ubiq.items-errors") ?? "0") ?? 0
         // Files kept on this device only (a name the store cannot hold) count too: the root's
         // status says when there may be some (only a download outranks them there).

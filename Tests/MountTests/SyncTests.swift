@@ -68,6 +68,20 @@ import Testing
         expectOK(b.sh("[ \"$(cat urgent.txt)\" = now ]"), "B has it as soon as ubiq sync returns")
     }
 
+    /// `ubiq sync` waits for a queue that takes longer than one action's wait, to its end, as
+    /// long as it moves (a folder of 10,000 files moved: 10,000 copies). Here each action
+    /// waits 1.5 s (`UBIQ_SYNC_WAIT`) and the queue takes about 4 s.
+    @Test func ubiqSyncWaitsForALongQueueWhileItMoves() throws {
+        let a = try MountFixture(extra: "--upload-delay 60 --poll-interval 600",
+                                 daemonEnv: ["UBIQ_STORE_WRITE_RATE": "1M", "UBIQ_SYNC_WAIT": "1.5"])
+        defer { a.cleanup() }
+        expectOK(a.sh("mkdir q && for i in 1 2 3 4 5 6 7 8 9 10; do head -c 400K /dev/urandom > q/f$i; done"))
+        let sync = a.ubiq("sync \(a.mnt)")
+        #expect(sync.status == 0 && sync.out.hasPrefix("synced"), "\(sync.out)\(sync.err)")
+        expectOK(a.sh("for i in 1 2 3 4 5 6 7 8 9 10; do [ \"$(getfattr --only-values -n user.ubiq.status q/f$i)\" = current ] || exit 1; done"),
+                 "all of them went up before ubiq sync returned: \(a.sh("getfattr -R --absolute-names -n user.ubiq.status q").out)")
+    }
+
     /// `ubiq versions --all` lists what the store keeps; `ubiq restore` brings one back on
     /// every device; `resolve --with` writes a merge.
     @Test func historyAndRestore() throws {

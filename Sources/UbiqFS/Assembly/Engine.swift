@@ -42,6 +42,8 @@ public struct Engine {
         /// that leaves is compared with its rows first (tests).
         public var residentNodes = FileSystem.defaultResidentLimit
         public var checkNodes = false
+        /// How long one `sync` action waits for its uploads (`FileSystem.syncWait`).
+        public var syncWait: TimeInterval = 60
 
         public init(deviceName: String) { self.deviceName = deviceName }
     }
@@ -62,6 +64,7 @@ public struct Engine {
                             uploader: uploader, logger: logger, uploadDelay: options.uploadDelay,
                             hydration: options.hydration, cacheLimit: options.cacheLimit, syncOnClose: options.syncOnClose,
                             residentLimit: options.residentNodes, checkNodes: options.checkNodes)
+        fs.syncWait = options.syncWait
         // The feed holds the file system (its sink); the file system reaches the feed weakly
         // (no cycle: a test that starts a device again from its state directory lets the old
         // one go). The uploader and downloads reach the file system weakly too (its init).

@@ -51,6 +51,9 @@ public final class FileSystem: @unchecked Sendable {
     let pendingCreates = Mutex<[(ino: UInt64, changes: [StateChange])]>([])
     /// How long a new file's rows may wait for a transaction (tests make it long).
     var pendingCreatesDelay: TimeInterval = 0.5
+    /// How long one `sync` action waits for what it sent (`ubiq sync` asks again while that
+    /// makes progress); a FUSE request, so bounded.
+    public var syncWait: TimeInterval = 60
     /// Whether a commit of `pendingCreates` is scheduled: one timer a `pendingCreatesDelay`,
     /// not one a create (each close empties the list; a timer per file woke a thread per file).
     let pendingCreatesTimer = Mutex<Bool>(false)

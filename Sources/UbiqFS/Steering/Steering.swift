@@ -40,12 +40,12 @@ extension FileSystem {
         }
     }
 
-    /// `ubiq sync`: sends what is queued (waiting while that makes progress, at most a
-    /// minute), then looks for other devices' changes; `everywhere` (`ubiq sync --full`): also
+    /// `ubiq sync`: sends what is queued (waiting while that makes progress, at most
+    /// `syncWait`, a minute: `ubiq sync` asks again while fewer items wait each time), then looks for other devices' changes; `everywhere` (`ubiq sync --full`): also
     /// for what changed in the store without its feed knowing (another tool's objects in a
     /// bucket, found by listing it whole).
     func syncWithStore(everywhere: Bool) throws {
-        uploader?.flush(timeout: 60)
+        uploader?.flush(timeout: syncWait)
         guard let feed = storeFeed else { return }
         do { try feed.poll(everywhere: everywhere) } catch {
             logger.warning("sync with the store failed: \(error)")
