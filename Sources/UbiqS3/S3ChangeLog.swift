@@ -9,10 +9,12 @@ import UbiqStore
 ///   entries), never rewriting one (`If-None-Match: *` where the server honours it). An object
 ///   is named `TIME-DEVICE-RANDOM`: TIME in milliseconds by the server's clock (as the device
 ///   last read it from a `Date` header), 13 digits, so names sort by time.
-/// - Each line of a log object is a JSON entry: `{"op":"put"|"delete","key":…,"version":…}`.
-///   Entries are hints: the reader asks the store for each key's current state (HEAD), so a
-///   log object that is wrong, late, duplicated or out of order costs requests, never a wrong
-///   file.
+/// - Each line of a log object is a JSON entry: `{"op":"put"|"delete","key":…,"version":…}`,
+///   and for a put what it wrote (`size`, `tag`: the ETag, `meta`) and when (`at`: the
+///   server's time in ms as the writer read it when the answer came). Entries are hints: the
+///   reader asks the store for each key's current state (a HEAD, or one listing of a folder
+///   where many of its files changed: `S3Store.confirmed`), so a log object that is wrong,
+///   late, duplicated or out of order costs requests, never a wrong file.
 /// - A reader lists the log from `window` before its last look (`start-after`) and reads the
 ///   objects it has not read, its own device's too (a conflict copy this device made must
 ///   arrive here as well; the feed knows its own writes by their origin). A log object that becomes
@@ -36,16 +38,66 @@ final class S3ChangeLog: @unchecked Sendable {
         var op: String
         var key: String
         var version: String?
+        /// What a put wrote, and the server's time (ms) when its answer came (see above);
+        /// nil where the writer does not say (a delete, a write whose answer was lost, large
+        /// metadata, an older version's entry).
+        var size: Int64? = nil
+        var tag: String? = nil
+        var meta: ObjectMetadata? = nil
+        var at: Int64? = nil
         /// The write's row in the device's index (`S3Index.unlogged`), forgotten once a log
         /// object holds the entry; not part of the log.
         var row: Int64? = nil
 
-        enum CodingKeys: String, CodingKey { case op, key, version }
+        enum CodingKeys: String, CodingKey { case op, key, version, size, tag, meta, at }
+
+        init(op: String, key: String, version: String?, wrote info: ObjectInfo? = nil, at: Int64? = nil, row: Int64? = nil) {
+            self.op = op; self.key = key; self.version = version; self.row = row
+            if let info, info.key == key, Self.small(info.metadata) {
+                size = info.size; tag = info.contentTag; meta = info.metadata; self.at = at
+            }
+        }
+
+        /// A reader takes an entry's op, key and version, or passes it over; what it says a
+        /// put wrote is read only if it reads (a wrong `meta` from a newer or hostile writer
+        /// costs the reader a HEAD, not the entry).
+        init(from decoder: any Decoder) throws {
+            let c = try decoder.container(keyedBy: CodingKeys.self)
+            op = try c.decode(String.self, forKey: .op)
+            key = try c.decode(String.self, forKey: .key)
+            version = try c.decodeIfPresent(String.self, forKey: .version)
+            size = try? c.decodeIfPresent(Int64.self, forKey: .size)
+            tag = try? c.decodeIfPresent(String.self, forKey: .tag)
+            meta = try? c.decodeIfPresent(ObjectMetadata.self, forKey: .meta)
+            at = try? c.decodeIfPresent(Int64.self, forKey: .at)
+        }
+
+        /// Metadata small enough to go in every entry (links' targets and xattrs of a few
+        /// hundred bytes; larger ones cost the reader a HEAD).
+        static func small(_ m: ObjectMetadata) -> Bool {
+            (m.target?.count ?? 0) + m.xattrs.reduce(0) { $0 + $1.key.utf8.count + $1.value.count } <= 1024
+        }
+
+        /// What the entry says its put wrote (nil: it does not say, or says what cannot be).
+        var claimed: ObjectInfo? {
+            guard op == "put", let version, let size, size >= 0, let meta, at != nil else { return nil }
+            return ObjectInfo(key: key, version: version, size: size, metadata: meta, contentTag: tag)
+        }
+    }
+
+    /// Where each change a look found comes from.
+    struct Note: Equatable {
+        /// The entry's `at` (nil: it does not say).
+        var at: Int64?
+        /// In a log object of this device's.
+        var mine: Bool
     }
 
     /// What a look at the log found.
     struct Read {
         var changes: [StoreChange] = []
+        /// Of each change, in the same order.
+        var notes: [Note] = []
         var unreadable = PassedOver()
         /// The server's time of the look (the next one lists from `window` before it).
         var position: Int64 = 0
@@ -273,6 +325,8 @@ final class S3ChangeLog: @unchecked Sendable {
     /// The entries of one log object; what cannot be read is described, and passed over.
     func parse(_ data: Data, of name: String, into out: inout Read) {
         let decoder = JSONDecoder()
+        let parts = name.split(separator: "-", omittingEmptySubsequences: false)
+        let mine = parts.count == 3 && parts[1] == device
         var lineNumber = 0
         for line in data.split(separator: 0x0A, omittingEmptySubsequences: true) {
             lineNumber += 1
@@ -291,7 +345,8 @@ final class S3ChangeLog: @unchecked Sendable {
             } catch {
                 out.unreadable.add("log object \(name), line \(lineNumber): \(error)"); continue
             }
-            out.changes.append(StoreChange(kind: kind, key: e.key, version: e.version))
+            out.changes.append(StoreChange(kind: kind, key: e.key, version: e.version, claimed: e.claimed))
+            out.notes.append(Note(at: e.at, mine: mine))
         }
     }
 

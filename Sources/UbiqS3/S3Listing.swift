@@ -48,6 +48,34 @@ extension S3Objects {
         return out
     }
 
+    /// The files directly in `folder` (a prefix ending in "/", or "" for the top; a delimiter
+    /// listing: what is in its sub-folders is not listed) from `first` on, up to `last` or a
+    /// little past it, in at most `maxPages` requests. `through`: the last key the listing
+    /// reached when it stopped before the folder's end (nil: listed to the end).
+    func listFolder(_ folder: String, from first: String, to last: String,
+                    maxPages: Int) async throws -> (listing: Listing, through: String?) {
+        var out = Listing()
+        var token: String?
+        // Just before `first`: the key with its last character dropped (a few keys more at most).
+        let before = String(first.dropLast())
+        repeat {
+            var query = [("list-type", "2"), ("prefix", prefix + folder), ("delimiter", "/"), ("encoding-type", "url"),
+                         ("max-keys", "1000")]
+            if let token {
+                query.append(("continuation-token", token))
+            } else if before.utf8.count > folder.utf8.count {
+                query.append(("start-after", prefix + before))
+            }
+            let r = try await client.send(.GET, key: nil, query: query)
+            if out.requests == 0, let d = r.header("Date").flatMap(S3Time.httpDate) { out.taken = d }
+            out.requests += 1
+            token = parse(r.text, into: &out)
+        } while token != nil && out.requests < max(1, maxPages)
+            && !(out.objects.last.map { !$0.key.utf8.lexicographicallyPrecedes(last.utf8) } ?? false)
+        let through = token == nil ? nil : out.objects.max { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }?.key ?? ""
+        return (out, through)
+    }
+
     /// Adds one ListObjectsV2 page's objects to `out`; returns the next page's token.
     func parse(_ text: String, into out: inout Listing) -> String? {
             let encoded = S3Client.xmlValue("EncodingType", in: text) == "url"

@@ -122,12 +122,22 @@ public enum WriteCondition: Sendable, Equatable {
 /// One entry of the store's change feed.
 public struct StoreChange: Sendable, Equatable {
     public enum Kind: String, Sendable { case put, delete }
+    /// What a key holds now, as the store found out while it read its feed.
+    public enum Current: Sendable, Equatable { case object(ObjectInfo), absent }
     public var kind: Kind
     public var key: String
     /// The version written; nil for deletes (and where the store cannot say).
     public var version: String?
+    /// What the feed says this put wrote, as its writer said (the S3 change log's entry), not
+    /// checked: enough to know a device's own write, never to apply one (nil: it does not say).
+    public var claimed: ObjectInfo?
+    /// What the key holds now, where the store knows it already (the S3 store: a listing of
+    /// the key's folder confirmed the log's entry): the feed asks nothing more. nil: ask.
+    public var current: Current?
 
-    public init(kind: Kind, key: String, version: String?) { self.kind = kind; self.key = key; self.version = version }
+    public init(kind: Kind, key: String, version: String?, claimed: ObjectInfo? = nil, current: Current? = nil) {
+        self.kind = kind; self.key = key; self.version = version; self.claimed = claimed; self.current = current
+    }
 }
 
 public struct ChangeBatch: Sendable {
@@ -260,6 +270,14 @@ public protocol CloudStore: Sendable {
     /// Asks that the next `changes(since:)` also find what was changed without the feed
     /// knowing (another tool's objects in a bucket), where that costs more than a poll.
     func lookEverywhereNext()
+
+    /// The changes of the last `changes(since:)` with what their keys hold now, where the store
+    /// can say so for many at once more cheaply than a `head` each (the S3 store: one listing
+    /// of a folder where many of its files changed); the others are handed back as they came
+    /// (`current` nil). The feed asks after it has read what it recorded of those keys, as it
+    /// does before a `head`. Never throws: what cannot be told is asked for with `head`. By
+    /// default, nothing is told.
+    func confirmed(_ changes: [StoreChange]) async -> [StoreChange]
 }
 
 extension CloudStore {
@@ -281,6 +299,7 @@ extension CloudStore {
     }
     public func publishChanges() async throws {}
     public func lookEverywhereNext() {}
+    public func confirmed(_ changes: [StoreChange]) async -> [StoreChange] { changes }
 
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
                     condition: WriteCondition, progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
@@ -364,6 +383,12 @@ public enum StoreKey {
             }
         }
         try segmentEnds()
+    }
+
+    /// The folder a file key is in, as a prefix ("a/b/" of "a/b/c"; "" at the top).
+    public static func folder(of key: String) -> String {
+        guard let slash = key.utf8.lastIndex(of: UInt8(ascii: "/")) else { return "" }
+        return String(key[...slash])
     }
 
     /// Splits a validated-or-not key into its segments and whether it names a directory.

@@ -6,7 +6,7 @@ import Synchronization
 public final class CountingStore: CloudStore, Sendable {
     public let inner: any CloudStore
     public var keepsPriorVersions: Bool { inner.keepsPriorVersions }
-    private let counters = Mutex<(reads: Int, bytesRead: Int64, puts: Int)>((0, 0, 0))
+    private let counters = Mutex<(reads: Int, bytesRead: Int64, puts: Int, heads: Int)>((0, 0, 0, 0))
     private let reading = Mutex<(now: Int, most: Int)>((0, 0))
 
     public init(_ inner: any CloudStore) { self.inner = inner }
@@ -14,10 +14,14 @@ public final class CountingStore: CloudStore, Sendable {
     public var reads: Int { counters.withLock { $0.reads } }
     public var bytesRead: Int64 { counters.withLock { $0.bytesRead } }
     public var puts: Int { counters.withLock { $0.puts } }
+    public var heads: Int { counters.withLock { $0.heads } }
     /// The most content reads that were under way at one time.
     public var mostReadsAtOnce: Int { reading.withLock { $0.most } }
 
-    public func head(_ key: String) async throws -> ObjectInfo { try await inner.head(key) }
+    public func head(_ key: String) async throws -> ObjectInfo {
+        counters.withLock { $0.heads += 1 }
+        return try await inner.head(key)
+    }
     public func list(prefix: String) async throws -> [ObjectInfo] { try await inner.list(prefix: prefix) }
     public func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
                      _ body: ([ObjectInfo]) throws -> Void) async throws {
@@ -56,4 +60,5 @@ public final class CountingStore: CloudStore, Sendable {
     public func usage() async throws -> StoreUsage? { try await inner.usage() }
     public func publishChanges() async throws { try await inner.publishChanges() }
     public func lookEverywhereNext() { inner.lookEverywhereNext() }
+    public func confirmed(_ changes: [StoreChange]) async -> [StoreChange] { await inner.confirmed(changes) }
 }

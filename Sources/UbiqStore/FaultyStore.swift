@@ -279,4 +279,5 @@ public final class FaultyStore: CloudStore, Sendable {
     public func usage() async throws -> StoreUsage? { try await check(.head); return try await inner.usage() }
     public func publishChanges() async throws { try await check(.put); try await inner.publishChanges() }
     public func lookEverywhereNext() { inner.lookEverywhereNext() }
+    public func confirmed(_ changes: [StoreChange]) async -> [StoreChange] { await inner.confirmed(changes) }
 }

@@ -24,6 +24,13 @@ public final class PrefixStore: CloudStore, Sendable {
         return i
     }
 
+    func local(_ c: StoreChange) -> StoreChange {
+        var current = c.current
+        if case .object(let info) = current { current = .object(local(info)) }
+        return StoreChange(kind: c.kind, key: String(c.key.dropFirst(prefix.count)), version: c.version,
+                           claimed: c.claimed.map(local), current: current)
+    }
+
     /// Errors name keys as this store knows them.
     func rename(_ error: Error) -> Error {
         switch error {
@@ -96,9 +103,7 @@ public final class PrefixStore: CloudStore, Sendable {
     /// The inner store's changes under the prefix (the cursor is the inner store's).
     public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
         var batch = try await inner.changes(since: cursor, limit: limit)
-        batch.changes = batch.changes.filter { $0.key.hasPrefix(prefix) && $0.key.count > prefix.count }.map { c in
-            StoreChange(kind: c.kind, key: String(c.key.dropFirst(prefix.count)), version: c.version)
-        }
+        batch.changes = batch.changes.filter { $0.key.hasPrefix(prefix) && $0.key.count > prefix.count }.map(local)
         // Paging follows the inner feed: a full page of others' changes still means "more".
         return batch
     }
@@ -113,4 +118,12 @@ public final class PrefixStore: CloudStore, Sendable {
     public func usage() async throws -> StoreUsage? { try await inner.usage() }
     public func publishChanges() async throws { try await inner.publishChanges() }
     public func lookEverywhereNext() { inner.lookEverywhereNext() }
+
+    /// The inner store's answer, its keys in and out of the prefix.
+    public func confirmed(_ changes: [StoreChange]) async -> [StoreChange] {
+        let inside = changes.map { c in
+            StoreChange(kind: c.kind, key: prefix + c.key, version: c.version, claimed: c.claimed.map { var i = $0; i.key = prefix + i.key; return i })
+        }
+        return await inner.confirmed(inside).map(local)
+    }
 }

@@ -74,4 +74,5 @@ public final class ThrottledStore: CloudStore, Sendable {
     public func usage() async throws -> StoreUsage? { try await inner.usage() }
     public func publishChanges() async throws { try await inner.publishChanges() }
     public func lookEverywhereNext() { inner.lookEverywhereNext() }
+    public func confirmed(_ changes: [StoreChange]) async -> [StoreChange] { await inner.confirmed(changes) }
 }

@@ -128,6 +128,8 @@ public final class ChangeFeed: @unchecked Sendable {
         var order: [String] = pending
         var seen = Set(pending.map(KeyBytes.init))
         var known: [KeyBytes: ObjectInfo?] = [:]
+        // The feed's changes of keys it has once (the others are asked for whatever they say).
+        var told: [KeyBytes: StoreChange] = [:]
         var reconcile = false
         if cursor == nil {
             // No cursor (the store was down at mount): start from now, and compare everything.
@@ -144,13 +146,45 @@ public final class ChangeFeed: @unchecked Sendable {
                 reconcile = true
                 break
             }
-            for c in batch.changes where seen.insert(KeyBytes(c.key)).inserted { order.append(c.key) }
+            for c in batch.changes {
+                if seen.insert(KeyBytes(c.key)).inserted {
+                    order.append(c.key)
+                    told[KeyBytes(c.key)] = c
+                } else {
+                    told[KeyBytes(c.key)] = nil
+                }
+            }
             for what in batch.unreadable { logger.warning("passing over a change the store holds but cannot be read: \(what)") }
             cursor = batch.cursor
             if !batch.more { break }
         }
         // What this device had recorded of each key before the store is asked (see RemoteChange).
         var before: [KeyBytes: String] = [:]
+        // This device's own puts, as the store's feed says (their origin): the uploader recorded them.
+        var own = Set<KeyBytes>()
+        if !reconcile && !told.isEmpty {
+            let once = order.compactMap { told[KeyBytes($0)] }.filter { !ReservedKeys.isReserved($0.key) }
+            // Files only: a store may keep no metadata on a folder's marker (SeaweedFS), so its
+            // HEAD shows no origin and the change goes on to the file system, as it must.
+            for c in once where !c.key.hasSuffix("/") && c.claimed?.metadata.origin?.hasPrefix(deviceID + ":") == true {
+                own.insert(KeyBytes(c.key))
+            }
+            // What the store can tell at once of the others (the S3 store: a listing for a folder
+            // of many), asked after what this device recorded of them is read, as a HEAD is.
+            let ask = once.filter { !own.contains(KeyBytes($0.key)) }
+            let recorded = ask.isEmpty ? [] : try state.read { tx in
+                try ask.map { try tx.entries(remoteKey: $0.key).first?.remoteVersion }
+            }
+            let answers = ask.isEmpty ? [] : (try? runBlocking { [store] in await store.confirmed(ask) }) ?? []
+            for (c, v) in zip(answers.count == ask.count ? answers : [], recorded) {
+                switch c.current {
+                case .object(let info): known[KeyBytes(c.key)] = info
+                case .absent: known[KeyBytes(c.key)] = .some(nil)
+                case nil: continue
+                }
+                if let v { before[KeyBytes(c.key)] = v }
+            }
+        }
         if reconcile {
             // Everything the store lists, and everything this device knew from it before the
             // listing (a key recorded after it may be an upload the listing missed).
@@ -176,6 +210,7 @@ public final class ChangeFeed: @unchecked Sendable {
                 continue
             }
             let info: ObjectInfo?
+            if own.contains(KeyBytes(key)) { continue }
             if let k = known[KeyBytes(key)] {
                 info = k
             } else {

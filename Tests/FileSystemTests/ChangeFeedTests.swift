@@ -510,6 +510,41 @@ import UbiqStore
         let root = try a.fs.itemStatus(rootIno)
         #expect(root.status == .conflict && root.itemsConflicts == 1)
     }
+
+    /// What the store tells of its changes' keys (the S3 store: one listing of a folder where
+    /// many of its files changed) is taken without a HEAD: new files and deletes arrive as they
+    /// do when each key is asked for. A put the store's feed says this device made (its
+    /// origin) is neither asked for nor told: the uploader recorded it.
+    @Test func whatTheStoreTellsOfItsChangesIsTakenWithoutAHead() async throws {
+        let store = try newStore()
+        let telling = TellingStore(store)
+        let counting = CountingStore(telling)
+        let a = try Device(store: store)
+        let b = try Device(store: store, remote: counting)
+        try a.mkdir("d")
+        for i in 0 ..< 5 { try a.write("d/f\(i)", "file \(i)") }
+        a.sync()
+        b.pull()
+        #expect(try b.names("d") == ["f0", "f1", "f2", "f3", "f4"])
+        #expect(try b.read("d/f3") == "file 3")
+        #expect(counting.heads == 0 && telling.told >= 5, "\(counting.heads) HEADs, \(telling.told) told")
+        try a.fs.unlink(try a.ino("d"), n("f1"))
+        try a.fs.unlink(try a.ino("d"), n("f2"))
+        try a.write("d/f0", "edited")
+        a.sync()
+        b.pull()
+        #expect(try b.names("d") == ["f0", "f3", "f4"])
+        #expect(try b.read("d/f0") == "edited")
+        #expect(counting.heads == 0, "\(counting.heads) HEADs")
+        // B's own upload comes back through the feed, said to be B's: not asked, not told.
+        let told = telling.told
+        try b.write("d/mine", "from b")
+        b.sync()
+        b.pull()
+        #expect(counting.heads == 0 && telling.told == told, "\(counting.heads) HEADs, \(telling.told - told) told")
+        a.pull()
+        #expect(try a.read("d/mine") == "from b")
+    }
 }
 
 /// `ubiq query` against a reference: the same predicates applied by walking the tree.
@@ -592,6 +627,53 @@ import UbiqStore
             #expect(got.map(\.status) == want.map(\.status))
         }
     }
+
+}
+
+/// A store that says what each put of its feed wrote (as the S3 change log's entries do) and
+/// tells what every changed key holds when asked (as the S3 store does from a listing).
+final class TellingStore: CloudStore, @unchecked Sendable {
+    let inner: any CloudStore
+    private let lock = NSLock()
+    private var count = 0
+    init(_ inner: any CloudStore) { self.inner = inner }
+    var told: Int { lock.withLock { count } }
+
+    func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+        var batch = try await inner.changes(since: cursor, limit: limit)
+        for i in batch.changes.indices where batch.changes[i].kind == .put {
+            batch.changes[i].claimed = try? await inner.head(batch.changes[i].key)
+        }
+        return batch
+    }
+
+    func confirmed(_ changes: [StoreChange]) async -> [StoreChange] {
+        var out = changes
+        for i in out.indices {
+            do { out[i].current = .object(try await inner.head(out[i].key)) } catch StoreError.notFound {
+                out[i].current = .absent
+            } catch {}
+        }
+        lock.withLock { count += changes.count }
+        return out
+    }
+
+    func head(_ key: String) async throws -> ObjectInfo { try await inner.head(key) }
+    func list(prefix: String) async throws -> [ObjectInfo] { try await inner.list(prefix: prefix) }
+    func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        try await inner.read(key, version: version, range: range)
+    }
+    func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition) async throws -> ObjectInfo {
+        try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition)
+    }
+    func copy(from source: String, version: String, to destination: String, metadata: ObjectMetadata?,
+              condition: WriteCondition) async throws -> ObjectInfo {
+        try await inner.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
+    }
+    func delete(_ key: String, condition: WriteCondition) async throws { try await inner.delete(key, condition: condition) }
+    func currentCursor() async throws -> String { try await inner.currentCursor() }
+    func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
+    func usage() async throws -> StoreUsage? { try await inner.usage() }
 }
 
 /// The status attributes through every state a file passes, read as getfattr reads them.

@@ -250,4 +250,158 @@ import UbiqStore
         let inOrder = keys == wanted
         #expect(inOrder, "\(keys.count) of \(n) changes read; the first out of place at \(firstAmiss)")
     }
+
+    /// All the changes of a look, read whole.
+    func look(_ store: S3Store, from cursor: String) async throws -> (changes: [StoreChange], cursor: String) {
+        let batch = try await store.changes(since: cursor, limit: 1000)
+        #expect(!batch.reset && !batch.more && batch.unreadable.isEmpty, "\(batch.unreadable)")
+        return (batch.changes, batch.cursor)
+    }
+
+    /// A folder of files another device moved (a copy and a delete each): one listing of each
+    /// of the two folders tells the reader what every key holds, exactly what a HEAD of each
+    /// would have said, where it asked 2 HEADs a file before. A few changes in a folder are
+    /// not worth a listing; a device's own puts are not listed for (the feed knows its own).
+    @Test func aFolderMovedOnAnotherDeviceIsToldByTwoListings() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanB() }
+        var cursor = try await b.currentCursor()
+        let aCursor = try await a.currentCursor()
+        let count = 30
+        var made: [ObjectInfo] = []
+        for i in 0 ..< count {
+            var m = meta
+            m.mode = 0o600 + UInt32(i % 8)
+            m.xattrs = ["user.n": Data("\(i)".utf8)]
+            made.append(try await a.put("docs/f\(i)", contentsOf: try tempFile(Array("file \(i)".utf8)), metadata: m, condition: .ifAbsent))
+        }
+        try await a.publishChanges()
+        var logObjects = try await self.logObjects(a).count
+        var (changes, next) = try await look(b, from: cursor)
+        cursor = next
+        var told = await b.confirmed(changes)
+        #expect(b.lastLook.requests == 1 + logObjects + 1, "a LIST of the log, a GET a log object, one LIST of docs/: \(b.lastLook)")
+        for (c, info) in zip(told, made) {
+            let head = try await b.head(c.key)
+            #expect(c.current == .object(head) && head == info, "\(c.key): told \(String(describing: c.current)), HEAD \(head)")
+        }
+        // The writer's own puts: no listing (its feed skips them by their origin).
+        let own = try await a.changes(since: aCursor, limit: 1000)
+        let ownTold = await a.confirmed(own.changes)
+        #expect(ownTold.allSatisfy { $0.current == nil } && a.lastLook.requests == 1 + logObjects, "\(a.lastLook)")
+
+        // The folder moved: a copy and a delete a file.
+        for (i, info) in made.enumerated() {
+            _ = try await a.copy(from: info.key, version: info.version, to: "moved/f\(i)", metadata: nil, condition: .ifAbsent)
+            try await a.delete(info.key, condition: .always)
+        }
+        try await a.publishChanges()
+        let before = logObjects
+        logObjects = try await self.logObjects(a).count
+        (changes, next) = try await look(b, from: cursor)
+        cursor = next
+        #expect(changes.count == 2 * count)
+        told = await b.confirmed(changes)
+        #expect(b.lastLook.requests == 1 + (logObjects - before) + 2, "one LIST of docs/ and one of moved/: \(b.lastLook)")
+        for c in told {
+            if c.kind == .delete {
+                #expect(c.current == .absent, "\(c.key)")
+            } else {
+                let head = try await b.head(c.key)
+                #expect(c.current == .object(head), "\(c.key): told \(String(describing: c.current)), HEAD \(head)")
+            }
+        }
+
+        // Three changes in a folder: a HEAD each is cheaper than a listing.
+        for i in 0 ..< 3 { _ = try await a.put("few/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: meta, condition: .ifAbsent) }
+        try await a.publishChanges()
+        (changes, next) = try await look(b, from: cursor)
+        let requests = b.lastLook.requests
+        told = await b.confirmed(changes)
+        #expect(told.count == 3 && told.allSatisfy { $0.current == nil } && b.lastLook.requests == requests, "\(told)")
+    }
+
+    /// Files added at the end of a folder of more than a page (a folder being moved, a poll
+    /// at a time): the listing starts just before the first of them, one request.
+    @Test func aListingStartsWhereTheChangesAre() async throws {
+        let (b, clean) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { clean() }
+        let cursor = try await b.currentCursor()
+        // Another tool's objects: more than a page of them before the ones the entries name.
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for w in 0 ..< 8 {
+                group.addTask {
+                    for i in stride(from: w, to: 1_050, by: 8) {
+                        let key = String(format: "big/a%04d", i)
+                        try await b.objects.client.send(.PUT, key: b.objects.prefix + key, body: .data(Data("\(i)".utf8)))
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        var lines: [String] = []
+        var wanted: [String: ObjectInfo] = [:]
+        let now = b.log.serverNow()
+        for i in 0 ..< 20 {
+            let key = String(format: "big/z%02d", i)
+            try await b.objects.client.send(.PUT, key: b.objects.prefix + key, body: .data(Data("new \(i)".utf8)))
+            let o = try await b.head(key)
+            let wrote = ObjectInfo(key: key, version: o.version, size: o.size, metadata: meta, contentTag: o.contentTag)
+            wanted[key] = wrote
+            lines.append(String(decoding: try JSONEncoder().encode(S3ChangeLog.Entry(op: "put", key: key, version: o.version,
+                                                                                     wrote: wrote, at: now)), as: UTF8.self))
+        }
+        try await putLog(b, "\(S3ChangeLog.timeText(now))-other-1", lines.joined(separator: "\n"))
+        let (changes, _) = try await look(b, from: cursor)
+        let told = await b.confirmed(changes)
+        #expect(b.lastLook.requests == 3, "a LIST of the log, its GET, one LIST of big/ from z00: \(b.lastLook)")
+        #expect(told.count == 20 && told.allSatisfy { $0.current == .object(wanted[$0.key]!) }, "\(told.filter { $0.current == nil }.map(\.key))")
+    }
+
+    /// What a listing does not bear out is left to a HEAD: an entry whose ETag or size is not
+    /// what the folder holds, one written well before the object the listing shows (a later
+    /// write of the same bytes), a put that says nothing of what it wrote, a key changed twice,
+    /// and a delete of a key that is there. A delete of a key that is not there is told.
+    @Test func anEntryTheListingDoesNotBearOutIsAskedFor() async throws {
+        let (b, clean) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { clean() }
+        let cursor = try await b.currentCursor()
+        // Another tool's objects (no entries of their own): the entries below are made by hand.
+        var listed: [String: ObjectInfo] = [:]
+        for i in 0 ..< 16 {
+            let key = "f/k\(i)"
+            try await b.objects.client.send(.PUT, key: b.objects.prefix + key, body: .data(Data("bytes \(i)".utf8)))
+            listed[key] = try await b.head(key)
+        }
+        let now = b.log.serverNow()
+        let encoder = JSONEncoder()
+        func entry(_ key: String, tag: String? = nil, size: Int64? = nil, at: Int64? = nil) throws -> String {
+            let o = listed[key]!
+            let e = S3ChangeLog.Entry(op: "put", key: key, version: o.version,
+                                      wrote: ObjectInfo(key: key, version: o.version, size: size ?? o.size, metadata: meta,
+                                                        contentTag: tag ?? o.contentTag),
+                                      at: at ?? now)
+            return String(decoding: try encoder.encode(e), as: UTF8.self)
+        }
+        var lines = try (0 ..< 10).map { try entry("f/k\($0)") }
+        lines.append(try entry("f/k10", tag: "\"00000000000000000000000000000000\""))
+        lines.append(try entry("f/k11", size: 99))
+        lines.append(try entry("f/k12", at: now - 60_000))
+        lines.append(#"{"op":"put","key":"f/k13","version":"v"}"#)
+        lines.append(try entry("f/k14"))
+        lines.append(#"{"op":"delete","key":"f/k14"}"#)
+        lines.append(#"{"op":"delete","key":"f/k15"}"#)
+        lines.append(#"{"op":"delete","key":"f/gone"}"#)
+        try await putLog(b, "\(S3ChangeLog.timeText(now))-other-1", lines.joined(separator: "\n"))
+        let (changes, _) = try await look(b, from: cursor)
+        let told = await b.confirmed(changes)
+        #expect(b.lastLook.requests == 3, "a LIST of the log, its GET, a LIST of f/: \(b.lastLook)")
+        var current: [String: StoreChange.Current?] = [:]
+        for c in told { current[c.key] = current[c.key] == nil ? c.current : .some(nil) }
+        for i in 0 ..< 10 { #expect(current["f/k\(i)"] == .object(ObjectInfo(key: "f/k\(i)", version: listed["f/k\(i)"]!.version, size: listed["f/k\(i)"]!.size, metadata: meta, contentTag: listed["f/k\(i)"]!.contentTag))) }
+        for k in ["f/k10", "f/k11", "f/k12", "f/k13", "f/k14", "f/k15"] { #expect(current[k] == .some(nil), "\(k): \(String(describing: current[k]))") }
+        #expect(current["f/gone"] == .absent)
+    }
 }
