@@ -627,19 +627,16 @@ import UbiqStore
             #expect(got.map(\.status) == want.map(\.status))
         }
     }
-
 }
 
 /// A store that says what each put of its feed wrote (as the S3 change log's entries do) and
 /// tells what every changed key holds when asked (as the S3 store does from a listing).
-final class TellingStore: CloudStore, @unchecked Sendable {
-    let inner: any CloudStore
+final class TellingStore: ForwardingStore, @unchecked Sendable {
     private let lock = NSLock()
     private var count = 0
-    init(_ inner: any CloudStore) { self.inner = inner }
     var told: Int { lock.withLock { count } }
 
-    func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+    override func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
         var batch = try await inner.changes(since: cursor, limit: limit)
         for i in batch.changes.indices where batch.changes[i].kind == .put {
             batch.changes[i].claimed = try? await inner.head(batch.changes[i].key)
@@ -647,7 +644,7 @@ final class TellingStore: CloudStore, @unchecked Sendable {
         return batch
     }
 
-    func confirmed(_ changes: [StoreChange]) async -> [StoreChange] {
+    override func confirmed(_ changes: [StoreChange]) async -> [StoreChange] {
         var out = changes
         for i in out.indices {
             do { out[i].current = .object(try await inner.head(out[i].key)) } catch StoreError.notFound {
@@ -657,23 +654,6 @@ final class TellingStore: CloudStore, @unchecked Sendable {
         lock.withLock { count += changes.count }
         return out
     }
-
-    func head(_ key: String) async throws -> ObjectInfo { try await inner.head(key) }
-    func list(prefix: String) async throws -> [ObjectInfo] { try await inner.list(prefix: prefix) }
-    func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
-        try await inner.read(key, version: version, range: range)
-    }
-    func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition) async throws -> ObjectInfo {
-        try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition)
-    }
-    func copy(from source: String, version: String, to destination: String, metadata: ObjectMetadata?,
-              condition: WriteCondition) async throws -> ObjectInfo {
-        try await inner.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
-    }
-    func delete(_ key: String, condition: WriteCondition) async throws { try await inner.delete(key, condition: condition) }
-    func currentCursor() async throws -> String { try await inner.currentCursor() }
-    func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
-    func usage() async throws -> StoreUsage? { try await inner.usage() }
 }
 
 /// The status attributes through every state a file passes, read as getfattr reads them.

@@ -313,31 +313,15 @@ import UbiqStore
 /// A store whose feed is less than whole: while `hideDeletes` is set it leaves deletes out (a
 /// feed that tells a copy a poll before its delete), while `cut` is set it says no more after
 /// the first batch (the rest comes at the next poll).
-final class ShapedFeed: CloudStore, @unchecked Sendable {
+final class ShapedFeed: ForwardingStore, @unchecked Sendable {
     let counting: CountingStore
     var hideDeletes = false
     var cut = false
-    init(_ counting: CountingStore) { self.counting = counting }
-    func head(_ key: String) async throws -> ObjectInfo { try await counting.head(key) }
-    func list(prefix: String) async throws -> [ObjectInfo] { try await counting.list(prefix: prefix) }
-    func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
-        try await counting.read(key, version: version, range: range)
-    }
-    func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition) async throws -> ObjectInfo {
-        try await counting.put(key, contentsOf: source, metadata: metadata, condition: condition)
-    }
-    func copy(from source: String, version: String, to destination: String, metadata: ObjectMetadata?,
-              condition: WriteCondition) async throws -> ObjectInfo {
-        try await counting.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
-    }
-    func delete(_ key: String, condition: WriteCondition) async throws { try await counting.delete(key, condition: condition) }
-    func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+    init(_ counting: CountingStore) { self.counting = counting; super.init(counting) }
+    override func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
         var batch = try await counting.changes(since: cursor, limit: limit)
         if cut { batch.more = false }
         if hideDeletes { batch.changes.removeAll { $0.kind == .delete } }
         return batch
     }
-    func currentCursor() async throws -> String { try await counting.currentCursor() }
-    func versions(of key: String) async throws -> [ObjectInfo] { try await counting.versions(of: key) }
-    func usage() async throws -> StoreUsage? { try await counting.usage() }
 }
