@@ -475,7 +475,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         return changes
     }
 
-    /// Changes in one folder that a listing of it answers for, per 1,000 files it holds.
+    /// Changes in one folder a LIST of it is worth (it costs about 12.5 HEADs at AWS's prices).
     static let changesWorthAListing = 13
 
     /// A full listing, compared with the last one. The log objects there are now are noted
