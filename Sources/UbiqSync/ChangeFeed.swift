@@ -162,27 +162,31 @@ public final class ChangeFeed: @unchecked Sendable {
         var before: [KeyBytes: String] = [:]
         // This device's own puts, as the store's feed says (their origin): the uploader recorded them.
         var own = Set<KeyBytes>()
+        // What this device recorded of the keys asked of `store.confirmed`, read before it.
+        var recorded: [KeyBytes: String?] = [:]
         if !reconcile && !told.isEmpty {
             let once = order.compactMap { told[KeyBytes($0)] }.filter { !ReservedKeys.isReserved($0.key) }
             // Files only: a store may keep no metadata on a folder's marker (SeaweedFS), so its
             // HEAD shows no origin and the change goes on to the file system, as it must.
-            for c in once where !c.key.hasSuffix("/") && c.claimed?.metadata.origin?.hasPrefix(deviceID + ":") == true {
+            for c in once where !c.key.hasSuffix("/") && writtenHere(c.claimed?.metadata) {
                 own.insert(KeyBytes(c.key))
             }
             // What the store can tell at once of the others (the S3 store: a listing for a folder
             // of many), asked after what this device recorded of them is read, as a HEAD is.
             let ask = once.filter { !own.contains(KeyBytes($0.key)) }
-            let recorded = ask.isEmpty ? [] : try state.read { tx in
-                try ask.map { try tx.entries(remoteKey: $0.key).first?.remoteVersion }
+            // Each key's recorded version is read once: a key the store does not tell of keeps
+            // this read for its HEAD below (still read before the store was asked).
+            try state.read { tx in
+                for c in ask { recorded[KeyBytes(c.key)] = .some(try tx.entries(remoteKey: c.key).first?.remoteVersion) }
             }
             let answers = ask.isEmpty ? [] : (try? runBlocking { [store] in await store.confirmed(ask) }) ?? []
-            for (c, v) in zip(answers.count == ask.count ? answers : [], recorded) {
+            for c in answers.count == ask.count ? answers : [] {
                 switch c.current {
                 case .object(let info): known[KeyBytes(c.key)] = info
                 case .absent: known[KeyBytes(c.key)] = .some(nil)
                 case nil: continue
                 }
-                if let v { before[KeyBytes(c.key)] = v }
+                if let v = recorded[KeyBytes(c.key)] ?? nil { before[KeyBytes(c.key)] = v }
             }
         }
         if reconcile {
@@ -214,7 +218,8 @@ public final class ChangeFeed: @unchecked Sendable {
             if let k = known[KeyBytes(key)] {
                 info = k
             } else {
-                if let v = try state.read({ try $0.entries(remoteKey: key).first?.remoteVersion }) { before[KeyBytes(key)] = v }
+                let v = try recorded[KeyBytes(key)] ?? state.read({ try $0.entries(remoteKey: key).first?.remoteVersion })
+                if let v { before[KeyBytes(key)] = v }
                 do { info = try retryingTransient { try runBlocking { try await store.head(key) } } } catch StoreError.notFound {
                     info = nil
                 } catch StoreError.invalidKey(_, let why) {
@@ -238,7 +243,7 @@ public final class ChangeFeed: @unchecked Sendable {
                 if w.leftOut { continue }
             }
             // This device's own writes: the uploader records them.
-            if let o = info?.metadata.origin, o.hasPrefix(deviceID + ":") { continue }
+            if writtenHere(info?.metadata) { continue }
             changes.append(RemoteChange(key: key, info: info, recordedBefore: before[KeyBytes(key)]))
         }
         changes += try movedAway(changes, asked: &seen)
@@ -280,6 +285,11 @@ public final class ChangeFeed: @unchecked Sendable {
             }
         }
         return out
+    }
+
+    /// Whether metadata says this device wrote it (its origin tag).
+    private func writtenHere(_ metadata: ObjectMetadata?) -> Bool {
+        metadata?.origin?.hasPrefix(deviceID + ":") == true
     }
 
     /// Logs `message` the first time `what` comes up (call under `pollLock`).
