@@ -36,9 +36,12 @@ extension Uploader {
         if tracing { logger.info("upload trace: \(what())") }
     }
 
-    func upload(_ ino: UInt64) throws -> Outcome {
+    /// `keys`: the only keys it may touch, when it goes beside other items (`uploadSideBySide`);
+    /// an item that came to need others since (renamed meanwhile, or now a folder) goes later.
+    func upload(_ ino: UInt64, keys: Set<KeyBytes>? = nil) throws -> Outcome {
         guard var s = try snapshot(ino) else { return .done }
         if s.entries.isEmpty { return .done }  // removed: its tombstones do the rest
+        if let keys, !(Self.keys(of: s)?.isSubset(of: keys) ?? false) { return .deferred }
         let isDir = s.rec.type == UInt32(S_IFDIR)
         let isRegular = s.rec.type == UInt32(S_IFREG)
         let contentDirty = s.rec.contentGen > s.upload.uploadedContentGen

@@ -49,89 +49,94 @@ extension Uploader {
         }
         let asOf: Date? = ignoringDelay ? .distantFuture : nil  // nil: the state's time
         let due = (try? state.read { try $0.dueOutbox(limit: 64, asOf: asOf) }) ?? []
-        for item in due {
-            let outcome: Outcome
-            var diskFull = false
-            if uploadHost?.isOpenForWriting(item.ino) ?? false {
-                outcome = .busy
-            } else {
-                do { outcome = try upload(item.ino) } catch let e as StoreError where e.isTransient {
-                    outcome = .retry("\(e)")
-                } catch StoreError.quotaExceeded(let key) {
-                    // Kept here and tried again: space may free up in the store.
-                    outcome = .retry("store quota exceeded writing \(key)")
-                } catch let e as StoreError {
-                    outcome = .permanent("\(e)")
-                } catch let e as StateError {
-                    // This device's disk, not the store: tried again soon, as space may free up.
-                    if case .full = e { diskFull = true }
-                    outcome = .retry("\(e)")
-                } catch {
-                    outcome = .retry("\(error)")
-                }
-            }
-            do {
-                try state.write { tx in
-                    switch outcome {
-                    case .done, .setAside:
-                        try tx.completeOutbox(item.ino, seq: item.seq)
-                    case .busy:
-                        // Not tried: a file open for long does not make its later tries back off.
-                        try tx.retryOutbox(item.ino, after: 0.5, attempt: false)
-                    case .deferred:
-                        // Sent back again and again (a store that refuses what it just said it has):
-                        // backs off as a failure does, rather than asking the store twice a second.
-                        try tx.retryOutbox(item.ino, after: item.attempts < 10 ? 0.5 : min(60, 0.5 * pow(2, Double(min(item.attempts - 10, 7)))))
-                    case .retry(let why):
-                        try tx.setUploadError(item.ino, why)
-                        try tx.retryOutbox(item.ino, after: diskFull ? 2 : min(60, 0.5 * pow(2, Double(min(item.attempts, 7)))))
-                    case .conflict(let why):
-                        try tx.setUploadError(item.ino, why, conflict: true)
-                        try tx.completeOutbox(item.ino, seq: item.seq)
-                    case .permanent(let why):
-                        try tx.setUploadError(item.ino, why)
-                        try tx.completeOutbox(item.ino, seq: item.seq)
-                    case .localOnly(let why):
-                        try tx.setUploadError(item.ino, why, localOnly: true)
-                        try tx.completeOutbox(item.ino, seq: item.seq)
-                    }
-                }
-                cond.lock(); let said = pauseSaid; pauseSaid = false; cond.unlock()
-                if said { logger.notice("uploads go on: outcomes are recorded again") }
-            } catch {
-                // Not recorded: the item stays due. Pause rather than send it again at once.
-                pause(because: "outbox update failed: \(error)")
-                return handled
-            }
-            switch outcome {
-            case .done, .permanent, .retry, .localOnly: uploadHost?.uploadEnded(item.ino, conflict: false)
-            case .conflict, .setAside: uploadHost?.uploadEnded(item.ino, conflict: true)
-            case .busy, .deferred: break
-            }
-            cond.lock()
-            if case .deferred = outcome { requeued += 1 }
-            let sayRetry: Bool
-            if case .retry(let why) = outcome {
-                sayRetry = retrySaid[item.ino] != why
-                retrySaid[item.ino] = why
-            } else {
-                sayRetry = false
-                switch outcome {
-                case .busy, .deferred: break
-                default: retrySaid[item.ino] = nil
-                }
-            }
-            cond.unlock()
-            switch outcome {
-            case .retry(let why): if sayRetry { logger.warning("upload of inode \(item.ino) failed, will retry (said once while the reason stays): \(why)") }
-            case .setAside(let copy): logger.notice("upload of inode \(item.ino): the store had another device's version; kept it as \(copy)")
-            case .conflict(let why), .permanent(let why): logger.error("upload of inode \(item.ino): \(why)")
-            case .localOnly(let why): logger.info("\(why)")
-            default: break
-            }
-            handled += 1
-        }
+        handled += uploadSideBySide(due)
         return handled
+    }
+
+    /// Uploads one item of the outbox and records the outcome; false when that could not be
+    /// recorded (the round stops, paused). `keys`: the keys it was let go with beside others
+    /// (`uploadSideBySide`); nil when it goes alone.
+    func uploadAndRecord(_ item: StateTransaction.OutboxItem, keys: Set<KeyBytes>?) -> Bool {
+        let outcome: Outcome
+        var diskFull = false
+        if uploadHost?.isOpenForWriting(item.ino) ?? false {
+            outcome = .busy
+        } else {
+            do { outcome = try upload(item.ino, keys: keys) } catch let e as StoreError where e.isTransient {
+                outcome = .retry("\(e)")
+            } catch StoreError.quotaExceeded(let key) {
+                // Kept here and tried again: space may free up in the store.
+                outcome = .retry("store quota exceeded writing \(key)")
+            } catch let e as StoreError {
+                outcome = .permanent("\(e)")
+            } catch let e as StateError {
+                // This device's disk, not the store: tried again soon, as space may free up.
+                if case .full = e { diskFull = true }
+                outcome = .retry("\(e)")
+            } catch {
+                outcome = .retry("\(error)")
+            }
+        }
+        do {
+            try state.write { tx in
+                switch outcome {
+                case .done, .setAside:
+                    try tx.completeOutbox(item.ino, seq: item.seq)
+                case .busy:
+                    // Not tried: a file open for long does not make its later tries back off.
+                    try tx.retryOutbox(item.ino, after: 0.5, attempt: false)
+                case .deferred:
+                    // Sent back again and again (a store that refuses what it just said it has):
+                    // backs off as a failure does, rather than asking the store twice a second.
+                    try tx.retryOutbox(item.ino, after: item.attempts < 10 ? 0.5 : min(60, 0.5 * pow(2, Double(min(item.attempts - 10, 7)))))
+                case .retry(let why):
+                    try tx.setUploadError(item.ino, why)
+                    try tx.retryOutbox(item.ino, after: diskFull ? 2 : min(60, 0.5 * pow(2, Double(min(item.attempts, 7)))))
+                case .conflict(let why):
+                    try tx.setUploadError(item.ino, why, conflict: true)
+                    try tx.completeOutbox(item.ino, seq: item.seq)
+                case .permanent(let why):
+                    try tx.setUploadError(item.ino, why)
+                    try tx.completeOutbox(item.ino, seq: item.seq)
+                case .localOnly(let why):
+                    try tx.setUploadError(item.ino, why, localOnly: true)
+                    try tx.completeOutbox(item.ino, seq: item.seq)
+                }
+            }
+            cond.lock(); let said = pauseSaid; pauseSaid = false; cond.unlock()
+            if said { logger.notice("uploads go on: outcomes are recorded again") }
+        } catch {
+            // Not recorded: the item stays due. Pause rather than send it again at once.
+            pause(because: "outbox update failed: \(error)")
+            return false
+        }
+        switch outcome {
+        case .done, .permanent, .retry, .localOnly: uploadHost?.uploadEnded(item.ino, conflict: false)
+        case .conflict, .setAside: uploadHost?.uploadEnded(item.ino, conflict: true)
+        case .busy, .deferred: break
+        }
+        cond.lock()
+        if case .deferred = outcome { requeued += 1 }
+        let sayRetry: Bool
+        if case .retry(let why) = outcome {
+            sayRetry = retrySaid[item.ino] != why
+            retrySaid[item.ino] = why
+        } else {
+            sayRetry = false
+            switch outcome {
+            case .busy, .deferred: break
+            default: retrySaid[item.ino] = nil
+            }
+        }
+        cond.unlock()
+        switch outcome {
+        case .retry(let why): if sayRetry { logger.warning("upload of inode \(item.ino) failed, will retry (said once while the reason stays): \(why)") }
+        case .setAside(let copy): logger.notice("upload of inode \(item.ino): the store had another device's version; kept it as \(copy)")
+        case .conflict(let why), .permanent(let why): logger.error("upload of inode \(item.ino): \(why)")
+        case .localOnly(let why): logger.info("\(why)")
+        default: break
+        }
+        return true
     }
 
     /// Makes the round's writes visible to other devices' feeds (the S3 store's change log).

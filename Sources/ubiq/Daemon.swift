@@ -144,6 +144,7 @@ struct Daemon {
         if case .s3 = plan.store { options.chunkSize = 8 << 20; options.parallelism = 8 }
         options.readTimeout = plan.readTimeout
         options.uploadDelay = plan.uploadDelay
+        options.transfers = plan.transfers
         options.pollInterval = plan.pollInterval
         options.hydration = plan.hydration
         options.cacheLimit = plan.cacheSize

@@ -62,6 +62,9 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds an upload waits after the last change to a file (coalesces bursts of saves).")
     var uploadDelay: Double = 2
 
+    @Option(help: "Uploads sent to the store at once, 1 to 64 (default 8 to S3, 4 to the embedded store; 1: one at a time, in order).")
+    var transfers: Int?
+
     @Option(help: "Seconds a read of a file that is not here waits for the store before it fails with EIO.")
     var readTimeout: Double = 60
 
@@ -111,7 +114,7 @@ struct Mount: ParsableCommand {
         var args = ["mount", "--foreground", "--notify-ready", "--store", plan.storeURL, "--state", plan.stateDir,
                     "--drain-timeout", String(drainTimeout), "--upload-delay", String(uploadDelay),
                     "--poll-interval", String(pollInterval), "--full-listing-interval", String(fullListingInterval),
-                    "--read-timeout", String(readTimeout)]
+                    "--read-timeout", String(readTimeout), "--transfers", String(plan.transfers)]
         for o in options { args += ["-o", o] }
         if writebackCache { args.append("--writeback-cache") }
         if syncOnClose { args.append("--sync-on-close") }
@@ -177,6 +180,7 @@ struct MountPlan {
     var pollInterval: Double
     var fullListingInterval: Double = 300
     var readTimeout: Double
+    var transfers = 4
     var hydration: HydrationPolicy
     var cacheSize: Int64
     var syncOnClose = false
@@ -186,11 +190,19 @@ struct MountPlan {
     /// fails removes it again, so that a failed mount leaves nothing behind.
     var made: [String] = []
 
+    /// Uploads at once by default: a request to S3 waits a round trip, one to the embedded
+    /// store mostly the disk.
+    static func transfers(to store: Store) -> Int {
+        if case .s3 = store { return 8 }
+        return 4
+    }
+
     static func check(_ m: Mount) throws -> MountPlan {
         let seconds = [secondsRefused(m.readTimeout, "--read-timeout"), secondsRefused(m.pollInterval, "--poll-interval"),
                        secondsRefused(m.fullListingInterval, "--full-listing-interval"),
                        secondsRefused(m.drainTimeout, "--drain-timeout", zero: true), secondsRefused(m.uploadDelay, "--upload-delay", zero: true)]
         if let refused = seconds.compactMap({ $0 }).first { throw UserError(refused) }
+        if let t = m.transfers, !(1 ... 64).contains(t) { throw UserError("--transfers must be from 1 to 64, not \(t)") }
         let mp = Paths.absolute(m.mountpoint)
         var isDir: ObjCBool = false
         if let e = Mounts.entry(at: mp) {
@@ -294,7 +306,7 @@ struct MountPlan {
         }
         return MountPlan(mountpoint: mp, storeURL: storeURL, store: store, container: m.container, scope: m.scope, stateDir: stateDir,
                          fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: m.uploadDelay, pollInterval: m.pollInterval,
-                         fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout,
+                         fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout, transfers: m.transfers ?? Self.transfers(to: store),
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),

@@ -28,6 +28,8 @@ final class Device: @unchecked Sendable {
     /// The time upload delays and retries go by (a `ManualTime` the test moves), and the delay.
     let time: any TimeSource
     let uploadDelay: TimeInterval
+    /// Uploads sent to the store at once (`--transfers`).
+    let transfers: Int
     var state: LocalState!
     var fs: FileSystem!
     var uploader: Uploader!
@@ -43,8 +45,9 @@ final class Device: @unchecked Sendable {
     init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true,
          hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil, syncOnClose: Bool = false,
          freeBytes: (@Sendable (String) -> Int64?)? = nil, time: any TimeSource = SystemTime(),
-         uploadDelay: TimeInterval = 0, residentNodes: Int? = nil) throws {
+         uploadDelay: TimeInterval = 0, residentNodes: Int? = nil, transfers: Int = 4) throws {
         self.store = store
+        self.transfers = transfers
         self.residentNodes = residentNodes
         self.time = time
         self.uploadDelay = uploadDelay
@@ -69,6 +72,7 @@ final class Device: @unchecked Sendable {
         var options = Engine.Options(deviceName: name)
         options.completeInBackground = completeInBackground
         options.uploadDelay = uploadDelay
+        options.transfers = transfers
         options.hydration = hydration
         options.cacheLimit = cacheLimit
         options.syncOnClose = syncOnClose

@@ -158,14 +158,18 @@ import TestSupport
         try FileManager.default.createDirectory(atPath: base + "/m2", withIntermediateDirectories: true)
         let env = ["XDG_CONFIG_HOME": base + "/config", "XDG_STATE_HOME": base + "/xdg"]
         try FileManager.default.createDirectory(atPath: base + "/store", withIntermediateDirectories: true)
-        try "# defaults\nstore = dir:\(base)/store\ncache-size = 1G   # small\nwriteback-cache = false\n"
+        try "# defaults\nstore = dir:\(base)/store\ncache-size = 1G   # small\nwriteback-cache = false\ntransfers = 2\n"
             .write(toFile: base + "/config/ubiq/config", atomically: true, encoding: .utf8)
         let limit = { (m: String) in shell("getfattr -n user.ubiq.cache-limit --only-values \(m)").out }
         expectOK(shell("\(ubiqBinary) mount --state \(base)/state1 \(base)/m1", env: env))
         #expect(limit(base + "/m1") == "1073741824")
         expectOK(shell("echo configured > \(base)/m1/f"))
-        expectOK(shell("\(ubiqBinary) mount --state \(base)/state2 --cache-size 2G \(base)/m2", env: env))
+        expectOK(shell("\(ubiqBinary) mount --state \(base)/state2 --cache-size 2G --transfers 3 \(base)/m2", env: env))
         #expect(limit(base + "/m2") == "2147483648")
+        // The daemons were started with the uploads at once that the config and the command line say.
+        let daemon = { (state: String) in shell("pgrep -af -- '--state \(base)/\(state) '").out }
+        #expect(daemon("state1").contains("--transfers 2"), "\(daemon("state1"))")
+        #expect(daemon("state2").contains("--transfers 3"), "\(daemon("state2"))")
         // The second mount is another device of the store the config names.
         let seen = shell("for i in $(seq 100); do \(ubiqBinary) sync \(base)/m2 > /dev/null; [ -f \(base)/m2/f ] && break; sleep 0.2; done; cat \(base)/m2/f")
         #expect(seen.out == "configured\n", "\(seen.out) \(seen.err)")
@@ -223,6 +227,8 @@ import TestSupport
             ("mount \(store) --poll-interval inf \(base)/mnt", "--poll-interval"),
             ("mount \(store) --read-timeout 0 \(base)/mnt", "--read-timeout"),
             ("mount \(store) --full-listing-interval 100000 \(base)/mnt", "--full-listing-interval"),
+            ("mount \(store) --transfers 0 \(base)/mnt", "--transfers"),
+            ("mount \(store) --transfers 65 \(base)/mnt", "--transfers"),
             ("query --limit=-3 \(base)/mnt", "--limit"),
             ("query --interval nan \(base)/mnt", "--interval"),
             ("unmount --timeout inf \(base)/mnt", "--timeout"),

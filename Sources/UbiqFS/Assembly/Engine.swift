@@ -29,6 +29,8 @@ public struct Engine {
         public var readTimeout: TimeInterval = 60
         /// Seconds between a file's last change and its upload.
         public var uploadDelay: TimeInterval = 2
+        /// Uploads sent to the store at once (`Uploader.transfers`).
+        public var transfers = 4
         /// Seconds between polls of the store.
         public var pollInterval: TimeInterval = 3
         public var hydration: HydrationPolicy = .off
@@ -57,6 +59,7 @@ public struct Engine {
         uploader = Uploader(state: state, store: store, coordinator: coordinator, cache: cache, deviceID: deviceID,
                             logger: logger, tracing: options.traceUploads)
         uploader.deviceName = options.deviceName
+        uploader.transfers = options.transfers
         materializer = Materializer(store: store, state: state, cache: cache, logger: logger, chunkSize: options.chunkSize,
                                     parallelism: options.parallelism, completeInBackground: options.completeInBackground)
         materializer.readTimeout = options.readTimeout
