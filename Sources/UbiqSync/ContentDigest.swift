@@ -6,12 +6,16 @@ import UbiqStore
 public struct ContentDigest {
     private var hasher = SHA256()
     private var buffer: [UInt8] = []
+    static let bufferLimit = 1 << 20
 
     public init() {}
 
     /// Adds bytes `range` of the file `fd` (false: the file could not be read, or ended first).
     public mutating func add(_ fd: Int32, _ range: Range<Int64>) -> Bool {
-        if buffer.isEmpty { buffer = [UInt8](repeating: 0, count: 1 << 20) }
+        // As large as the bytes to read, up to 1 MiB: a small file's digest zeroes (and faults
+        // in) no more than the file, where a fixed 1 MiB cost more than the file's download.
+        let size = Int(min(Int64(Self.bufferLimit), max(range.upperBound - range.lowerBound, 1)))
+        if buffer.count < size { buffer = [UInt8](repeating: 0, count: buffer.isEmpty ? size : Self.bufferLimit) }
         if !isKnownUniquelyReferenced(&hasher) { hasher = hasher.copy() }
         var at = range.lowerBound
         while at < range.upperBound {
