@@ -160,7 +160,8 @@ public final class ChangeFeed: @unchecked Sendable {
         }
         // What this device had recorded of each key before the store is asked (see RemoteChange).
         var before: [KeyBytes: String] = [:]
-        // This device's own puts, as the store's feed says (their origin): the uploader recorded them.
+        // Changes this device has already: its own puts, as the store's feed says (their origin),
+        // and what it records as the feed tells it (below). The uploader recorded them.
         var own = Set<KeyBytes>()
         // What this device recorded of the keys asked of `store.confirmed`, read before it.
         var recorded: [KeyBytes: String?] = [:]
@@ -171,14 +172,29 @@ public final class ChangeFeed: @unchecked Sendable {
             for c in once where !c.key.hasSuffix("/") && writtenHere(c.claimed?.metadata) {
                 own.insert(KeyBytes(c.key))
             }
-            // What the store can tell at once of the others (the S3 store: a listing for a folder
-            // of many), asked after what this device recorded of them is read, as a HEAD is.
-            let ask = once.filter { !own.contains(KeyBytes($0.key)) }
             // Each key's recorded version is read once: a key the store does not tell of keeps
             // this read for its HEAD below (still read before the store was asked).
+            let others = once.filter { !own.contains(KeyBytes($0.key)) }
             try state.read { tx in
-                for c in ask { recorded[KeyBytes(c.key)] = .some(try tx.entries(remoteKey: c.key).first?.remoteVersion) }
+                for c in others {
+                    let entry = try tx.entries(remoteKey: c.key).first
+                    recorded[KeyBytes(c.key)] = .some(entry?.remoteVersion)
+                    // Nothing to ask of a change of a file this device has already: the version it
+                    // records (its own put on a store whose feed tells no origin), or a delete of a
+                    // key it has no item for (its own delete). A later change of the key comes
+                    // later in the feed (two of one key in one look are asked of the store, below).
+                    // Folders' markers are asked, as for the origin: on a store that keeps no
+                    // metadata on them (SeaweedFS) a marker's version is its ETag alone, the same
+                    // for every empty marker, and says nothing of which one it is.
+                    if c.key.hasSuffix("/") { continue }
+                    if c.kind == .put ? (c.version != nil && entry?.remoteVersion == c.version) : entry == nil {
+                        own.insert(KeyBytes(c.key))
+                    }
+                }
             }
+            // What the store can tell at once of the others (the S3 store: a listing for a folder
+            // of many), asked after what this device recorded of them is read, as a HEAD is.
+            let ask = others.filter { !own.contains(KeyBytes($0.key)) }
             let answers = ask.isEmpty ? [] : (try? runBlocking { [store] in await store.confirmed(ask) }) ?? []
             for c in answers.count == ask.count ? answers : [] {
                 switch c.current {

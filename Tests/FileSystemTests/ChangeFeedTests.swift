@@ -545,6 +545,40 @@ import UbiqStore
         a.pull()
         #expect(try a.read("d/mine") == "from b")
     }
+
+    /// On a store whose feed tells no origin (the embedded store's journal), a device's own
+    /// changes come back through the feed as anyone's: a put of the version it records, a
+    /// delete of a key it has no item for. It asks the store nothing of those files (a HEAD
+    /// each, once), and still takes what another device changed.
+    @Test func aDevicesOwnChangesCostNoHead() throws {
+        let store = try newStore()
+        let counting = CountingStore(store)
+        let a = try Device(store: store, remote: counting)
+        try a.mkdir("d")
+        for i in 0 ..< 5 { try a.write("d/f\(i)", "file \(i)") }
+        a.sync()
+        var heads = counting.heads
+        a.pull()
+        // The folder's marker is asked for, as ever (a marker's version says little on S3).
+        #expect(counting.heads == heads + 1, "\(counting.heads - heads) HEADs for its own puts")
+        try a.fs.unlink(try a.ino("d"), n("f1"))
+        try a.fs.rename(try a.ino("d"), n("f2"), rootIno, n("moved"))
+        try a.write("d/f0", "edited")
+        a.sync()
+        heads = counting.heads
+        a.pull()
+        #expect(counting.heads == heads, "\(counting.heads - heads) HEADs for its own deletes, move and edit")
+        #expect(try a.names("d") == ["f0", "f3", "f4"] && a.read("moved") == "file 2" && a.read("d/f0") == "edited")
+        // Another device's put, edit and delete arrive as before.
+        let b = try Device(store: store)
+        try b.write("d/new", "from b")
+        try b.write("d/f3", "edited by b")
+        try b.fs.unlink(try b.ino("d"), n("f4"))
+        b.sync()
+        a.pull()
+        #expect(try a.names("d") == ["f0", "f3", "new"])
+        #expect(try a.read("d/f3") == "edited by b" && a.read("d/new") == "from b")
+    }
 }
 
 /// `ubiq query` against a reference: the same predicates applied by walking the tree.
