@@ -55,9 +55,15 @@ extension FileSystem {
 
     /// Starts downloading a placeholder, or every placeholder under a folder. Returns at once.
     public func download(_ ino: UInt64) throws {
-        // Files not in memory are judged by their rows, read first (not one by one under the lock).
-        let stored = try storedFiles(present: false)
-        let files = try inodes.locked { t -> [UInt64] in
+        let one = try inodes.locked { t -> [UInt64]? in
+            let n = try t.node(ino)
+            return n.isDirectory ? nil : n.isRegular && !n.rec.present ? [ino] : []
+        }
+        // A folder's files not in memory are judged by their rows, read first (not one by one
+        // under the lock). Not for one file: `ubiq download` asks file by file, and reading
+        // every file's row for each made a folder of 10,000 take 10,000 times 10,000 rows.
+        let stored = one == nil ? try storedFiles(present: false) : []
+        let files = try one ?? inodes.locked { t -> [UInt64] in
             _ = try t.node(ino)
             return t.subtree(ino).filter { i in t.resident(i).map { $0.isRegular && !$0.rec.present } ?? stored.contains(i) }
         }
