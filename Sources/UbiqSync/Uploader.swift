@@ -78,7 +78,7 @@ public final class Uploader: @unchecked Sendable {
 
     /// Items sent to the store at once (`--transfers`): 1 sends one item at a time, in the
     /// outbox's order (`uploadSideBySide`). Set before `start`.
-    public var transfers = 4
+    public var transfers = 1
 
     /// Each store write goes to the log (the CLI's UBIQ_TRACE_UPLOADS=1: to follow a crash test's history).
     let tracing: Bool

@@ -62,7 +62,7 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds an upload waits after the last change to a file (coalesces bursts of saves).")
     var uploadDelay: Double = 2
 
-    @Option(help: "Uploads sent to the store at once, 1 to 64 (default 8 to S3, 4 to the embedded store; 1: one at a time, in order).")
+    @Option(help: "Uploads sent to the store at once, 1 to 64 (default 1: one at a time, in order; more is experimental).")
     var transfers: Int?
 
     @Option(help: "Seconds a read of a file that is not here waits for the store before it fails with EIO.")
@@ -180,7 +180,7 @@ struct MountPlan {
     var pollInterval: Double
     var fullListingInterval: Double = 300
     var readTimeout: Double
-    var transfers = 4
+    var transfers = 1
     var hydration: HydrationPolicy
     var cacheSize: Int64
     var syncOnClose = false
@@ -189,13 +189,6 @@ struct MountPlan {
     /// What this mount made (a new store's directory, a new state directory): a mount that
     /// fails removes it again, so that a failed mount leaves nothing behind.
     var made: [String] = []
-
-    /// Uploads at once by default: a request to S3 waits a round trip, one to the embedded
-    /// store mostly the disk.
-    static func transfers(to store: Store) -> Int {
-        if case .s3 = store { return 8 }
-        return 4
-    }
 
     static func check(_ m: Mount) throws -> MountPlan {
         let seconds = [secondsRefused(m.readTimeout, "--read-timeout"), secondsRefused(m.pollInterval, "--poll-interval"),
@@ -306,7 +299,7 @@ struct MountPlan {
         }
         return MountPlan(mountpoint: mp, storeURL: storeURL, store: store, container: m.container, scope: m.scope, stateDir: stateDir,
                          fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: m.uploadDelay, pollInterval: m.pollInterval,
-                         fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout, transfers: m.transfers ?? Self.transfers(to: store),
+                         fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout, transfers: m.transfers ?? 1,
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),

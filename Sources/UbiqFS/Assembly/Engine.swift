@@ -30,7 +30,7 @@ public struct Engine {
         /// Seconds between a file's last change and its upload.
         public var uploadDelay: TimeInterval = 2
         /// Uploads sent to the store at once (`Uploader.transfers`).
-        public var transfers = 4
+        public var transfers = 1
         /// Seconds between polls of the store.
         public var pollInterval: TimeInterval = 3
         public var hydration: HydrationPolicy = .off
