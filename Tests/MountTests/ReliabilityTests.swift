@@ -48,7 +48,10 @@ import TestSupport
         let synced = eventually(a, "\(ubiqBinary) sync . >/dev/null; \(ubiqBinary) status -r . | grep -Eq '^ *([0-9]+) items: \\1 current$'", seconds: seconds)
         expectOK(synced, "seed \(seed): A's queue drains: \(a.ubiq("status -r \(a.mnt)").out) \(shell("grep -E 'upload of|error|gone' \(a.state)/ubiq.log | tail -8; grep -E 'trace|gone|swapped|left' \(a.state)/ubiq.log | tail -40").out)")
         // A itself still has the local tree, after its uploads and the store's echoes of them.
-        expectOK(shell("python3 \(fsrandom) \(a.mnt) \(local) --compare-only"), "seed \(seed): A after syncing")
+        let aHolds = shell("python3 \(fsrandom) \(a.mnt) \(local) --compare-only")
+        // On a failure, what A's daemon did to its items (its upload trace, when it keeps one).
+        let aSaid = aHolds.status == 0 ? "" : shell("grep -E 'trace|deleted|moved|removed|kept|conflict|gone' \(a.state)/ubiq.log | tail -80").out
+        expectOK(aHolds, "seed \(seed): A after syncing; its log: \(aSaid)")
         // B sees exactly the local tree (hard links arrive as separate files), reading every byte
         // but big.bin's, checked below once downloaded. (Read here, its 24 chunks at one wrong
         // read in ten pass their whole-file digest in one download of twelve: three downloads a
