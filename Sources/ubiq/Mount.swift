@@ -63,7 +63,7 @@ struct Mount: ParsableCommand {
     var uploadDelay: Double = 2
 
     @Option(help: "Uploads sent to the store at once, 1 to 64 (default 1: one at a time, in order; more is experimental).")
-    var transfers: Int?
+    var transfers = 1
 
     @Option(help: "Seconds a read of a file that is not here waits for the store before it fails with EIO.")
     var readTimeout: Double = 60
@@ -195,7 +195,7 @@ struct MountPlan {
                        secondsRefused(m.fullListingInterval, "--full-listing-interval"),
                        secondsRefused(m.drainTimeout, "--drain-timeout", zero: true), secondsRefused(m.uploadDelay, "--upload-delay", zero: true)]
         if let refused = seconds.compactMap({ $0 }).first { throw UserError(refused) }
-        if let t = m.transfers, !(1 ... 64).contains(t) { throw UserError("--transfers must be from 1 to 64, not \(t)") }
+        if !(1 ... 64).contains(m.transfers) { throw UserError("--transfers must be from 1 to 64, not \(m.transfers)") }
         let mp = Paths.absolute(m.mountpoint)
         var isDir: ObjCBool = false
         if let e = Mounts.entry(at: mp) {
@@ -299,7 +299,7 @@ struct MountPlan {
         }
         return MountPlan(mountpoint: mp, storeURL: storeURL, store: store, container: m.container, scope: m.scope, stateDir: stateDir,
                          fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: m.uploadDelay, pollInterval: m.pollInterval,
-                         fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout, transfers: m.transfers ?? 1,
+                         fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout, transfers: m.transfers,
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),
