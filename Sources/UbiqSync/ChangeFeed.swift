@@ -131,8 +131,14 @@ public final class ChangeFeed: @unchecked Sendable {
         // The feed's changes of keys it has once (the others are asked for whatever they say).
         var told: [KeyBytes: StoreChange] = [:]
         var reconcile = false
+        // What this device recorded of each key when a full comparison began: read before the
+        // store is listed. A listing is not one moment (S3 pages through the bucket, and its
+        // store hands back the listing the new cursor was found with), and uploads go on
+        // meanwhile: a key recorded after the listing began is not a key the listing missed.
+        var recordedWhenListed: [(key: String, version: String)] = []
         if cursor == nil {
             // No cursor (the store was down at mount): start from now, and compare everything.
+            recordedWhenListed = try state.read { try $0.remoteVersions() }
             cursor = try retryingTransient { try runBlocking { try await store.currentCursor() } }
             reconcile = true
         }
@@ -142,6 +148,7 @@ public final class ChangeFeed: @unchecked Sendable {
             let batch = try retryingTransient { try runBlocking { try await store.changes(since: since, limit: size) } }
             if batch.reset {
                 logger.notice("the store cannot answer from this device's place in its changes (restored from a backup, or its history cut short): comparing everything with it; changes of this device not yet uploaded are kept")
+                recordedWhenListed = try state.read { try $0.remoteVersions() }
                 cursor = try runBlocking { try await store.currentCursor() }
                 reconcile = true
                 break
@@ -207,8 +214,9 @@ public final class ChangeFeed: @unchecked Sendable {
         }
         if reconcile {
             // Everything the store lists, and everything this device knew from it before the
-            // listing (a key recorded after it may be an upload the listing missed).
-            for (k, v) in try state.read({ try $0.remoteVersions() }) { before[KeyBytes(k)] = v }
+            // listing began (a key recorded after that may be an upload the listing missed).
+            for (k, v) in recordedWhenListed { before[KeyBytes(k)] = v }
+            recordedWhenListed = []
             let mine = before.keys
             let listed = try retryingTransient { try runBlocking { try await store.list(prefix: "") } }
             for o in listed {

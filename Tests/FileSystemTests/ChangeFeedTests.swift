@@ -4,6 +4,7 @@ import TestSupport
 import UbiqFS
 import UbiqState
 import UbiqStore
+import Synchronization
 @testable import UbiqSync
 
 /// Other devices' changes arriving through the ChangeFeed.
@@ -578,6 +579,70 @@ import UbiqStore
         a.pull()
         #expect(try a.names("d") == ["f0", "f3", "new"])
         #expect(try a.read("d/f3") == "edited by b" && a.read("d/new") == "from b")
+    }
+
+    /// A reset (a store restored from a backup, or no cursor after a mount the store failed)
+    /// compares everything this device records with a full listing of the store: a key it
+    /// records and the listing lacks was deleted there. A listing is not one moment (S3 pages
+    /// through a bucket, and its store hands the feed the listing its new cursor was found
+    /// with, made a moment before), and this device's uploads go on meanwhile: what it
+    /// recorded after the listing began is not taken for a delete. (Seed 874040 of
+    /// `S3MountTests.aFlakyS3StoreLosesNothing` lost five of a device's own files this way,
+    /// uploaded while the store was listed and kept there.)
+    @Test func anUploadRecordedWhileTheStoreIsListedIsNotTakenForADelete() throws {
+        let store = try newStore()
+        let resetting = ResettingStore(store)
+        let a = try Device(store: store, remote: resetting)
+        try a.write("early", "before the reset")
+        a.sync()
+        a.pull()
+        // The next look at the store's changes is a reset; A uploads just after its listing.
+        resetting.resetOnce {
+            try? a.write("late", "uploaded while the store was listed")
+            a.sync()
+        }
+        a.pull()
+        #expect(resetting.listed == 1)
+        #expect(try a.names("") == ["early", "late"], "\(a.log.all.filter { $0.contains("deleted") })")
+        #expect(try a.read("late") == "uploaded while the store was listed")
+        // A file deleted in the store while this device was not looking still goes.
+        try runBlocking { try await store.delete("early", condition: .always) }
+        resetting.resetOnce {}
+        a.pull()
+        #expect(try a.names("") == ["late"])
+    }
+}
+
+/// A store whose feed, once asked to (`resetOnce`), answers that it cannot go on from the
+/// device's cursor; the listing the device then gets is the one made when the new cursor was
+/// found (as the S3 store's), and `then` runs just after it was made.
+final class ResettingStore: ForwardingStore, @unchecked Sendable {
+    private let pending = Mutex<(@Sendable () -> Void)?>(nil)
+    private let made = Mutex<[ObjectInfo]?>(nil)
+    private let count = Mutex(0)
+    /// How many resets' listings ran their `then`.
+    var listed: Int { count.withLock { $0 } }
+
+    func resetOnce(then: @escaping @Sendable () -> Void) { pending.withLock { $0 = then } }
+
+    override func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+        if pending.withLock({ $0 != nil }) { return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true) }
+        return try await inner.changes(since: cursor, limit: limit)
+    }
+
+    override func currentCursor() async throws -> String {
+        let cursor = try await inner.currentCursor()
+        guard let then = pending.withLock({ p in defer { p = nil }; return p }) else { return cursor }
+        let listing = try await inner.list(prefix: "")
+        made.withLock { $0 = listing }
+        then()
+        count.withLock { $0 += 1 }
+        return cursor
+    }
+
+    override func list(prefix: String) async throws -> [ObjectInfo] {
+        if prefix.isEmpty, let listing = made.withLock({ m in defer { m = nil }; return m }) { return listing }
+        return try await inner.list(prefix: prefix)
     }
 }
 
