@@ -26,10 +26,29 @@ public final class SeaweedFS: @unchecked Sendable {
         return try r.get()
     }
 
+    /// Not waited for: this runs while the process exits, when other threads (devices' loops
+    /// of the tests) still run, and what exit already tore down is there for them to meet. A
+    /// stop that waited for the server (seconds) made that window wide enough for a crash after
+    /// every test had passed. The stop, and the removal of the server's folder, go on in a
+    /// process of their own, in a process group of its own, with no output of this one's held open.
     private static func stopShared() {
         guard case .success(let s) = started else { return }
-        _ = run([script, "stop", s.dir])
-        try? FileManager.default.removeItem(atPath: s.dir)
+        detach(["/bin/sh", "-c", "\"$0\" stop \"$1\" >/dev/null 2>&1; rm -rf \"$1\"", script, s.dir])
+    }
+
+    private static func detach(_ args: [String]) {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        for fd: Int32 in 0 ... 2 { posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0) }
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP))  // group 0: one of its own
+        var argv = args.map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var pid: pid_t = 0
+        _ = posix_spawn(&pid, args[0], &actions, &attributes, &argv, environ)
     }
 
     static var script: String {
