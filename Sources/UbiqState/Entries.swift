@@ -7,12 +7,12 @@ extension StateTransaction {
 
     public func insertEntry(parent: UInt64, name: [UInt8], ino: UInt64,
                             remoteKey: String? = nil, remoteVersion: String? = nil, remoteTag: String? = nil,
-                            remoteDigest: String? = nil) throws {
+                            remoteDigest: String? = nil, remoteFileID: String? = nil) throws {
         try db.cachedStatement(sql: """
-            INSERT INTO entries (parent, name, ino, remote_key, remote_version, remote_tag, remote_digest)
-            VALUES (?, ?, ?, ?, ?, ?, ?)
+            INSERT INTO entries (parent, name, ino, remote_key, remote_version, remote_tag, remote_digest, remote_file_id)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?)
             """).execute(arguments: [Int64(bitPattern: parent), Data(name), Int64(bitPattern: ino), remoteKey,
-                                     remoteVersion, remoteTag, remoteDigest])
+                                     remoteVersion, remoteTag, remoteDigest, remoteFileID])
     }
 
     /// Removes an entry; if its object is in the store, records a tombstone so
@@ -91,6 +91,12 @@ extension StateTransaction {
                                 arguments: [tag, digest, limit]).map(Self.entryRecord)
     }
 
+    /// Entries whose recorded version carried the item id `fileID`, at most `limit`.
+    public func entries(fileID: String, limit: Int) throws -> [EntryRecord] {
+        try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE remote_file_id = ? LIMIT ?", arguments: [fileID, limit])
+            .map(Self.entryRecord)
+    }
+
     public func children(of parent: UInt64) throws -> [EntryRecord] {
         try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE parent = ?", arguments: [Int64(bitPattern: parent)])
             .map(Self.entryRecord)
@@ -102,10 +108,14 @@ extension StateTransaction {
     }
 
     /// Records that entry `entryID`'s object now sits at `key`@`version`. If the
-    /// entry was removed meanwhile, the object is an orphan: a tombstone deletes it.
-    public func recordRemote(entryID: Int64, key: String, version: String, tag: String? = nil, digest: String? = nil) throws {
-        try db.execute(cached: "UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ?, remote_digest = ? WHERE id = ?",
-                       arguments: [key, version, tag, digest, entryID])
+    /// entry was removed meanwhile, the object is an orphan: a tombstone deletes it. A version
+    /// that carries no item id (`fileID`: another tool's) leaves the one recorded.
+    public func recordRemote(entryID: Int64, key: String, version: String, tag: String? = nil, digest: String? = nil,
+                             fileID: String? = nil) throws {
+        try db.execute(cached: """
+            UPDATE entries SET remote_key = ?, remote_version = ?, remote_tag = ?, remote_digest = ?,
+            remote_file_id = COALESCE(?, remote_file_id) WHERE id = ?
+            """, arguments: [key, version, tag, digest, fileID, entryID])
         if db.changesCount == 0 { try addTombstone(key: key, version: version) }
     }
 
@@ -145,6 +155,6 @@ extension StateTransaction {
     static func entryRecord(_ r: Row) -> EntryRecord {
         EntryRecord(id: r["id"], parent: UInt64(bitPattern: r["parent"]), name: [UInt8](r["name"] as Data),
                     ino: UInt64(bitPattern: r["ino"]), remoteKey: r["remote_key"], remoteVersion: r["remote_version"],
-                    remoteTag: r["remote_tag"], remoteDigest: r["remote_digest"])
+                    remoteTag: r["remote_tag"], remoteDigest: r["remote_digest"], remoteFileID: r["remote_file_id"])
     }
 }

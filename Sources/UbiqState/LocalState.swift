@@ -58,6 +58,9 @@ public struct EntryRecord: Sendable, Equatable {
     /// The SHA-256 written beside that version's bytes (`ObjectMetadata.sha256`): a download
     /// of it is checked against this.
     public var remoteDigest: String? = nil
+    /// The item's id in the store (`ObjectMetadata.fileID`): the one the version it records
+    /// carried, kept when the entry leaves the store's key (its next upload carries it again).
+    public var remoteFileID: String? = nil
 }
 
 /// What the uploader has yet to do for an inode.

@@ -81,6 +81,12 @@ extension LocalState {
                 CREATE INDEX entries_remote_digest ON entries (remote_digest, name) WHERE remote_digest IS NOT NULL;
                 """)
         }
+        m.registerMigration("v11: items' ids in the store, for moves made elsewhere") { db in
+            try db.execute(sql: """
+                ALTER TABLE entries ADD COLUMN remote_file_id TEXT;
+                CREATE INDEX entries_remote_file_id ON entries (remote_file_id) WHERE remote_file_id IS NOT NULL;
+                """)
+        }
         return m
     }
 }

@@ -39,21 +39,40 @@ public struct ObjectMetadata: Codable, Sendable, Equatable {
     /// bytes: a copy keeps its source version's digest whatever metadata it is given. A device
     /// checks a download against it (nil: another tool wrote the object; nothing to check).
     public var sha256: String?
+    /// The item's own name for itself, the same on every device and through every rename, edit
+    /// and metadata change: made by the device that first uploads the item, carried by every
+    /// upload of it after, on any device. A device that sees a new key holding an id it records
+    /// for a key gone from the store applies a move (nothing is downloaded again), for any item
+    /// but a folder, bytes or not. Nil: another tool wrote the object, or an older client.
+    public var fileID: String?
     /// What could not be read as written, each read as its default instead ("mode: -5",
     /// "kind: whiteout"): metadata from another device, a newer client, a hostile writer.
     /// Empty for metadata this client wrote. Never stored.
     public var issues: [String] = []
 
     enum CodingKeys: String, CodingKey {
-        case kind, mode, uid, gid, mtimeNs, rdev, target, xattrs, origin, device, sha256
+        case kind, mode, uid, gid, mtimeNs, rdev, target, xattrs, origin, device, sha256, fileID
     }
 
     public init(kind: ObjectKind, mode: UInt32 = 0o644, uid: UInt32 = 0, gid: UInt32 = 0,
                 mtimeNs: Int64 = 0, rdev: UInt64 = 0, target: Data? = nil,
-                xattrs: [String: Data] = [:], origin: String? = nil, device: String? = nil, sha256: String? = nil) {
+                xattrs: [String: Data] = [:], origin: String? = nil, device: String? = nil, sha256: String? = nil,
+                fileID: String? = nil) {
         self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
         self.mtimeNs = mtimeNs; self.rdev = rdev; self.target = target
         self.xattrs = xattrs; self.origin = origin; self.device = device; self.sha256 = sha256
+        self.fileID = fileID
+    }
+
+    /// A new item's id (`fileID`).
+    public static func newFileID() -> String { UUID().uuidString.lowercased() }
+
+    /// Whether `id` is one a device takes: 1 to 64 letters, digits and `-` (what `newFileID` makes,
+    /// with room for another scheme).
+    public static func isFileID(_ id: String) -> Bool {
+        (1 ... 64).contains(id.utf8.count) && id.utf8.allSatisfy { c in
+            (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) || c == 0x2D
+        }
     }
 
     /// These metadata with the digest of the bytes they will describe.

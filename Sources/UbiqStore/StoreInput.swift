@@ -33,6 +33,11 @@ extension ObjectMetadata {
         origin = field(.origin, String.self)
         device = field(.device, String.self)
         sha256 = field(.sha256, String.self)
+        fileID = field(.fileID, String.self)
+        if let id = fileID, !Self.isFileID(id) {
+            fileID = nil
+            issues.append("fileID not an id")
+        }
         self.issues = issues
     }
 

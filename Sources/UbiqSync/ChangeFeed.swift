@@ -281,21 +281,28 @@ public final class ChangeFeed: @unchecked Sendable {
         return changes.count
     }
 
-    /// A new file in the store whose bytes this device has under another key is a copy, or a
-    /// move made on another device: the store copies, then deletes the old key, and the delete
-    /// may reach this device a poll later (a log object written between the two). The old key
-    /// is asked for here (one HEAD per such file), and when it is gone its delete goes with
-    /// this batch, so the file system applies a move: nothing is downloaded again.
+    /// A new item in the store that this device has under another key (the same id in the
+    /// store, or for a file without one the same bytes) is a copy, or a move made on another
+    /// device: the store copies, then deletes the old key, and the delete may reach this
+    /// device a poll later (a log object written between the two). The old key is asked for
+    /// here (one HEAD per such item), and when it is gone its delete goes with this batch, so
+    /// the file system applies a move: nothing is downloaded again.
     private func movedAway(_ changes: [RemoteChange], asked: inout Set<KeyBytes>) throws -> [RemoteChange] {
         var out: [RemoteChange] = []
         for c in changes {
-            guard let info = c.info, c.recordedBefore == nil, info.isFileWithBytes else { continue }
+            guard let info = c.info, c.recordedBefore == nil, !c.key.hasSuffix("/"), info.metadata.kind != .directory else { continue }
+            let id = info.metadata.fileID
+            guard id != nil || info.isFileWithBytes else { continue }
             let holders = try state.read { tx -> [EntryRecord] in
                 guard try tx.entries(remoteKey: c.key).isEmpty else { return [] }
+                // By bytes too when no item here records the id (uploaded before items had one).
+                if let id, case let found = try tx.entries(fileID: id, limit: 8), !found.isEmpty { return found }
+                guard info.isFileWithBytes else { return [] }
                 let name = Array(StoreKey.segments(c.key).parts.last!.utf8)
                 return try tx.entries(tag: info.contentTag, digest: info.metadata.sha256, name: name, limit: 8)
+                    .filter { $0.holdsTheBytes(of: info) }
             }
-            for e in holders where e.holdsTheBytes(of: info) {
+            for e in holders {
                 // A key of this batch already: its own change says whether it went.
                 guard let old = e.remoteKey, let version = e.remoteVersion, asked.insert(KeyBytes(old)).inserted else { continue }
                 do {

@@ -132,7 +132,7 @@ public struct Importer {
                                           target: m.target.map { [UInt8]($0) }, present: present))
                 try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
                 try tx.insertEntry(parent: parent, name: name, ino: ino, remoteKey: obj.key, remoteVersion: obj.version,
-                                   remoteTag: obj.contentTag, remoteDigest: obj.metadata.sha256)
+                                   remoteTag: obj.contentTag, remoteDigest: obj.metadata.sha256, remoteFileID: obj.metadata.fileID)
                 try importXattrs(tx, ino, m)
                 report.added += 1
             }

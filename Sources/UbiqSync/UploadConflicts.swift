@@ -137,6 +137,8 @@ extension Uploader {
         var copyMeta = theirs.metadata
         // Not any device's own write, this one's included: every ChangeFeed brings it in.
         copyMeta.origin = "conflict-copy:\(deviceID)"
+        // Another item than the one whose name it keeps: an id of its own at its first upload.
+        copyMeta.fileID = nil
         let meta = copyMeta
         for n in 1...50 {
             let copyKey = folder + ConflictName.make(for: name, device: device, date: date, counter: n)

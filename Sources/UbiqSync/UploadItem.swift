@@ -8,14 +8,17 @@ import UbiqStore
 // One item's upload: its bytes, a move or a metadata change, each conditional on the version
 // the edit started from; metadata merged onto a newer version; rename cycles broken.
 extension Uploader {
-    func metadata(_ s: Snapshot, generation: Int64) -> ObjectMetadata {
+    /// What goes up with `entry` of item `s`: its id is the one the entry records, or a new
+    /// one for an entry the store never had (a new item, or a new hard link to one).
+    func metadata(_ s: Snapshot, entry: EntryRecord, generation: Int64) -> ObjectMetadata {
         var x: [String: Data] = [:]
         for (k, v) in s.xattrs {
             if let name = String(validating: k, as: UTF8.self) { x[name] = Data(v) }
         }
         return ObjectMetadata(kind: Self.kind(s.rec.type), mode: s.rec.perm, uid: s.rec.uid, gid: s.rec.gid,
                               mtimeNs: s.rec.mtimeNs, rdev: s.rec.rdev, target: s.rec.target.map { Data($0) },
-                              xattrs: x, origin: origin(s.rec.ino, generation), device: deviceName)
+                              xattrs: x, origin: origin(s.rec.ino, generation), device: deviceName,
+                              fileID: entry.remoteFileID ?? ObjectMetadata.newFileID())
     }
 
     func origin(_ ino: UInt64, _ generation: Int64) -> String { "\(deviceID):\(ino):\(generation)" }
@@ -97,7 +100,7 @@ extension Uploader {
                     let condition: WriteCondition = (entry.remoteKey?.sameBytes(key) == true && entry.remoteVersion != nil)
                         ? .ifMatch(entry.remoteVersion!) : .ifAbsent
                     // The digest of the staged bytes goes with them (checked by every download).
-                    var described = metadata(s, generation: s.rec.contentGen)
+                    var described = metadata(s, entry: entry, generation: s.rec.contentGen)
                     if let staged {
                         do { described.sha256 = try ContentDigest.of(path: staged.path) } catch { return .retry("\(error)") }
                     }
@@ -143,7 +146,7 @@ extension Uploader {
             guard let oldKey = entry.remoteKey, let oldVersion = entry.remoteVersion else { continue }
             if !oldKey.sameBytes(key) {
                 // Moved: server-side copy, then drop the old key. No content leaves the store.
-                let meta = metadata(s, generation: s.rec.contentGen)
+                let meta = metadata(s, entry: entry, generation: s.rec.contentGen)
                 func copy(_ condition: WriteCondition) throws -> ObjectInfo {
                     trace("copy \(oldKey)@\(oldVersion) to \(key) \(condition) ino \(ino)")
                     return try runBlocking {
@@ -181,7 +184,7 @@ extension Uploader {
                 }
                 try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, info))
             } else if metaDirty {
-                let meta = metadata(s, generation: s.rec.contentGen)
+                let meta = metadata(s, entry: entry, generation: s.rec.contentGen)
                 do {
                     trace("copy \(key)@\(oldVersion) onto itself (metadata) ino \(ino)")
                     let info = try runBlocking {
@@ -222,6 +225,8 @@ extension Uploader {
         }
         let sameBytes = current.contentTag != nil && current.contentTag == entry.remoteTag
         var merged = meta
+        // One item: the id it has in the store stays.
+        merged.fileID = current.metadata.fileID ?? meta.fileID
         if !sameBytes {
             merged.origin = "merge:\(deviceID)"
             merged.mtimeNs = current.metadata.mtimeNs

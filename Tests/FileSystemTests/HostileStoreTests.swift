@@ -92,6 +92,23 @@ import TestSupport
         #expect(try b.names("") == ["after"])
     }
 
+    /// An item id (`fileID`) that is not one (too long, or a path, or not text) is read as none,
+    /// said once: nothing is paired or recorded by it, and the item comes in.
+    @Test func anItemIDThatIsNotOneIsReadAsNone() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let index = try Index(store)
+        try index.plant(key: "long", meta: Self.meta(["kind": "file", "fileID": String(repeating: "a", count: 65)]))
+        try index.plant(key: "path", meta: Self.meta(["kind": "file", "fileID": "../../etc"]))
+        try index.plant(key: "number", meta: Self.meta(["kind": "file", "fileID": 7]))
+        try index.plant(key: "fine", meta: Self.meta(["kind": "file", "fileID": String(repeating: "b", count: 64)]))
+        a.pull()
+        #expect(try a.names("") == ["fine", "long", "number", "path"])
+        #expect(a.log.count("metadata read with defaults") == 3, "\(a.log.all)")
+        let ids = try a.state.read { tx in try ["fine", "long", "number", "path"].map { try tx.entries(remoteKey: $0).first?.remoteFileID } }
+        #expect(ids == [String(repeating: "b", count: 64), nil, nil, nil])
+    }
+
     /// Metadata that does not decode (it stopped the change feed on every device for good):
     /// the item comes in with safe defaults, said once; the rest goes on.
     @Test func metadataThatDoesNotDecodeIsReadWithDefaults() async throws {

@@ -257,6 +257,75 @@ import UbiqStore
 
     /// Not moves: a copy made elsewhere (the old key stays), and a file deleted while another
     /// with other bytes comes; a file changed here before the move arrives keeps its edit.
+    /// Every upload carries the item's id in the store (`ObjectMetadata.fileID`), the same
+    /// through renames and edits on any device, new for a new item or a new hard link.
+    @Test func anItemKeepsItsIDThroughRenamesAndEditsOnEveryDevice() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("f", "one")
+        a.sync()
+        func id(_ key: String) throws -> String? { try runBlocking { try await store.head(key) }.metadata.fileID }
+        let first = try #require(try id("f"))
+        #expect(ObjectMetadata.isFileID(first))
+        #expect(try a.state.read { try $0.entries(remoteKey: "f").first?.remoteFileID } == first)
+        try a.fs.rename(rootIno, n("f"), rootIno, n("g"))
+        try a.write("g", "two")
+        a.sync()
+        #expect(try id("g") == first)
+        let b = try Device(store: store)
+        _ = try b.fs.setattr(try b.ino("g"), AttributeChanges(mode: 0o600), caller: .root)
+        _ = try b.fs.link(try b.ino("g"), rootIno, n("hard"))
+        b.sync()
+        #expect(try id("g") == first)
+        let other = try #require(try id("hard"))
+        #expect(other != first)
+        try a.write("new", "three")
+        a.sync()
+        #expect(try id("new") != first && id("new") != other)
+    }
+
+    /// An empty file and a symbolic link have no bytes to know them by: moved elsewhere, they
+    /// are the same items here by their id (before ids, each arrived as a new item).
+    @Test func emptyFilesAndLinksMovedElsewhereAreMovesByTheirID() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("docs")
+        try a.write("docs/empty", "")
+        _ = try a.fs.symlink(n("../elsewhere"), try a.ino("docs"), n("link"), caller: .root)
+        a.sync()
+        let b = try Device(store: store)
+        let (empty, link) = (try b.ino("docs/empty"), try b.ino("docs/link"))
+        try a.mkdir("archive")
+        try a.fs.rename(try a.ino("docs"), n("empty"), try a.ino("archive"), n("empty.txt"))
+        try a.fs.rename(try a.ino("docs"), n("link"), try a.ino("archive"), n("link2"))
+        a.sync()
+        b.pull()
+        #expect(try b.names("docs") == [])
+        #expect(try b.ino("archive/empty.txt") == empty)
+        #expect(try b.ino("archive/link2") == link)
+        #expect(try b.fs.readlink(link) == n("../elsewhere"))
+        #expect(b.log.count("moved to archive/") == 2, "\(b.log.all)")
+    }
+
+    /// A file renamed and edited before its upload is one item elsewhere too: it keeps its inode
+    /// (an open reader keeps reading it) and takes the new bytes.
+    @Test func aFileMovedAndEditedElsewhereIsTheSameItem() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("draft.txt", text(1))
+        a.sync()
+        let b = try Device(store: store)
+        #expect(try b.read("draft.txt") == text(1))
+        let ino = try b.ino("draft.txt")
+        try a.fs.rename(rootIno, n("draft.txt"), rootIno, n("final.txt"))
+        try a.write("final.txt", text(2))
+        a.sync()
+        b.pull()
+        #expect(try b.names("") == ["final.txt"])
+        #expect(try b.ino("final.txt") == ino)
+        #expect(try b.read("final.txt") == text(2))
+    }
+
     @Test func copiesAndLookalikesAreNotMoves() throws {
         let store = try newStore()
         let a = try Device(store: store)

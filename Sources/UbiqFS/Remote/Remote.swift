@@ -127,8 +127,9 @@ extension FileSystem {
     }
 
     /// The new keys of `puts` that are items here under a key of `deletes`, unchanged here
-    /// since: a move made on another device (the store copies, then deletes). A file is paired
-    /// with a deleted file that holds its bytes (`holdsTheBytes`), a folder with a deleted
+    /// since: a move made on another device (the store copies, then deletes). An item is paired
+    /// with a deleted item of the same id in the store (`ObjectMetadata.fileID`), else a file
+    /// with a deleted file that holds its bytes (`holdsTheBytes`); a folder with a deleted
     /// folder whose files moved into it under the same names. Applied as moves, they keep
     /// what is here: downloaded bytes, pins, open files, the inode.
     private func movesMadeElsewhere(puts: [RemoteChange], deletes: [RemoteChange]) throws -> MovesMadeElsewhere {
@@ -139,24 +140,42 @@ extension FileSystem {
             // files with the same bytes are many, as often as not).
             var goneFiles = GoneFiles()
             var goneFolders: [KeyBytes: EntryRecord] = [:]
+            // Items other than folders by their id in the store (`ObjectMetadata.fileID`).
+            var goneItems: [String: EntryRecord] = [:]
             for d in deletes {
                 guard let e = try tx.entries(remoteKey: d.key).first, e.remoteVersion == d.recordedBefore,
                       let r = try tx.inode(e.ino) else { continue }
                 if try tx.isChangedHere(e.ino) { continue }
                 if r.type == UInt32(S_IFDIR) {
                     if d.key.hasSuffix("/") { goneFolders[KeyBytes(d.key)] = e }
-                } else if r.type == UInt32(S_IFREG) {
-                    goneFiles.add(e)
+                    continue
                 }
+                if let id = e.remoteFileID, !d.key.hasSuffix("/") { goneItems[id] = e }
+                if r.type == UInt32(S_IFREG) { goneFiles.add(e) }
             }
             var moves = MovesMadeElsewhere()
             func isNew(_ key: String) throws -> Bool { try tx.entries(remoteKey: key).isEmpty && !(try tx.hasTombstone(key: key)) }
-            // Files first: they are what shows which folder went where.
+            // Files first: they are what shows which folder went where. An item the store names
+            // by its id is that item, whatever its bytes (an empty file or a link has none to
+            // go by, and a file may be moved and edited at once); one without, by its bytes.
             var folderMoves: [KeyBytes: KeyBytes] = [:]  // new folder key -> old
+            var paired: [(RemoteChange, EntryRecord)] = []
             for p in puts {
+                guard let info = p.info, info.metadata.kind != .directory, !p.key.hasSuffix("/"), p.recordedBefore == nil,
+                      let id = info.metadata.fileID, let e = goneItems[id], try isNew(p.key) else { continue }
+                goneItems[id] = nil
+                goneFiles.exclude(e.id)
+                paired.append((p, e))
+            }
+            var taken = Set(paired.map { KeyBytes($0.0.key) })
+            for p in puts where !taken.contains(KeyBytes(p.key)) {
                 guard let info = p.info, info.isFileWithBytes, p.recordedBefore == nil, try isNew(p.key) else { continue }
-                guard let e = goneFiles.take(holding: info, name: Array(StoreKey.segments(p.key).parts.last!.utf8)),
-                      let old = e.remoteKey else { continue }
+                guard let e = goneFiles.take(holding: info, name: Array(StoreKey.segments(p.key).parts.last!.utf8)) else { continue }
+                paired.append((p, e))
+                taken.insert(KeyBytes(p.key))
+            }
+            for (p, e) in paired {
+                guard let old = e.remoteKey else { continue }
                 moves.items[KeyBytes(p.key)] = e
                 for (new, was) in Self.foldersMoved(from: old, to: p.key) where folderMoves[new] == nil { folderMoves[new] = was }
             }
@@ -203,6 +222,9 @@ extension FileSystem {
             return (digest.map { ["d" + $0 + n] } ?? []) + (tag.map { ["t" + $0 + n] } ?? [])
         }
 
+        /// `id`'s entry is taken already (paired by the item's id).
+        mutating func exclude(_ id: Int64) { taken.insert(id) }
+
         mutating func add(_ e: EntryRecord) {
             for k in Self.keys(digest: e.remoteDigest, tag: e.remoteTag, name: e.name) + Self.keys(digest: e.remoteDigest, tag: e.remoteTag, name: nil) {
                 lists[k, default: []].append(e)
@@ -244,9 +266,14 @@ extension FileSystem {
     }
 
     /// Moves the item of entry `e` (whose key the store deleted) to `key`, where the store now
-    /// has it as `info`, then takes `info`'s metadata. Nothing is downloaded: the bytes are
-    /// the same. An item already there (its folder moved first) only takes the new key.
+    /// has it as `info`, then takes `info`'s metadata, and its bytes when they are not the ones
+    /// here (an item paired by its id, moved and edited at once): bytes that are the same are
+    /// not downloaded again. An item already there (its folder moved first) only takes the new key.
     private func applyRemoteMove(_ e: EntryRecord, to key: String, _ info: ObjectInfo) throws -> Bool {
+        // What the entry records of its bytes: the store's words for them at the new key when
+        // they are the same, else the old ones, so that `updateFromRemote` takes the new bytes.
+        let same = e.holdsTheBytes(of: info)
+        let (tag, digest) = same ? (info.contentTag, info.metadata.sha256) : (e.remoteTag, e.remoteDigest)
         let (parts, _) = StoreKey.segments(key)
         guard let parent = try remoteParent(of: key, parts) else { return false }
         let name = Array(parts.last!.utf8)
@@ -275,8 +302,7 @@ extension FileSystem {
                     }
                     // At the new key, still at the old version: `updateFromRemote` records the new one
                     // with its metadata (a crash in between is the same move, seen again).
-                    try tx.setRemote(entryID: e.id, key: key, version: e.remoteVersion, tag: info.contentTag,
-                                     digest: info.metadata.sha256)
+                    try tx.setRemote(entryID: e.id, key: key, version: e.remoteVersion, tag: tag, digest: digest)
                 }
                 if superseded || here != nil { return !superseded }
                 fromDir.children[e.name] = nil
@@ -297,7 +323,7 @@ extension FileSystem {
         }
         var now = e
         now.parent = parent; now.name = name; now.remoteKey = key
-        now.remoteTag = info.contentTag; now.remoteDigest = info.metadata.sha256
+        now.remoteTag = tag; now.remoteDigest = digest
         return try updateFromRemote(now, info)
     }
 
@@ -407,7 +433,7 @@ extension FileSystem {
                 try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
                 try tx.insertEntry(parent: parent, name: name, ino: ino, remoteKey: remote?.key,
                                    remoteVersion: remote?.version, remoteTag: remote?.contentTag,
-                                   remoteDigest: remote?.metadata.sha256)
+                                   remoteDigest: remote?.metadata.sha256, remoteFileID: remote?.metadata.fileID)
                 try tx.replaceXattrs(ino, xattrs)
             }
             t.attach(rec, in: dir, name: name).xattrs = xattrs
