@@ -78,7 +78,7 @@ public final class S3Client: Sendable {
     @discardableResult
     public func send(_ method: HTTPMethod, key: String?, query: [(String, String)] = [], headers: [String: String] = [:],
                      body: S3Body = .none, maxResponse: Int = 64 << 20) async throws -> S3Response {
-        try await retrying(method, key) {
+        try await retrying(method, key, query: query) {
             let r = try await once(method, key: key, query: query, headers: headers, body: body, maxResponse: maxResponse)
             return (200 ..< 300).contains(r.status) || r.status == 304 ? .done(r) : .answered(r)
         }
@@ -92,7 +92,11 @@ public final class S3Client: Sendable {
 
     /// Runs `attempt` until it is done, or fails for good: S3's transient answers and broken
     /// connections are tried again (`attempts` in all) after a jittered, doubling pause.
-    private func retrying<T: Sendable>(_ method: HTTPMethod, _ key: String?, _ attempt: () async throws -> Outcome<T>) async throws -> T {
+    /// What is said of a try that failed names the request (a bucket's listing by its query) and,
+    /// for an answer, the server's own message.
+    private func retrying<T: Sendable>(_ method: HTTPMethod, _ key: String?, query: [(String, String)] = [],
+                                       _ attempt: () async throws -> Outcome<T>) async throws -> T {
+        let what = (key ?? "") + (query.isEmpty ? "" : "?" + query.map { "\($0.0)=\($0.1)" }.joined(separator: "&"))
         var tries = 0
         while true {
             tries += 1
@@ -102,7 +106,8 @@ public final class S3Client: Sendable {
                 case .answered(let r):
                     let error = Self.error(for: r, key: key ?? "", method: method)
                     guard error.isTransient, tries < attempts else { throw error }
-                    logger.info("S3 \(method) \(key ?? "") answered \(r.status), trying again")
+                    let said = Self.xmlValue("Message", in: r.text).map { ": \($0.prefix(200))" } ?? ""
+                    logger.info("S3 \(method) \(what) answered \(r.status)\(said), trying again")
                 }
             } catch let e as StoreError {
                 throw e
@@ -111,7 +116,7 @@ public final class S3Client: Sendable {
             } catch {
                 // Could not reach it, or the connection broke: transient.
                 guard tries < attempts else { throw StoreError.unavailable("\(endpoint.url.absoluteString): \(Self.describe(error))") }
-                logger.info("S3 \(method) \(key ?? "") failed (\(Self.describe(error))), trying again")
+                logger.info("S3 \(method) \(what) failed (\(Self.describe(error))), trying again")
             }
             try await Task.sleep(nanoseconds: UInt64(Double.random(in: 0.5 ... 1.5) * 0.2 * pow(2, Double(tries - 1)) * 1e9))
         }
@@ -133,7 +138,7 @@ public final class S3Client: Sendable {
     public func download(key: String, query: [(String, String)] = [], headers: [String: String] = [:],
                          into fd: Int32, at offset: Int64,
                          accept: @Sendable (HTTPHeaders) -> Bool = { _ in true }) async throws -> Int64 {
-        try await retrying(.GET, key) {
+        try await retrying(.GET, key, query: query) {
             let response = try await http.execute(prepare(.GET, key: key, query: query, headers: headers, body: .none), timeout: timeout)
             let status = Int(response.status.code)
             guard status == 200 || status == 206 else {

@@ -50,7 +50,10 @@ struct SplitMix: RandomNumberGenerator {
         var rng = SplitMix(state: seed)
         let trace = ProcessInfo.processInfo.environment["UBIQ_RANDOM_TRACE"] != nil
         let store = try newStore()
-        let devices = try (0 ..< 3).map { try Device(store: store, remote: remotes?[$0], residentNodes: residentNodes) }
+        // Over SeaweedFS, a poll the loaded server fails is waited out (see `Device.pull`).
+        let devices = try (0 ..< 3).map {
+            try Device(store: store, remote: remotes?[$0], residentNodes: residentNodes, serverFaultsWait: remotes == nil ? 0 : 60)
+        }
         try devices[0].mkdir("d1")
         try devices[0].mkdir("d2")
         devices[0].sync()
