@@ -167,12 +167,11 @@ extension FileSystem {
                 goneFiles.exclude(e.id)
                 paired.append((p, e))
             }
-            var taken = Set(paired.map { KeyBytes($0.0.key) })
-            for p in puts where !taken.contains(KeyBytes(p.key)) {
+            let byID = Set(paired.map { KeyBytes($0.0.key) })
+            for p in puts where !byID.contains(KeyBytes(p.key)) {
                 guard let info = p.info, info.isFileWithBytes, p.recordedBefore == nil, try isNew(p.key) else { continue }
                 guard let e = goneFiles.take(holding: info, name: Array(StoreKey.segments(p.key).parts.last!.utf8)) else { continue }
                 paired.append((p, e))
-                taken.insert(KeyBytes(p.key))
             }
             for (p, e) in paired {
                 guard let old = e.remoteKey else { continue }
