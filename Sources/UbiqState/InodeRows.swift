@@ -74,6 +74,20 @@ extension StateTransaction {
             .map { UInt64(bitPattern: $0) }
     }
 
+    /// How many of `inos` are placeholders (regular files whose bytes are not here), each as
+    /// many times as it is named there (its hard links), read as a stream of the placeholders'
+    /// numbers.
+    public func placeholderCount(among inos: [UInt64: Int]) throws -> Int {
+        guard !inos.isEmpty else { return 0 }
+        let rows = try Int64.fetchCursor(db.cachedStatement(sql: "SELECT ino FROM inodes WHERE type = ? AND NOT present"),
+                                         arguments: [Self.regType])
+        var n = 0
+        while let i = try rows.next() {
+            n += inos[UInt64(bitPattern: i)] ?? 0
+        }
+        return n
+    }
+
     /// The sum of present regular files' sizes.
     public func presentBytes() throws -> Int64 {
         try Int64.fetchOne(db, cached: "SELECT coalesce(sum(size), 0) FROM inodes WHERE type = ? AND present",

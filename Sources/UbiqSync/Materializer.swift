@@ -451,6 +451,12 @@ public final class Materializer: @unchecked Sendable {
         return failures[ino]
     }
 
+    /// Items with a download under way, or whose last download failed (`lastError`).
+    public func downloadsAndFailures() -> Set<UInt64> {
+        cond.lock(); defer { cond.unlock() }
+        return Set(jobs.keys).union(failures.keys)
+    }
+
     /// Each download under way and how far it got (`localBytes`).
     public func downloadedSoFar() -> [(ino: UInt64, bytes: Int64)] {
         cond.lock(); defer { cond.unlock() }

@@ -53,7 +53,7 @@ extension FileSystem {
         if ino == rootIno && name == "cache-limit" { return Array(String(cacheLimit ?? 0).utf8) }
         let known = Self.statusAttributes.contains(name) || Self.folderAttributes.contains(name)
         guard known else { return nil }
-        let s = try itemStatus(ino)
+        let s = try itemStatus(ino, countingPlaceholders: name == "items-not-downloaded")
         let flag = { (b: Bool) in b ? "1" : "0" }
         let value: String
         switch (s.isDirectory, name) {
@@ -79,8 +79,10 @@ extension FileSystem {
         return Array(value.utf8)
     }
 
-    /// The sync state of `ino` (for a folder, summed over everything under it).
-    public func itemStatus(_ ino: UInt64) throws -> ItemStatus {
+    /// The sync state of `ino` (for a folder, summed over everything under it;
+    /// `countingPlaceholders`: with `itemsNotDownloaded`, the one figure that reads a row of
+    /// every file under it that is not in memory).
+    public func itemStatus(_ ino: UInt64, countingPlaceholders: Bool = true) throws -> ItemStatus {
         let isDir = try inodes.locked { t in try t.node(ino).isDirectory }
         if !isDir { return try fileStatus(ino) }
         // Three queries for the whole subtree, whatever its size (partial indexes keep them
@@ -90,26 +92,44 @@ extension FileSystem {
         }
         let inos = inodes.locked { t in t.subtree(ino) }
         let withCopies = itemsWithConflictCopies(inos)
+        let transfers = materializer.downloadsAndFailures()
+        // Only folders and the items those sets name can be more than current or a placeholder
+        // (`SyncStatus.rules`): each of them is asked in full. The others, most of a large
+        // tree, are counted, and their nodes are not read in (a walk of 100,000 files' nodes
+        // past the nodes kept in memory took 40 s, at every `ubiq sync`).
+        var full: [UInt64] = [], plainPlaceholders = 0, unread: [UInt64: Int] = [:]
+        inodes.locked { t in
+            for i in inos {
+                if i == ino || queued.contains(i) || errors[i] != nil || notInStore.contains(i) || withCopies.contains(i)
+                    || transfers.contains(i) {
+                    full.append(i)
+                } else if let n = t.resident(i) {
+                    if n.isDirectory { full.append(i) } else if n.rec.type == UInt32(S_IFREG) && !n.rec.present { plainPlaceholders += 1 }
+                } else {
+                    unread[i, default: 0] += 1  // a file's node (folders stay in memory)
+                }
+            }
+        }
         var s = ItemStatus(status: .current, isDirectory: true, downloadingStatus: "", downloading: false,
                            percentDownloaded: 0, uploaded: true, uploading: false, conflict: false,
                            pinned: (try? isPinned(ino)) ?? false, version: "", downloadError: "", uploadError: "",
                            localBytes: 0, size: 0, itemsNotDownloaded: 0, itemsUploading: 0, itemsConflicts: 0,
-                           itemsErrors: 0, items: 0)
-        for i in inos {
+                           itemsErrors: 0, items: inos.count - 1)
+        if countingPlaceholders {
+            s.itemsNotDownloaded = plainPlaceholders + (try readState { try $0.placeholderCount(among: unread) })
+        }
+        for i in full {
             let known = SyncFacts(queued: queued.contains(i), error: errors[i]?.error, conflict: errors[i]?.conflict ?? false,
                                   localOnly: errors[i]?.localOnly ?? false, inStore: !notInStore.contains(i), version: "", hasConflictCopies: withCopies.contains(i))
             let f = try fileStatus(i, known: known, ownPinOnly: i != ino)
             // The counts are of what is under the folder, as `items` (docs/status.md); the
             // folder's own state shows in its status word and its uploading/uploaded.
             if i != ino {
-                s.items += 1
-                if f.isDirectory == false && f.downloadingStatus == "not-downloaded" { s.itemsNotDownloaded += 1 }
+                if countingPlaceholders && f.isDirectory == false && f.downloadingStatus == "not-downloaded" { s.itemsNotDownloaded += 1 }
                 if f.uploading { s.itemsUploading += 1 }
                 if f.conflict { s.itemsConflicts += 1 }
                 if f.status == .error { s.itemsErrors += 1 }
             }
-            s.localBytes += f.localBytes
-            s.size += f.size
             s.status = max(s.status, f.status)
         }
         // A folder of placeholders is not "placeholder" itself: it is all there, as names.
