@@ -231,6 +231,8 @@ public final class ChangeFeed: @unchecked Sendable {
         var changes: [RemoteChange] = []
         var kvKeys: [String] = []
         var unread: [String] = []
+        // A key new here that the store failed to tell of this poll (see below).
+        var unreadNewKey = false
         for key in order {
             // ubiq's own keys are not files: the key-value store's go to its handler.
             if ReservedKeys.isReserved(key) {
@@ -253,6 +255,7 @@ public final class ChangeFeed: @unchecked Sendable {
                     // This key waits for the next poll; the others go on (a flaky store must
                     // not stall the whole feed on one of a thousand keys).
                     unread.append(key)
+                    if v == nil { unreadNewKey = true }
                     continue
                 } catch {
                     // An answer this device cannot use: asked again at the next poll, said once,
@@ -269,6 +272,19 @@ public final class ChangeFeed: @unchecked Sendable {
             // This device's own writes: the uploader records them.
             if writtenHere(info?.metadata) { continue }
             changes.append(RemoteChange(key: key, info: info, recordedBefore: before[KeyBytes(key)]))
+        }
+        // A new key that could not be read may be where an item went: another device copies it
+        // there, then deletes the old key. Applied without it, the delete removes the item here
+        // and the copy comes next poll as a new one: its bytes are downloaded again, its pins and
+        // the inode open files hold are lost. So this poll's deletes of what this device holds
+        // wait with it, and go together with it next poll. (A key the store cannot answer for
+        // at all holds nothing up.)
+        if unreadNewKey {
+            let held = changes.filter { $0.info == nil && $0.recordedBefore != nil }.map(\.key)
+            if !held.isEmpty {
+                changes.removeAll { $0.info == nil && $0.recordedBefore != nil }
+                unread += held
+            }
         }
         changes += try movedAway(changes, asked: &seen)
         let retry = Set(((changes.isEmpty ? [] : self.changes.applyRemote(changes)) + unread).map(KeyBytes.init)).map(\.key)

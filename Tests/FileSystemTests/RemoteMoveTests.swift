@@ -255,6 +255,35 @@ import UbiqStore
         #expect(hiding.counting.bytesRead == fetched)
     }
 
+    /// A move whose new key the store fails to tell of for a poll (its HEAD fails three times):
+    /// the old key's delete waits for it, and the next poll applies both as a move. Before, the
+    /// delete removed the file here, and the new key came next poll as a new item: another
+    /// inode, its bytes to download again.
+    @Test func aMoveWhoseNewKeyCannotBeReadForAPollIsStillAMove() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("docs")
+        try a.write("docs/f", text(4))
+        a.sync()
+        let shaped = ShapedFeed(CountingStore(store))
+        let b = try Device(store: store, remote: shaped)
+        #expect(try b.read("docs/f") == text(4))
+        let ino = try b.ino("docs/f")
+        let fetched = shaped.counting.bytesRead
+        try a.mkdir("archive")
+        try a.fs.rename(try a.ino("docs"), n("f"), try a.ino("archive"), n("f"))
+        a.sync()
+        shaped.failHeads(of: "archive/f", times: 3)
+        b.pull()
+        #expect(try b.names("docs") == ["f"], "the delete waits for the key the file may have gone to")
+        b.pull()
+        #expect(try b.names("docs") == [])
+        #expect(try b.ino("archive/f") == ino)
+        #expect(try b.fs.getattr(ino).blocks > 0)
+        #expect(try b.read("archive/f") == text(4))
+        #expect(shaped.counting.bytesRead == fetched)
+    }
+
     /// Not moves: a copy made elsewhere (the old key stays), and a file deleted while another
     /// with other bytes comes; a file changed here before the move arrives keeps its edit.
     /// Every upload carries the item's id in the store (`ObjectMetadata.fileID`), the same
@@ -381,12 +410,25 @@ import UbiqStore
 
 /// A store whose feed is less than whole: while `hideDeletes` is set it leaves deletes out (a
 /// feed that tells a copy a poll before its delete), while `cut` is set it says no more after
-/// the first batch (the rest comes at the next poll).
+/// the first batch (the rest comes at the next poll); `failHeads` makes a key unreadable.
 final class ShapedFeed: ForwardingStore, @unchecked Sendable {
     let counting: CountingStore
     var hideDeletes = false
     var cut = false
+    private let lock = NSLock()
+    private var failing: [String: Int] = [:]
     init(_ counting: CountingStore) { self.counting = counting; super.init(counting) }
+    /// The next `times` HEADs of `key` fail as a store that cannot be reached.
+    func failHeads(of key: String, times: Int) { lock.withLock { failing[key] = times } }
+    override func head(_ key: String) async throws -> ObjectInfo {
+        let fail = lock.withLock { () -> Bool in
+            guard let n = failing[key], n > 0 else { return false }
+            failing[key] = n - 1
+            return true
+        }
+        if fail { throw StoreError.unavailable("test: \(key) cannot be read now") }
+        return try await super.head(key)
+    }
     override func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
         var batch = try await counting.changes(since: cursor, limit: limit)
         if cut { batch.more = false }
