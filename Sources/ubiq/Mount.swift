@@ -62,8 +62,8 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds an upload waits after the last change to a file (coalesces bursts of saves).")
     var uploadDelay: Double = 2
 
-    @Option(help: "Uploads sent to the store at once, 1 to 64 (default 1: one at a time, in order; more is experimental).")
-    var transfers = 1
+    @Option(help: "Uploads sent to the store at once, 1 to 64 (default 8 to S3, 4 to the embedded store; 1: one at a time, in order).")
+    var transfers: Int?
 
     @Option(help: "Seconds a read of a file that is not here waits for the store before it fails with EIO.")
     var readTimeout: Double = 60
@@ -190,12 +190,19 @@ struct MountPlan {
     /// fails removes it again, so that a failed mount leaves nothing behind.
     var made: [String] = []
 
+    /// Uploads at once by default: a request to S3 waits a round trip, one to the embedded
+    /// store mostly the disk.
+    static func transfers(to store: Store) -> Int {
+        if case .s3 = store { return 8 }
+        return 4
+    }
+
     static func check(_ m: Mount) throws -> MountPlan {
         let seconds = [secondsRefused(m.readTimeout, "--read-timeout"), secondsRefused(m.pollInterval, "--poll-interval"),
                        secondsRefused(m.fullListingInterval, "--full-listing-interval"),
                        secondsRefused(m.drainTimeout, "--drain-timeout", zero: true), secondsRefused(m.uploadDelay, "--upload-delay", zero: true)]
         if let refused = seconds.compactMap({ $0 }).first { throw UserError(refused) }
-        if !(1 ... 64).contains(m.transfers) { throw UserError("--transfers must be from 1 to 64, not \(m.transfers)") }
+        if let t = m.transfers, !(1 ... 64).contains(t) { throw UserError("--transfers must be from 1 to 64, not \(t)") }
         let mp = Paths.absolute(m.mountpoint)
         var isDir: ObjCBool = false
         if let e = Mounts.entry(at: mp) {
@@ -299,7 +306,7 @@ struct MountPlan {
         }
         return MountPlan(mountpoint: mp, storeURL: storeURL, store: store, container: m.container, scope: m.scope, stateDir: stateDir,
                          fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: m.uploadDelay, pollInterval: m.pollInterval,
-                         fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout, transfers: m.transfers,
+                         fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout, transfers: m.transfers ?? Self.transfers(to: store),
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),
