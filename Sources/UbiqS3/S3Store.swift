@@ -90,6 +90,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         self.fullListingInterval = fullListingInterval; self.snapshotInterval = snapshotInterval
         log = S3ChangeLog(objects: objects, device: index.id, logged: { [index] in index.forgetUnlogged($0) })
         snapshots = S3Snapshots(objects: objects)
+        // A wish a run before this one made and did not meet (see `describe`).
+        snapshotWanted = (try? index.setting(Self.snapshotWish)) == "1"
         // Writes of the last run that no log object names (it ended between a write and its
         // log object): their entries go out with this run's first.
         for w in index.unlogged() { log.record(.init(op: w.op, key: w.key, version: nil, row: w.id)) }
@@ -203,8 +205,13 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let all = listing.objects
         var unknown = try index.unknownCount(all)
         if unknown >= max(1, all.count / 10), await loadLatestSnapshot() { unknown = try index.unknownCount(all) }
-        // A new device would send as many HEADs: the next full listing writes a snapshot.
-        if unknown >= max(headsWorthASnapshot, all.count / 20) { lock.withLock { snapshotWanted = true } }
+        // A new device would send as many HEADs: the next full listing writes a snapshot. The
+        // wish is kept in the index, so that a restart before that listing (minutes away) does
+        // not leave every new device to HEADs for the day until the next one.
+        if unknown >= max(headsWorthASnapshot, all.count / 20), !lock.withLock({ snapshotWanted }) {
+            lock.withLock { snapshotWanted = true }
+            try? index.setSetting(Self.snapshotWish, "1")
+        }
         let objects = self.objects
         var heads = 0
         for first in stride(from: 0, to: all.count, by: page) {
@@ -304,7 +311,11 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             logger.warning("could not write a snapshot of the bucket (\(error)); trying again in \(Int(snapshotInterval)) s")
         }
         lock.withLock { snapshotWanted = false; latestSnapshot = Date() }
+        try? index.setSetting(Self.snapshotWish, "0")
     }
+
+    /// The index's setting that says a snapshot is wanted.
+    static let snapshotWish = "snapshot-wanted"
 
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
         try await objects.read(key, version: version, range: range)

@@ -59,6 +59,21 @@ import UbiqStore
         let (d, cleanD) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
         defer { cleanD() }
         #expect(try await d.list(prefix: "") == heads && d.headsForLastListing == 0)
+
+        // A device whose listing needed many HEADs and that stops before its next full listing
+        // writes the snapshot at its first full listing after it starts again.
+        for k in ["g1", "g2", "g3"] { try await putRaw(a, k, k) }
+        try await Task.sleep(for: .seconds(2.2))
+        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
+        let (e, _) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, index: index)
+        e.headsWorthASnapshot = 2
+        #expect(try await e.list(prefix: "").count == 36 && e.headsForLastListing == 3)
+        let before = Set(try await e.snapshots.all().map(\.name))
+        let (again, cleanAgain) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, index: index)
+        defer { cleanAgain() }
+        _ = try await again.currentCursor()
+        let after = try await again.snapshots.all()
+        #expect(after.contains { !before.contains($0.name) && $0.complete }, "no snapshot written after the restart: \(after)")
     }
 
     /// A snapshot is written by anyone who can write to the bucket. Lines that are not
