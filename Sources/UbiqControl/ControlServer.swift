@@ -26,11 +26,13 @@ public final class ControlServer: @unchecked Sendable {
         let s = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard s >= 0 else { throw ControlError("control socket: \(String(cString: strerror(errno)))") }
         var addr = try ControlConnection.address(path)
-        let old = umask(0o177)  // created 0600
+        // Made in a folder only its owner can enter (the state directory, or a runtime folder
+        // of mode 0700), then made 0600. The process's umask is left alone: it is the whole
+        // process's, and a child another thread forks meanwhile takes it (a test run's `cp -a`
+        // made 0600 files, its `dpkg-deb` refused the package's folders).
         let r = withUnsafePointer(to: &addr) { p in
             p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(s, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
         }
-        umask(old)
         guard r == 0, chmod(path, 0o600) == 0, listen(s, 16) == 0 else {
             close(s)
             throw ControlError("control socket \(path): \(String(cString: strerror(errno)))")
