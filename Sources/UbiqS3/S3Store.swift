@@ -208,8 +208,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         // A new device would send as many HEADs: the next full listing writes a snapshot. The
         // wish is kept in the index, so that a restart before that listing (minutes away) does
         // not leave every new device to HEADs for the day until the next one.
-        if unknown >= max(headsWorthASnapshot, all.count / 20), !lock.withLock({ snapshotWanted }) {
-            lock.withLock { snapshotWanted = true }
+        if unknown >= max(headsWorthASnapshot, all.count / 20),
+           lock.withLock({ () -> Bool in defer { snapshotWanted = true }; return !snapshotWanted }) {
             try? index.setSetting(Self.snapshotWish, "1")
         }
         let objects = self.objects

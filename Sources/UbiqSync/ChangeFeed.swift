@@ -280,11 +280,9 @@ public final class ChangeFeed: @unchecked Sendable {
         // wait with it, and go together with it next poll. (A key the store cannot answer for
         // at all holds nothing up.)
         if unreadNewKey {
-            let held = changes.filter { $0.info == nil && $0.recordedBefore != nil }.map(\.key)
-            if !held.isEmpty {
-                changes.removeAll { $0.info == nil && $0.recordedBefore != nil }
-                unread += held
-            }
+            let held = { (c: RemoteChange) in c.info == nil && c.recordedBefore != nil }
+            unread += changes.filter(held).map(\.key)
+            changes.removeAll(where: held)
         }
         changes += try movedAway(changes, asked: &seen)
         let retry = Set(((changes.isEmpty ? [] : self.changes.applyRemote(changes)) + unread).map(KeyBytes.init)).map(\.key)
