@@ -72,6 +72,7 @@ let package = Package(
             "UbiqStore", "UbiqS3", "TestSupport",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOHTTP1", package: "swift-nio"),
         ]),
         .testTarget(name: "FileSystemTests", dependencies: [
             "UbiqFS", "UbiqControl", "UbiqStore", "UbiqState", "UbiqClock", "UbiqSync", "UbiqCoordinator", "UbiqS3", "TestSupport",

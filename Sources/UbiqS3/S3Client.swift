@@ -80,6 +80,10 @@ public final class S3Client: Sendable {
                      body: S3Body = .none, maxResponse: Int = 64 << 20) async throws -> S3Response {
         try await retrying(method, key, query: query) {
             let r = try await once(method, key: key, query: query, headers: headers, body: body, maxResponse: maxResponse)
+            let asked = headers["Range"].flatMap(Self.byteRange)
+            if method == .GET, let wrong = Self.inconsistency(status: r.status, headers: r.headers, asked: asked, bodyLength: Int64(r.body.readableBytes)) {
+                return .again(wrong)
+            }
             return (200 ..< 300).contains(r.status) || r.status == 304 ? .done(r) : .answered(r)
         }
     }
@@ -88,6 +92,57 @@ public final class S3Client: Sendable {
         case done(T)
         /// An answer that is not a success: mapped to an error, tried again when transient.
         case answered(S3Response)
+        /// An answer that contradicts itself or the request (`why`): tried again, as a transient
+        /// failure is.
+        case again(String)
+    }
+
+    /// `bytes=FIRST-LAST` of a request's Range header (one range, both ends given).
+    static func byteRange(_ header: String) -> ClosedRange<Int64>? {
+        guard header.hasPrefix("bytes=") else { return nil }
+        let ends = header.dropFirst(6).split(separator: "-", omittingEmptySubsequences: false)
+        guard ends.count == 2, let first = Int64(ends[0]), let last = Int64(ends[1]), first <= last else { return nil }
+        return first ... last
+    }
+
+    /// What is wrong with an answer to a GET, if anything, by its own headers: a 206 whose body
+    /// is not as long as its `Content-Range` says, or that starts elsewhere than asked; a 2xx body
+    /// shorter than its `Content-Length`; a 416 ("not satisfiable") for a range that starts
+    /// inside the object by the answer's own `Content-Range: bytes */SIZE`. A server under load
+    /// (SeaweedFS answering many 500s) has sent such answers; taken at their word they read as
+    /// empty or short bytes.
+    /// `bodyLength` nil: the headers alone are checked (before the body is read).
+    static func inconsistency(status: Int, headers: HTTPHeaders, asked: ClosedRange<Int64>?, bodyLength: Int64?) -> String? {
+        let contentRange = headers.first(name: "Content-Range")
+        switch status {
+        case 206:
+            guard let contentRange, let (first, last, _) = Self.contentRange(contentRange) else {
+                return "206 without a valid Content-Range"
+            }
+            if let bodyLength, bodyLength != last - first + 1 { return "206 for bytes \(first)-\(last) with \(bodyLength) bytes" }
+            if let asked, asked.lowerBound != first || last > asked.upperBound {
+                return "206 for bytes \(first)-\(last) where \(asked.lowerBound)-\(asked.upperBound) was asked"
+            }
+        case 200 ..< 300:
+            if let bodyLength, let length = headers.first(name: "Content-Length").flatMap({ Int64($0) }), bodyLength < length {
+                return "\(status) with \(bodyLength) of its \(length) bytes"
+            }
+        case 416:
+            if let asked, let contentRange, contentRange.hasPrefix("bytes */"), let size = Int64(contentRange.dropFirst(8)),
+               asked.lowerBound < size {
+                return "416 for bytes \(asked.lowerBound)- of an object of \(size) bytes"
+            }
+        default: break
+        }
+        return nil
+    }
+
+    /// `bytes FIRST-LAST/SIZE` (SIZE may be `*`) of a `Content-Range` header.
+    static func contentRange(_ header: String) -> (Int64, Int64, Int64?)? {
+        guard header.hasPrefix("bytes ") else { return nil }
+        let parts = header.dropFirst(6).split(separator: "/", maxSplits: 1)
+        guard parts.count == 2, let span = byteRange("bytes=" + parts[0]) else { return nil }
+        return (span.lowerBound, span.upperBound, Int64(parts[1]))
     }
 
     /// Runs `attempt` until it is done, or fails for good: S3's transient answers and broken
@@ -108,6 +163,9 @@ public final class S3Client: Sendable {
                     guard error.isTransient, tries < attempts else { throw error }
                     let said = Self.xmlValue("Message", in: r.text).map { ": \($0.prefix(200))" } ?? ""
                     logger.info("S3 \(method) \(what) answered \(r.status)\(said), trying again")
+                case .again(let why):
+                    guard tries < attempts else { throw StoreError.unavailable("\(method) \(what): the server answered \(why)") }
+                    logger.notice("S3 \(method) \(what): the server answered \(why); trying again")
                 }
             } catch let e as StoreError {
                 throw e
@@ -141,18 +199,45 @@ public final class S3Client: Sendable {
         try await retrying(.GET, key, query: query) {
             let response = try await http.execute(prepare(.GET, key: key, query: query, headers: headers, body: .none), timeout: timeout)
             let status = Int(response.status.code)
+            let asked = headers["Range"].flatMap(Self.byteRange)
             guard status == 200 || status == 206 else {
-                return .answered(S3Response(status: status, headers: response.headers, body: try await response.body.collect(upTo: 1 << 20)))
+                let body = try await response.body.collect(upTo: 1 << 20)
+                if let wrong = Self.inconsistency(status: status, headers: response.headers, asked: asked, bodyLength: Int64(body.readableBytes)) {
+                    return .again(wrong)
+                }
+                return .answered(S3Response(status: status, headers: response.headers, body: body))
             }
             guard accept(response.headers) else {
                 for try await _ in response.body {}  // read to the end, so the connection can serve again
                 return .answered(S3Response(status: 412, headers: response.headers, body: ByteBuffer()))
             }
+            // A 206 is written only when it says it holds the bytes asked for (else a longer
+            // answer would write over the neighbours of the range in `fd`). A 200 to a ranged GET
+            // is the whole object (a server may ignore Range): only the bytes asked for are written.
+            var skip: Int64 = 0, end: Int64 = .max
+            if status == 206 {
+                let wrong = Self.inconsistency(status: status, headers: response.headers, asked: asked, bodyLength: nil)
+                guard wrong == nil, let (first, last, _) = Self.contentRange(response.headers.first(name: "Content-Range") ?? "") else {
+                    for try await _ in response.body {}
+                    return .again(wrong ?? "206 without a valid Content-Range")
+                }
+                end = last - first + 1
+            } else if let asked {
+                (skip, end) = (asked.lowerBound, asked.upperBound + 1)
+            }
+            var read: Int64 = 0
             var written: Int64 = 0
             for try await buffer in response.body {
-                let data = Data(buffer.readableBytesView)
+                let from = read
+                read += Int64(buffer.readableBytes)
+                let lo = max(from, skip), hi = min(read, end)
+                guard lo < hi else { continue }
+                let data = Data(buffer.readableBytesView.dropFirst(Int(lo - from)).prefix(Int(hi - lo)))
                 try LocalWriteError.write(data, to: fd, at: offset + written)
                 written += Int64(data.count)
+            }
+            if let wrong = Self.inconsistency(status: status, headers: response.headers, asked: asked, bodyLength: read) {
+                return .again(wrong)
             }
             return .done(written)
         }

@@ -58,8 +58,6 @@ extension Uploader {
         defer {
             if let staged, stagedIsCopy { unlink(staged.path) }
             if let heldClaim { coordinator.release(heldClaim) }
-            // Kept until the upload is recorded (else the percent would read 0 in between).
-            progress.set(ino, nil)
         }
         let store = self.store
 

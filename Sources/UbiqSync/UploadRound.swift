@@ -59,6 +59,9 @@ extension Uploader {
     func uploadAndRecord(_ item: StateTransaction.OutboxItem, keys: Set<KeyBytes>?) -> Bool {
         let outcome: Outcome
         var diskFull = false
+        // The percent under way is kept until the outcome is recorded: cleared before, a status
+        // read in between saw the item still queued with no percent, so 0.
+        defer { progress.set(item.ino, nil) }
         if uploadHost?.isOpenForWriting(item.ino) ?? false {
             outcome = .busy
         } else {

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import NIOCore
+import NIOHTTP1
 import Testing
 import UbiqStore
 import TestSupport
@@ -162,6 +163,78 @@ import TestSupport
         #expect(work.accessKey == "WORK" && work.secretKey == "worksecret" && work.sessionToken == "tok")
         #expect(work.source.hasSuffix("[work]"))
         #expect(throws: S3Credentials.Missing.self) { try S3Credentials.resolve(environment: ["AWS_PROFILE": "nope"], home: home) }
+    }
+
+    /// Answers that contradict themselves or the request are tried again, never taken as bytes:
+    /// a 416 for a range inside the object (by its own Content-Range), a 206 shorter than it says,
+    /// or one for other bytes. A 200 to a ranged GET (a server that ignored Range) gives only the
+    /// range. (A server under load has sent such answers; taken at their word they read as empty.)
+    @Test func answersThatContradictThemselvesAreTriedAgain() async throws {
+        let bytes = Data((0 ..< 100).map { UInt8($0) })
+        func client(_ server: ScriptedHTTPServer) -> S3Client {
+            S3Client(endpoint: S3Endpoint(url: server.endpoint, region: "us-east-1", bucket: "b",
+                                          credentials: S3Credentials(accessKey: "k", secretKey: "s")),
+                     logger: Logger(label: "s3-test"), attempts: 4)
+        }
+        let range = ["Range": "bytes=10-19"]
+        let server = try ScriptedHTTPServer([
+            .init(416, headers: [("Content-Range", "bytes */100")], body: Data("<Error><Code>InvalidRange</Code></Error>".utf8)),
+            .init(206, headers: [("Content-Range", "bytes 10-19/100")], body: bytes[10 ..< 15]),
+            .init(206, headers: [("Content-Range", "bytes 11-20/100")], body: bytes[11 ..< 21]),
+            .init(206, headers: [("Content-Range", "bytes 10-19/100")], body: bytes[10 ..< 20]),
+        ])
+        defer { server.stop() }
+        #expect(try await client(server).send(.GET, key: "k", headers: range).data == bytes[10 ..< 20])
+        #expect(server.requests.count == 4)
+
+        // A range past the end of the object, by the answer's own size: not satisfiable, at once.
+        let past = try ScriptedHTTPServer([
+            .init(416, headers: [("Content-Range", "bytes */5")], body: Data("<Error><Code>InvalidRange</Code></Error>".utf8)),
+        ])
+        defer { past.stop() }
+        await #expect(throws: StoreError.failed("GET k: 416 InvalidRange")) { try await client(past).send(.GET, key: "k", headers: range) }
+        #expect(past.requests.count == 1)
+
+        // Too many contradictions: unavailable (the store's transient failure), not bytes.
+        let stubborn = try ScriptedHTTPServer(Array(repeating: .init(206, headers: [("Content-Range", "bytes 10-19/100")], body: Data()), count: 4))
+        defer { stubborn.stop() }
+        do {
+            _ = try await client(stubborn).send(.GET, key: "k", headers: range)
+            Issue.record("an empty 206 was taken")
+        } catch let e as StoreError {
+            #expect(e.isTransient && "\(e)".contains("206 for bytes 10-19 with 0 bytes"), "\(e)")
+        }
+
+        // Into a file: a 206 for other bytes writes nothing; a 200 (the whole object) writes
+        // only the range, at its place; the bytes around it are left alone.
+        let file = try ScriptedHTTPServer([
+            .init(206, headers: [("Content-Range", "bytes 10-29/100")], body: bytes[10 ..< 30]),
+            .init(200, body: bytes),
+        ])
+        defer { file.stop() }
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3-range-\(UUID().uuidString)").path
+        defer { unlink(path) }
+        #expect(FileManager.default.createFile(atPath: path, contents: Data(repeating: 0xEE, count: 40)))
+        let fd = open(path, O_RDWR)
+        defer { close(fd) }
+        let written = try await client(file).download(key: "k", headers: range, into: fd, at: 15)
+        #expect(written == 10)
+        let back = try Data(contentsOf: URL(fileURLWithPath: path))
+        #expect(back == Data(repeating: 0xEE, count: 15) + bytes[10 ..< 20] + Data(repeating: 0xEE, count: 15))
+        #expect(file.requests.count == 2)
+    }
+
+    @Test func contentRangesAreRead() {
+        #expect(S3Client.byteRange("bytes=0-9") == 0 ... 9)
+        #expect(S3Client.byteRange("bytes=5-") == nil)
+        #expect(S3Client.byteRange("bytes=9-0") == nil)
+        #expect(S3Client.contentRange("bytes 0-9/100")! == (0, 9, 100))
+        #expect(S3Client.contentRange("bytes 0-9/*")! == (0, 9, nil))
+        #expect(S3Client.contentRange("bytes */100") == nil)
+        let h = HTTPHeaders([("Content-Range", "bytes 0-9/10")])
+        #expect(S3Client.inconsistency(status: 206, headers: h, asked: 0 ... 99, bodyLength: 10) == nil)  // clamped at the end
+        #expect(S3Client.inconsistency(status: 416, headers: HTTPHeaders([("Content-Range", "bytes */0")]), asked: 0 ... 9, bodyLength: 0) == nil)
+        #expect(S3Client.inconsistency(status: 200, headers: HTTPHeaders([("Content-Length", "10")]), asked: nil, bodyLength: 4) != nil)
     }
 }
 
