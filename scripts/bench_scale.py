@@ -259,6 +259,11 @@ def rename_seen(s3, binary, proxy, via, writer, files):
             r["file_bytes"] = proxy.file_bytes
         r["requests"] = proxy.take()
         r["downloaded_after"] = sum(1 for e in os.scandir(f"{mnt}/renamed") if e.stat().st_blocks > 0) if seen else None
+        # The next full listing: what the log told is not asked for again.
+        t1 = time.perf_counter()
+        subprocess.run(f"{binary} sync --full {mnt}", shell=True, env=s3.env, stdout=subprocess.DEVNULL)
+        r["full_after_s"] = time.perf_counter() - t1
+        r["full_after_requests"] = proxy.take()
         log = f"{s3.base}/scale-rename/state/ubiq.log"
         if os.path.exists(log):
             text = open(log, errors="replace").read()
@@ -310,3 +315,6 @@ def report(r):
         print(f"- moves applied as moves (the device's log): {m.get('moved_here', 0):,}")
         print(f"- files here in full: {m['downloaded_before']:,} before, "
               + ("—" if m["downloaded_after"] is None else f"{m['downloaded_after']:,}") + " after")
+        if "full_after_s" in m:
+            print(f"- the device's next full listing (ubiq sync --full): {m['full_after_s']:.1f} s, "
+                  f"{total(m['full_after_requests']):,} requests ({shown(m['full_after_requests'])})")

@@ -251,8 +251,13 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// index and snapshots remember.
     static func settled(_ o: ListedObject, _ info: ObjectInfo, in listing: Listing) -> Bool {
         guard info.contentTag == o.etag, let m = o.modified else { return false }
-        return listing.taken.timeIntervalSince(m) >= 2
+        return listing.taken.timeIntervalSince(m) >= unsettled
     }
+
+    /// How long after an object's listed time it may still change unseen (S3 times are in
+    /// seconds; a metadata change keeps the ETag and size): until then a stamp does not name
+    /// one version.
+    static let unsettled: TimeInterval = 2
 
     // MARK: - Snapshots
 
@@ -453,6 +458,10 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             byFolder[StoreKey.folder(of: c.key), default: []].append(i)
         }
         var requests = 0
+        // What a listing confirmed is remembered at its listing stamp, as a HEAD's answer is
+        // (`describe`): the next full listing, and a snapshot, ask nothing more of it (the
+        // files of a folder moved on another device were a HEAD each there, twice).
+        var learned: [(stamp: String, info: ObjectInfo)] = []
         for (folder, members) in byFolder.sorted(by: { $0.key < $1.key }) {
             guard members.count >= Self.changesWorthAListing else { continue }
             let keys = members.map { changes[$0].key }.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
@@ -479,9 +488,11 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                           claim.contentTag == o.etag, S3Objects.Version(claim.version).etag == o.etag, claim.size == o.size,
                           modified.timeIntervalSince1970 * 1000 <= Double(at) + 1000 else { continue }
                     changes[i].current = .object(claim)
+                    if found.listing.taken.timeIntervalSince(modified) >= Self.unsettled { learned.append((o.stamp, claim)) }
                 }
             }
         }
+        try? index.remember(learned)
         lock.withLock { lastLook.requests += requests; lastNotes = [:] }
         return changes
     }
@@ -495,9 +506,11 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let marked = try await log.look(from: nil, markOnly: true)
         let listing = try await objects.listAll(under: "")
         warn(listing.skipped)
-        guard let (changes, next) = try index.advance(since: since, to: listing, stableFolders: !objects.keepsFolderMetadata) else {
+        guard var (changes, next) = try index.advance(since: since, to: listing, unsettled: Self.unsettled,
+                                                      stableFolders: !objects.keepsFolderMetadata) else {
             return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         }
+        try tellKnown(&changes, in: listing)
         log.noteRead(marked)
         listed(requests: marked.requests + listing.requests)
         try? await log.prune(olderThan: logRetention)
@@ -511,6 +524,21 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             lock.withLock { if recentListing?.at == at { recentListing = nil } }
         }
         return ChangeBatch(changes: changes, cursor: next + "@\(marked.position)", reset: false)
+    }
+
+    /// A put the index knows at its listed stamp (what a HEAD said, or a listing confirmed of
+    /// the change log) is told with what it holds: the feed asks nothing more of it (10,000
+    /// files moved on another device, already moved here by the log, were 10,000 HEADs).
+    private func tellKnown(_ changes: inout [StoreChange], in listing: Listing) throws {
+        var at: [KeyBytes: Int] = [:]
+        for (i, c) in changes.enumerated() where c.kind == .put { at[KeyBytes(c.key)] = i }
+        guard !at.isEmpty else { return }
+        let listed = listing.objects.filter { at[KeyBytes($0.key)] != nil }
+        for (k, info) in try index.known(listed) {
+            guard let i = at[k] else { continue }
+            changes[i].version = info.version
+            changes[i].current = .object(info)
+        }
     }
 
     private func listed(requests: Int) {

@@ -323,6 +323,41 @@ import UbiqStore
         #expect(told.count == 3 && told.allSatisfy { $0.current == nil } && b.lastLook.requests == requests, "\(told)")
     }
 
+    /// What a listing of a folder confirmed of the log is remembered: the next full listing
+    /// tells those keys with what they hold, so the feed asks nothing of them (a folder of
+    /// files moved on another device was a HEAD each there, after the log had told them).
+    /// Only what was settled when it was confirmed (a second more may change it unseen).
+    @Test func aFullListingAsksNothingTheLogAlreadyTold() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanB() }
+        let cursor = try await b.currentCursor()
+        var made: [ObjectInfo] = []
+        for i in 0 ..< 20 {
+            made.append(try await a.put("docs/f\(i)", contentsOf: try tempFile(Array("file \(i)".utf8)), metadata: meta, condition: .ifAbsent))
+        }
+        try await a.publishChanges()
+        try await Task.sleep(nanoseconds: 2_500_000_000)
+        let (changes, next) = try await look(b, from: cursor)
+        let told = await b.confirmed(changes)
+        #expect(told.count == 20 && told.allSatisfy { $0.current != nil }, "\(told)")
+        // One more, told by the log while unsettled: asked again at the full listing.
+        let late = try await a.put("docs/late", contentsOf: try tempFile([1]), metadata: meta, condition: .ifAbsent)
+        try await a.publishChanges()
+        let (more, last) = try await look(b, from: next)
+        #expect(more.map(\.key) == ["docs/late"])
+        b.lookEverywhereNext()
+        let full = try await b.changes(since: last, limit: 1000)
+        #expect(!full.reset)
+        for info in made {
+            let c = try #require(full.changes.first { $0.key == info.key })
+            #expect(c.current == .object(info) && c.version == info.version, "\(info.key): \(c)")
+        }
+        let l = try #require(full.changes.first { $0.key == late.key })
+        #expect(l.current == nil && l.version == nil, "\(l)")
+    }
+
     /// Files added at the end of a folder of more than a page (a folder being moved, a poll
     /// at a time): the listing starts just before the first of them, one request.
     @Test func aListingStartsWhereTheChangesAre() async throws {
