@@ -122,7 +122,11 @@ public final class PrefixStore: CloudStore, Sendable {
     /// The inner store's answer, its keys in and out of the prefix.
     public func confirmed(_ changes: [StoreChange]) async -> [StoreChange] {
         let inside = changes.map { c in
-            StoreChange(kind: c.kind, key: prefix + c.key, version: c.version, claimed: c.claimed.map { var i = $0; i.key = prefix + i.key; return i })
+            let within = { [prefix] (i: ObjectInfo) -> ObjectInfo in var i = i; i.key = prefix + i.key; return i }
+            var current = c.current
+            if case .object(let info) = current { current = .object(within(info)) }
+            // What the store told already goes back in with it (a full listing's known keys).
+            return StoreChange(kind: c.kind, key: prefix + c.key, version: c.version, claimed: c.claimed.map(within), current: current)
         }
         return await inner.confirmed(inside).map(local)
     }

@@ -649,6 +649,18 @@ import Synchronization
 /// A store whose feed, once asked to (`resetOnce`), answers that it cannot go on from the
 /// device's cursor; the listing the device then gets is the one made when the new cursor was
 /// found (as the S3 store's), and `then` runs just after it was made.
+/// What a store told of a change already (a full listing's keys its index knows) goes through
+/// a container's prefix and back: dropped on the way in, the feed asked for it again.
+@Test func whatAStoreToldAlreadyGoesThroughAPrefix() async throws {
+    let inner = ForwardingStore(try newStore())
+    let store = PrefixStore(inner, prefix: ".ubiquity/containers/app/")
+    let info = ObjectInfo(key: "docs/a", version: "v1", size: 3, metadata: ObjectMetadata(kind: .file), contentTag: "t")
+    let told = await store.confirmed([StoreChange(kind: .put, key: "docs/a", version: "v1", current: .object(info)),
+                                      StoreChange(kind: .delete, key: "docs/b", version: nil, current: .absent)])
+    #expect(told.map(\.current) == [.object(info), .absent])
+    #expect(told.map(\.key) == ["docs/a", "docs/b"])
+}
+
 final class ResettingStore: ForwardingStore, @unchecked Sendable {
     private let pending = Mutex<(@Sendable () -> Void)?>(nil)
     private let made = Mutex<[ObjectInfo]?>(nil)
