@@ -123,13 +123,13 @@ final class S3ChangeLog: @unchecked Sendable {
     /// Log objects that could not be fetched, and how many times in a row.
     private var failures: [String: Int] = [:]
 
-    /// Told the index rows of the entries a log object now holds.
-    private let logged: @Sendable ([Int64]) -> Void
+    /// Told the entries a log object now holds.
+    private let logged: @Sendable ([Entry]) -> Void
     /// Whether a change noted outside a round goes to the log by itself (tests of a crash
     /// before the log object turn it off).
     var publishesBySelf = true
 
-    init(objects: S3Objects, device: String, logged: @escaping @Sendable ([Int64]) -> Void = { _ in }) {
+    init(objects: S3Objects, device: String, logged: @escaping @Sendable ([Entry]) -> Void = { _ in }) {
         self.objects = objects; self.device = device; self.logged = logged
     }
 
@@ -181,7 +181,7 @@ final class S3ChangeLog: @unchecked Sendable {
                 do {
                     try await write(batch)
                     lock.withLock { inFlight = 0 }
-                    logged(batch.compactMap(\.row))
+                    logged(batch)
                 } catch {
                     lock.withLock {
                         inFlight = 0

@@ -9,7 +9,9 @@ import UbiqStore
 /// - `feed`: the listing the change feed last saw, to tell the next one's changes from;
 /// - `parts`: part uploads under way (multipart journal);
 /// - `unlogged`: keys this device wrote (or tried to) that no log object of its names yet
-///   (S3ChangeLog): a crash between a write and its log object loses no entry.
+///   (S3ChangeLog): a crash between a write and its log object loses no entry;
+/// - `written`: what this device's logged puts wrote, and when, until a full listing has
+///   shown them (`S3Store.tellKnown`).
 ///
 /// WAL with `synchronous = NORMAL`: a commit survives a killed daemon (as the state database's
 /// do), without waiting for the disk: one is made before every write to the bucket.
@@ -43,6 +45,14 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
                 // One row a key (the latest write's): a key written many times while the log
                 // could not be written is one entry to publish.
                 try db.execute(sql: "CREATE TABLE unlogged (id INTEGER PRIMARY KEY, op TEXT NOT NULL, key TEXT NOT NULL UNIQUE)")
+            }
+            m.registerMigration("v3") { db in
+                // What this device's puts wrote, as their log entries say, and when (the server's
+                // ms): the next full listing takes one its listing bears out without a HEAD.
+                try db.execute(sql: """
+                    CREATE TABLE written (key TEXT PRIMARY KEY, version TEXT NOT NULL, size INTEGER NOT NULL,
+                                          meta BLOB NOT NULL, tag TEXT, at INTEGER NOT NULL)
+                    """)
             }
             try m.migrate(db)
             id = try db.read { try String.fetchOne($0, sql: "SELECT value FROM settings WHERE name = 'id'") } ?? "?"
@@ -203,12 +213,48 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         }) ?? []
     }
 
-    /// A log object names these writes now.
-    func forgetUnlogged(_ ids: [Int64]) {
-        guard !ids.isEmpty else { return }
+    /// A log object holds these entries now: their writes are no longer unlogged, and what
+    /// each put of this device wrote is kept for the next full listing (`written`).
+    func logged(_ entries: [S3ChangeLog.Entry]) {
+        guard !entries.isEmpty else { return }
         try? run { db in
-            let stmt = try db.cachedStatement(sql: "DELETE FROM unlogged WHERE id = ?")
-            for id in ids { try stmt.execute(arguments: [id]) }
+            let forget = try db.cachedStatement(sql: "DELETE FROM unlogged WHERE id = ?")
+            let keep = try db.cachedStatement(sql: "INSERT OR REPLACE INTO written VALUES (?, ?, ?, ?, ?, ?)")
+            let drop = try db.cachedStatement(sql: "DELETE FROM written WHERE key = ?")
+            let encoder = JSONEncoder()
+            for e in entries {
+                if let row = e.row { try forget.execute(arguments: [row]) }
+                if let c = e.claimed, let at = e.at, let meta = try? encoder.encode(c.metadata) {
+                    try keep.execute(arguments: [c.key, c.version, c.size, meta, c.contentTag, at])
+                } else {
+                    try drop.execute(arguments: [e.key])
+                }
+            }
+        }
+    }
+
+    /// What this device's latest logged puts of these keys wrote, and when (the server's ms).
+    func written(_ keys: some Collection<String>) throws -> [KeyBytes: (info: ObjectInfo, at: Int64)] {
+        try run { db in
+            var out: [KeyBytes: (info: ObjectInfo, at: Int64)] = [:]
+            let stmt = try db.cachedStatement(sql: "SELECT version, size, meta, tag, at FROM written WHERE key = ?")
+            for key in keys {
+                guard let row = try Row.fetchOne(stmt, arguments: [key]),
+                      let meta = try? JSONDecoder().decode(ObjectMetadata.self, from: row["meta"] as Data) else { continue }
+                out[KeyBytes(key)] = (ObjectInfo(key: key, version: row["version"], size: row["size"], metadata: meta, contentTag: row["tag"]),
+                                      row["at"])
+            }
+            return out
+        }
+    }
+
+    /// Forgets what `written` holds of `keys` (a full listing has reported them) and of
+    /// writes before `before` (ms; any full listing since has shown them).
+    func forgetWritten(_ keys: some Collection<String>, before: Int64) throws {
+        try run { db in
+            let stmt = try db.cachedStatement(sql: "DELETE FROM written WHERE key = ?")
+            for key in keys { try stmt.execute(arguments: [key]) }
+            try db.execute(sql: "DELETE FROM written WHERE at < ?", arguments: [before])
         }
     }
 

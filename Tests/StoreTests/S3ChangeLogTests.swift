@@ -358,6 +358,33 @@ import UbiqStore
         #expect(l.current == nil && l.version == nil, "\(l)")
     }
 
+    /// This device's own puts, as its log entries say, are told by its next full listing without
+    /// a HEAD, when the listing bears them out and they are settled: 3,000 files uploaded were
+    /// 3,000 HEADs there. Another tool's object is asked for; an entry is used once.
+    @Test func aFullListingTakesThisDevicesOwnPutsFromItsLog() async throws {
+        let (a, clean) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { clean() }
+        let cursor = try await a.currentCursor()
+        var made: [ObjectInfo] = []
+        for i in 0 ..< 5 {
+            made.append(try await a.put("mine/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: meta, condition: .ifAbsent))
+        }
+        try await a.publishChanges()
+        #expect(try a.index.written(made.map(\.key)).count == 5)
+        try await a.objects.client.send(.PUT, key: a.objects.prefix + "mine/other", body: .data(Data("x".utf8)))
+        try await Task.sleep(nanoseconds: 2_500_000_000)
+        a.lookEverywhereNext()
+        let full = try await a.changes(since: cursor, limit: 1000)
+        #expect(!full.reset)
+        for info in made {
+            let c = try #require(full.changes.first { $0.key == info.key })
+            #expect(c.current == .object(info) && c.version == info.version, "\(info.key): \(c)")
+        }
+        let other = try #require(full.changes.first { $0.key == "mine/other" })
+        #expect(other.current == nil && other.version == nil, "\(other)")
+        #expect(try a.index.written(made.map(\.key)).isEmpty)
+    }
+
     /// Files added at the end of a folder of more than a page (a folder being moved, a poll
     /// at a time): the listing starts just before the first of them, one request.
     @Test func aListingStartsWhereTheChangesAre() async throws {
