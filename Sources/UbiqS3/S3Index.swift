@@ -10,8 +10,8 @@ import UbiqStore
 /// - `parts`: part uploads under way (multipart journal);
 /// - `unlogged`: keys this device wrote (or tried to) that no log object of its names yet
 ///   (S3ChangeLog): a crash between a write and its log object loses no entry;
-/// - `written`: what this device's logged puts wrote, and when, until a full listing has
-///   shown them (`S3Store.tellKnown`).
+/// - `claimed`: what the change log says puts wrote (this device's and others'), and when,
+///   until a full listing has shown them (`S3Store.tellKnown`).
 ///
 /// WAL with `synchronous = NORMAL`: a commit survives a killed daemon (as the state database's
 /// do), without waiting for the disk: one is made before every write to the bucket.
@@ -47,10 +47,10 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
                 try db.execute(sql: "CREATE TABLE unlogged (id INTEGER PRIMARY KEY, op TEXT NOT NULL, key TEXT NOT NULL UNIQUE)")
             }
             m.registerMigration("v3") { db in
-                // What this device's puts wrote, as their log entries say, and when (the server's
-                // ms): the next full listing takes one its listing bears out without a HEAD.
+                // What the change log says puts wrote (this device's and others'), and when (the
+                // server's ms): the next full listing takes one its listing bears out without a HEAD.
                 try db.execute(sql: """
-                    CREATE TABLE written (key TEXT PRIMARY KEY, version TEXT NOT NULL, size INTEGER NOT NULL,
+                    CREATE TABLE claimed (key TEXT PRIMARY KEY, version TEXT NOT NULL, size INTEGER NOT NULL,
                                           meta BLOB NOT NULL, tag TEXT, at INTEGER NOT NULL)
                     """)
             }
@@ -213,31 +213,42 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         }) ?? []
     }
 
-    /// A log object holds these entries now: their writes are no longer unlogged, and what
-    /// each put of this device wrote is kept for the next full listing (`written`).
+    /// A log object holds these entries of this device's now: their writes are no longer
+    /// unlogged, and what each put wrote is kept for the next full listing (`claimed`).
     func logged(_ entries: [S3ChangeLog.Entry]) {
         guard !entries.isEmpty else { return }
         try? run { db in
             let forget = try db.cachedStatement(sql: "DELETE FROM unlogged WHERE id = ?")
-            let keep = try db.cachedStatement(sql: "INSERT OR REPLACE INTO written VALUES (?, ?, ?, ?, ?, ?)")
-            let drop = try db.cachedStatement(sql: "DELETE FROM written WHERE key = ?")
-            let encoder = JSONEncoder()
-            for e in entries {
-                if let row = e.row { try forget.execute(arguments: [row]) }
-                if let c = e.claimed, let at = e.at, let meta = try? encoder.encode(c.metadata) {
-                    try keep.execute(arguments: [c.key, c.version, c.size, meta, c.contentTag, at])
-                } else {
-                    try drop.execute(arguments: [e.key])
-                }
+            for e in entries { if let row = e.row { try forget.execute(arguments: [row]) } }
+            try Self.claim(entries.map { ($0.key, $0.claimed, $0.at) }, db)
+        }
+    }
+
+    /// Keeps what the log says these puts wrote, in order (a change that says nothing of what
+    /// it wrote, a delete among them, drops what was kept of its key).
+    func claim(_ changes: [(key: String, claimed: ObjectInfo?, at: Int64?)]) throws {
+        guard !changes.isEmpty else { return }
+        try run { try Self.claim(changes, $0) }
+    }
+
+    private static func claim(_ changes: [(key: String, claimed: ObjectInfo?, at: Int64?)], _ db: Database) throws {
+        let keep = try db.cachedStatement(sql: "INSERT OR REPLACE INTO claimed VALUES (?, ?, ?, ?, ?, ?)")
+        let drop = try db.cachedStatement(sql: "DELETE FROM claimed WHERE key = ?")
+        let encoder = JSONEncoder()
+        for (key, c, at) in changes {
+            if let c, let at, let meta = try? encoder.encode(c.metadata) {
+                try keep.execute(arguments: [key, c.version, c.size, meta, c.contentTag, at])
+            } else {
+                try drop.execute(arguments: [key])
             }
         }
     }
 
-    /// What this device's latest logged puts of these keys wrote, and when (the server's ms).
-    func written(_ keys: some Collection<String>) throws -> [KeyBytes: (info: ObjectInfo, at: Int64)] {
+    /// What the log last said a put of each of these keys wrote, and when (the server's ms).
+    func claims(_ keys: some Collection<String>) throws -> [KeyBytes: (info: ObjectInfo, at: Int64)] {
         try run { db in
             var out: [KeyBytes: (info: ObjectInfo, at: Int64)] = [:]
-            let stmt = try db.cachedStatement(sql: "SELECT version, size, meta, tag, at FROM written WHERE key = ?")
+            let stmt = try db.cachedStatement(sql: "SELECT version, size, meta, tag, at FROM claimed WHERE key = ?")
             for key in keys {
                 guard let row = try Row.fetchOne(stmt, arguments: [key]),
                       let meta = try? JSONDecoder().decode(ObjectMetadata.self, from: row["meta"] as Data) else { continue }
@@ -248,13 +259,13 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         }
     }
 
-    /// Forgets what `written` holds of `keys` (a full listing has reported them) and of
-    /// writes before `before` (ms; any full listing since has shown them).
-    func forgetWritten(_ keys: some Collection<String>, before: Int64) throws {
+    /// Forgets what `claimed` holds of `keys` (a full listing has reported them) and of puts
+    /// before `before` (ms; any full listing since has shown them).
+    func forgetClaims(_ keys: some Collection<String>, before: Int64) throws {
         try run { db in
-            let stmt = try db.cachedStatement(sql: "DELETE FROM written WHERE key = ?")
+            let stmt = try db.cachedStatement(sql: "DELETE FROM claimed WHERE key = ?")
             for key in keys { try stmt.execute(arguments: [key]) }
-            try db.execute(sql: "DELETE FROM written WHERE at < ?", arguments: [before])
+            try db.execute(sql: "DELETE FROM claimed WHERE at < ?", arguments: [before])
         }
     }
 

@@ -429,6 +429,11 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         log.noteRead(read)  // a cursor older than `next` is a reset from now on: nothing is missed
         var notes: [KeyBytes: S3ChangeLog.Note] = [:]
         for (c, n) in zip(read.changes, read.notes) { notes[KeyBytes(c.key)] = n }
+        // What other devices' entries say their puts wrote, for the next full listing (this
+        // device's own are kept as they are logged).
+        try? index.claim(zip(read.changes, read.notes).filter { !$0.1.mine }.map { c, n in
+            (c.key, c.kind == .put ? c.claimed : nil, n.at)
+        })
         lock.withLock { lastLook = (read.requests, false); lastNotes = notes }
         return ChangeBatch(changes: read.changes, cursor: next + "@\(read.position)", reset: false, unreadable: read.unreadable.lines)
     }
@@ -484,17 +489,24 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                 case .delete:
                     if o == nil { changes[i].current = .absent }
                 case .put:
-                    guard let o, let claim = c.claimed, let at = notes[KeyBytes(c.key)]?.at, let modified = o.modified,
-                          claim.contentTag == o.etag, S3Objects.Version(claim.version).etag == o.etag, claim.size == o.size,
-                          modified.timeIntervalSince1970 * 1000 <= Double(at) + 1000 else { continue }
+                    guard let o, let claim = c.claimed, let at = notes[KeyBytes(c.key)]?.at, Self.bearsOut(o, claim, at: at) else { continue }
                     changes[i].current = .object(claim)
-                    if found.listing.taken.timeIntervalSince(modified) >= Self.unsettled { learned.append((o.stamp, claim)) }
+                    if Self.settled(o, claim, in: found.listing) { learned.append((o.stamp, claim)) }
                 }
             }
         }
         try? index.remember(learned)
         lock.withLock { lastLook.requests += requests; lastNotes = [:] }
         return changes
+    }
+
+    /// Whether a listed object is what a log entry says its put wrote (`at`: the server's ms
+    /// when the write was answered): the same ETag and size, modified no more than a second
+    /// after (S3 times are in seconds).
+    static func bearsOut(_ o: ListedObject, _ claim: ObjectInfo, at: Int64) -> Bool {
+        guard let modified = o.modified else { return false }
+        return claim.contentTag == o.etag && S3Objects.Version(claim.version).etag == o.etag && claim.size == o.size
+            && modified.timeIntervalSince1970 * 1000 <= Double(at) + 1000
     }
 
     /// Changes in one folder a LIST of it is worth (it costs about 12.5 HEADs at AWS's prices).
@@ -527,25 +539,23 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     }
 
     /// A put the index knows at its listed stamp (what a HEAD said, or a listing confirmed of
-    /// the change log) is told with what it holds: the feed asks nothing more of it (10,000
-    /// files moved on another device, already moved here by the log, were 10,000 HEADs). So is
-    /// this device's own put that the listing bears out as `confirmed` does another's (the same
-    /// ETag and size, modified no more than a second after the write was answered), when
-    /// settled: 3,000 files uploaded here were 3,000 HEADs at the next full listing.
+    /// the change log) is told with what it holds: the feed asks nothing more of it. So is a
+    /// put the change log told of (this device's or another's) that the listing bears out as
+    /// `confirmed` does (the same ETag and size, modified no more than a second after the write
+    /// was answered), when settled. A folder of 3,000 files moved on another device was 6,003
+    /// HEADs at the reader's next full listing; 3,000 files uploaded, 3,001 at the writer's.
     private func tellKnown(_ changes: inout [StoreChange], in listing: Listing) throws {
         var at: [KeyBytes: Int] = [:]
         for (i, c) in changes.enumerated() where c.kind == .put { at[KeyBytes(c.key)] = i }
         let listed = at.isEmpty ? [] : listing.objects.filter { at[KeyBytes($0.key)] != nil }
         let known = try index.known(listed)
-        let mine = try index.written(listed.lazy.filter { known[KeyBytes($0.key)] == nil }.map(\.key))
+        let claims = try index.claims(listed.lazy.filter { known[KeyBytes($0.key)] == nil }.map(\.key))
         var learned: [(stamp: String, info: ObjectInfo)] = []
         for o in listed {
             let k = KeyBytes(o.key)
             guard let i = at[k] else { continue }
             var told = known[k]
-            if told == nil, let (claim, when) = mine[k], let m = o.modified, claim.contentTag == o.etag,
-               S3Objects.Version(claim.version).etag == o.etag, claim.size == o.size,
-               m.timeIntervalSince1970 * 1000 <= Double(when) + 1000, listing.taken.timeIntervalSince(m) >= Self.unsettled {
+            if told == nil, let (claim, when) = claims[k], Self.bearsOut(o, claim, at: when), Self.settled(o, claim, in: listing) {
                 told = claim
                 learned.append((o.stamp, claim))
             }
@@ -555,7 +565,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         }
         try index.remember(learned)
         // What the listing reported is known from it now; a write a minute before it, too.
-        try index.forgetWritten(changes.map(\.key), before: Int64((listing.taken.timeIntervalSince1970 - 60) * 1000))
+        try index.forgetClaims(changes.map(\.key), before: Int64((listing.taken.timeIntervalSince1970 - 60) * 1000))
     }
 
     private func listed(requests: Int) {
