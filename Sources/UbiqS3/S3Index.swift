@@ -225,19 +225,29 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
     }
 
     /// Keeps what the log says these puts wrote, in order (a change that says nothing of what
-    /// it wrote, a delete among them, drops what was kept of its key).
+    /// it wrote, a delete among them, drops what was kept of its key). Two puts of one key whose
+    /// times are within `ambiguous` ms of each other keep nothing: a listing could not tell them
+    /// apart (the same bytes with other metadata, in one second), so the key gets its HEAD.
     func claim(_ changes: [(key: String, claimed: ObjectInfo?, at: Int64?)]) throws {
         guard !changes.isEmpty else { return }
         try run { try Self.claim(changes, $0) }
     }
 
+    static let ambiguous: Int64 = 2000
+
     private static func claim(_ changes: [(key: String, claimed: ObjectInfo?, at: Int64?)], _ db: Database) throws {
         let keep = try db.cachedStatement(sql: "INSERT OR REPLACE INTO claimed VALUES (?, ?, ?, ?, ?, ?)")
         let drop = try db.cachedStatement(sql: "DELETE FROM claimed WHERE key = ?")
+        let kept = try db.cachedStatement(sql: "SELECT version, at FROM claimed WHERE key = ?")
         let encoder = JSONEncoder()
         for (key, c, at) in changes {
             if let c, let at, let meta = try? encoder.encode(c.metadata) {
-                try keep.execute(arguments: [key, c.version, c.size, meta, c.contentTag, at])
+                if let row = try Row.fetchOne(kept, arguments: [key]), row["version"] as String != c.version,
+                   abs((row["at"] as Int64) - at) <= ambiguous {
+                    try drop.execute(arguments: [key])
+                } else {
+                    try keep.execute(arguments: [key, c.version, c.size, meta, c.contentTag, at])
+                }
             } else {
                 try drop.execute(arguments: [key])
             }

@@ -383,6 +383,22 @@ import UbiqStore
         #expect(!S3Store.settled(listed(ms: at + 1), claim, in: listing))
     }
 
+    /// Two puts of one key close in time (the same bytes, other metadata: a listing cannot tell
+    /// them apart) leave nothing to take at the full listing; the later of two far apart is kept.
+    @Test func claimsOfOneKeyCloseInTimeAreLeftToAHead() async throws {
+        let (a, clean) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { clean() }
+        func put(_ version: String, _ at: Int64) -> (key: String, claimed: ObjectInfo?, at: Int64?) {
+            ("k", ObjectInfo(key: "k", version: version, size: 1, metadata: meta, contentTag: "\"e\""), at)
+        }
+        try a.index.claim([put("\"e\"~1", 10_000), put("\"e\"~2", 30_000)])
+        #expect(try a.index.claims(["k"])[KeyBytes("k")]?.info.version == "\"e\"~2")
+        try a.index.claim([put("\"e\"~3", 31_500)])
+        #expect(try a.index.claims(["k"]).isEmpty)
+        try a.index.claim([put("\"e\"~4", 40_000), ("k", nil, nil)])
+        #expect(try a.index.claims(["k"]).isEmpty)
+    }
+
     /// This device's own puts, as its log entries say, are told by its next full listing without
     /// a HEAD, when the listing bears them out and they are settled: 3,000 files uploaded were
     /// 3,000 HEADs there. Another tool's object is asked for; an entry is used once.
