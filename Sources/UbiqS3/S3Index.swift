@@ -258,6 +258,8 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
     func claims(_ keys: some Collection<String>) throws -> [KeyBytes: (info: ObjectInfo, at: Int64)] {
         try run { db in
             var out: [KeyBytes: (info: ObjectInfo, at: Int64)] = [:]
+            let any = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM claimed)") ?? false
+            if keys.isEmpty || !any { return out }
             let stmt = try db.cachedStatement(sql: "SELECT version, size, meta, tag, at FROM claimed WHERE key = ?")
             for key in keys {
                 guard let row = try Row.fetchOne(stmt, arguments: [key]),
@@ -271,10 +273,14 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
 
     /// Forgets what `claimed` holds of `keys` (a full listing has reported them) and of puts
     /// before `before` (ms; any full listing since has shown them).
-    func forgetClaims(_ keys: some Collection<String>, before: Int64) throws {
+    /// (The table holds what changed since the last full listing: it is walked, not `keys`,
+    /// which are a whole bucket at a first listing.)
+    func forgetClaims(_ keys: Set<KeyBytes>, before: Int64) throws {
         try run { db in
             let stmt = try db.cachedStatement(sql: "DELETE FROM claimed WHERE key = ?")
-            for key in keys { try stmt.execute(arguments: [key]) }
+            for key in try String.fetchAll(db, sql: "SELECT key FROM claimed") where keys.contains(KeyBytes(key)) {
+                try stmt.execute(arguments: [key])
+            }
             try db.execute(sql: "DELETE FROM claimed WHERE at < ?", arguments: [before])
         }
     }

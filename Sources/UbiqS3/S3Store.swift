@@ -522,7 +522,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                                                       stableFolders: !objects.keepsFolderMetadata) else {
             return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         }
-        try tellKnown(&changes, in: listing)
+        // A first listing's changes are every object: the feed takes its cursor only.
+        if since != nil { try tellKnown(&changes, in: listing) }
         log.noteRead(marked)
         listed(requests: marked.requests + listing.requests)
         try? await log.prune(olderThan: logRetention)
@@ -565,7 +566,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         }
         try index.remember(learned)
         // What the listing reported is known from it now; a write a minute before it, too.
-        try index.forgetClaims(changes.map(\.key), before: Int64((listing.taken.timeIntervalSince1970 - 60) * 1000))
+        try index.forgetClaims(Set(changes.lazy.map { KeyBytes($0.key) }), before: Int64((listing.taken.timeIntervalSince1970 - 60) * 1000))
     }
 
     private func listed(requests: Int) {
