@@ -349,15 +349,20 @@ import UbiqStore
         let (more, last) = try await look(b, from: next)
         #expect(more.map(\.key) == ["docs/late"])
         try await Task.sleep(nanoseconds: 2_500_000_000)
-        b.lookEverywhereNext()
-        let full = try await b.changes(since: last, limit: 1000)
+        try await fullListingTells(b, since: last, made + [late])
+    }
+
+    /// A full listing of `store` after `since`, which tells each of `infos` as it is (no HEAD).
+    @discardableResult
+    func fullListingTells(_ store: S3Store, since: String, _ infos: [ObjectInfo]) async throws -> ChangeBatch {
+        store.lookEverywhereNext()
+        let full = try await store.changes(since: since, limit: 1000)
         #expect(!full.reset)
-        for info in made {
+        for info in infos {
             let c = try #require(full.changes.first { $0.key == info.key })
             #expect(c.current == .object(info) && c.version == info.version, "\(info.key): \(c)")
         }
-        let l = try #require(full.changes.first { $0.key == late.key })
-        #expect(l.current == .object(late) && l.version == late.version, "\(l)")
+        return full
     }
 
     /// What bears out a log entry: the listing's ETag and size, and a time no later than a
@@ -414,13 +419,7 @@ import UbiqStore
         #expect(try a.index.claims(made.map(\.key)).count == 5)
         try await a.objects.client.send(.PUT, key: a.objects.prefix + "mine/other", body: .data(Data("x".utf8)))
         try await Task.sleep(nanoseconds: 2_500_000_000)
-        a.lookEverywhereNext()
-        let full = try await a.changes(since: cursor, limit: 1000)
-        #expect(!full.reset)
-        for info in made {
-            let c = try #require(full.changes.first { $0.key == info.key })
-            #expect(c.current == .object(info) && c.version == info.version, "\(info.key): \(c)")
-        }
+        let full = try await fullListingTells(a, since: cursor, made)
         let other = try #require(full.changes.first { $0.key == "mine/other" })
         #expect(other.current == nil && other.version == nil, "\(other)")
         #expect(try a.index.claims(made.map(\.key)).isEmpty)
