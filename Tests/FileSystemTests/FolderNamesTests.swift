@@ -1,4 +1,5 @@
 import Testing
+import TestSupport
 @testable import UbiqFS
 
 /// A folder's names (`FolderNames`) say what a dictionary of the same names would, through

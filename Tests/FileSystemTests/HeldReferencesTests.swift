@@ -1,4 +1,5 @@
 import Testing
+import TestSupport
 @testable import UbiqFS
 
 /// The kernel's references kept without their nodes (`HeldReferences`) say what a dictionary

@@ -6,18 +6,6 @@ import TestSupport
 import UbiqStore
 @testable import UbiqSync
 
-/// A seeded generator, so a failing run can be run again (the seed is in the failure).
-struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 /// Random operations on random devices, then everything synced: every device ends with the
 /// same files, and every write nobody knowingly replaced or deleted is still there, as the
 /// file or as a conflict copy.
