@@ -1,4 +1,5 @@
 import Foundation
+import Glibc
 
 /// An HTTP/1.1 server on 127.0.0.1 that gives scripted answers, one a request, in order, on a
 /// connection each (`Connection: close`): for answers no real service gives on demand (a
@@ -18,7 +19,6 @@ public final class ScriptedHTTPServer: @unchecked Sendable {
 
     public let port: Int
     public var endpoint: URL { URL(string: "http://127.0.0.1:\(port)")! }
-    private let fd: Int32
     private let lock = NSLock()
     private var answers: [Answer]
     private var heads: [String] = []
@@ -39,20 +39,38 @@ public final class ScriptedHTTPServer: @unchecked Sendable {
         var len = socklen_t(MemoryLayout<sockaddr_in>.size)
         _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
         port = Int(UInt16(bigEndian: addr.sin_port))
-        self.fd = fd
-        let listener = fd
+        socketState = Listening(fd)
+        let listening = socketState
+        // The thread closes the listening socket; `stop` only shuts it down (which ends the
+        // thread's `accept`) while it is open: a number closed and used again could be another
+        // test's socket.
         Thread { [weak self] in
+            defer { listening.close() }
             while true {
-                let c = accept(listener, nil, nil)
-                if c < 0 { return }
+                let c = accept(listening.fd, nil, nil)
+                if c < 0 {
+                    if errno == EINTR || errno == ECONNABORTED { continue }
+                    return
+                }
                 guard let self else { close(c); return }
                 self.serve(c)
             }
         }.start()
     }
 
-    /// Stops listening (the thread ends at its next accept).
-    public func stop() { shutdown(fd, Int32(SHUT_RDWR)); close(fd) }
+    /// The listening socket, closed once.
+    private final class Listening: @unchecked Sendable {
+        let fd: Int32
+        private let lock = NSLock()
+        private var open = true
+        init(_ fd: Int32) { self.fd = fd }
+        func shutDown() { lock.withLock { if open { shutdown(fd, Int32(SHUT_RDWR)) } } }
+        func close() { lock.withLock { if open { open = false; Glibc.close(fd) } } }
+    }
+    private let socketState: Listening
+
+    /// Stops listening: the thread's `accept` ends and it closes the socket.
+    public func stop() { socketState.shutDown() }
 
     deinit { stop() }
 
