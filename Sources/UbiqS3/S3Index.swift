@@ -94,11 +94,17 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
             let stmt = try db.cachedStatement(sql: "SELECT stamp, version, size, meta, tag FROM known WHERE key = ?")
             for o in objects {
                 guard let row = try Row.fetchOne(stmt, arguments: [o.key]), row["stamp"] as String == o.stamp,
-                      let meta = try? JSONDecoder().decode(ObjectMetadata.self, from: row["meta"] as Data) else { continue }
-                out[KeyBytes(o.key)] = ObjectInfo(key: o.key, version: row["version"], size: row["size"], metadata: meta, contentTag: row["tag"])
+                      let info = Self.info(row, key: o.key) else { continue }
+                out[KeyBytes(o.key)] = info
             }
             return out
         }
+    }
+
+    /// An object as a row of `known` or `claimed` holds it (nil: metadata that does not decode).
+    private static func info(_ row: Row, key: String) -> ObjectInfo? {
+        guard let meta = try? JSONDecoder().decode(ObjectMetadata.self, from: row["meta"] as Data) else { return nil }
+        return ObjectInfo(key: key, version: row["version"], size: row["size"], metadata: meta, contentTag: row["tag"])
     }
 
     /// Remembers what each object is at its listing stamp.
@@ -294,10 +300,8 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
             if keys.isEmpty || !any { return out }
             let stmt = try db.cachedStatement(sql: "SELECT version, size, meta, tag, at FROM claimed WHERE key = ?")
             for key in keys {
-                guard let row = try Row.fetchOne(stmt, arguments: [key]),
-                      let meta = try? JSONDecoder().decode(ObjectMetadata.self, from: row["meta"] as Data) else { continue }
-                out[KeyBytes(key)] = (ObjectInfo(key: key, version: row["version"], size: row["size"], metadata: meta, contentTag: row["tag"]),
-                                      row["at"])
+                guard let row = try Row.fetchOne(stmt, arguments: [key]), let info = Self.info(row, key: key) else { continue }
+                out[KeyBytes(key)] = (info, row["at"])
             }
             return out
         }

@@ -26,11 +26,8 @@ import UbiqStore
     /// is not in the log; the full listing, when asked for, finds it. A cursor older than the
     /// latest is a reset.
     @Test func anotherDevicesChangesComeFromTheLog() async throws {
-        // No full listing comes by itself here, however slow the machine (a day apart).
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
-        defer { cleanA() }
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
-        defer { cleanB() }
+        let (a, b, clean) = try await twoDevices()
+        defer { clean() }
         var cursor = try await b.currentCursor()
         #expect(b.lastLook.full)
         let x = try await a.put("x", contentsOf: try tempFile([1]), metadata: meta, condition: .ifAbsent)
@@ -76,10 +73,8 @@ import UbiqStore
     /// the same cursor finds the same changes. (A look that threw part way used to leave the
     /// objects it had read marked, and their changes were lost until the next full listing.)
     @Test func aLookWhoseChangesWereNotTakenIsDoneAgain() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
-        defer { cleanA() }
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
-        defer { cleanB() }
+        let (a, b, clean) = try await twoDevices()
+        defer { clean() }
         let cursor = try await b.currentCursor()
         _ = try await a.put("x", contentsOf: try tempFile([1]), metadata: meta, condition: .ifAbsent)
         try await a.publishChanges()
@@ -220,10 +215,8 @@ import UbiqStore
     /// a few log objects, what half a second or a round brought, not one per change or two:
     /// every reader fetches every log object. All of it is there, in order, after the round.
     @Test func aStreamOfChangesGoesInFewLogObjects() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
-        defer { cleanA() }
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
-        defer { cleanB() }
+        let (a, b, clean) = try await twoDevices()
+        defer { clean() }
         let cursor = try await b.currentCursor()
         let started = Date()
         // Two seconds of them: the log is written meanwhile (every half second), not only at the end.
@@ -263,10 +256,8 @@ import UbiqStore
     /// would have said, where it asked 2 HEADs a file before. A few changes in a folder are
     /// not worth a listing; a device's own puts are not listed for (the feed knows its own).
     @Test func aFolderMovedOnAnotherDeviceIsToldByTwoListings() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
-        defer { cleanA() }
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
-        defer { cleanB() }
+        let (a, b, clean) = try await twoDevices()
+        defer { clean() }
         var cursor = try await b.currentCursor()
         let aCursor = try await a.currentCursor()
         let count = 30
@@ -328,10 +319,8 @@ import UbiqStore
     /// files moved on another device was a HEAD each there, after the log had told them).
     /// Only what was settled when it was confirmed (a second more may change it unseen).
     @Test func aFullListingAsksNothingTheLogAlreadyTold() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
-        defer { cleanA() }
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
-        defer { cleanB() }
+        let (a, b, clean) = try await twoDevices()
+        defer { clean() }
         let cursor = try await b.currentCursor()
         var made: [ObjectInfo] = []
         for i in 0 ..< 20 {
@@ -350,6 +339,19 @@ import UbiqStore
         #expect(more.map(\.key) == ["docs/late"])
         try await Task.sleep(nanoseconds: 2_500_000_000)
         try await fullListingTells(b, since: last, made + [late])
+    }
+
+    /// Two devices' stores on one new bucket, with no full listing by itself (a day apart,
+    /// however slow the machine), and what removes them.
+    func twoDevices() async throws -> (S3Store, S3Store, () -> Void) {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        do {
+            let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+            return (a, b, { cleanB(); cleanA() })
+        } catch {
+            cleanA()
+            throw error
+        }
     }
 
     /// A full listing of `store` after `since`, which tells each of `infos` as it is (no HEAD).
