@@ -305,13 +305,6 @@ public final class S3Client: Sendable {
         }
     }
 
-    /// The text of the first `<name>` element (S3 answers are small, flat XML).
-    static func xmlValue(_ name: String, in xml: String) -> String? {
-        guard let open = xml.range(of: "<\(name)>"), let close = xml.range(of: "</\(name)>", range: open.upperBound ..< xml.endIndex)
-        else { return nil }
-        return xmlUnescape(String(xml[open.upperBound ..< close.lowerBound]))
-    }
-
     /// XML's five named entities and numeric ones (`&#34;`, `&#x22;`).
     static func xmlUnescape(_ s: String) -> String {
         guard s.contains("&") else { return s }

@@ -76,16 +76,18 @@ extension S3Objects {
         return (out, through)
     }
 
-    /// Adds one ListObjectsV2 page's objects to `out`; returns the next page's token.
+    /// Adds one ListObjectsV2 page's objects to `out`; returns the next page's token. Read
+    /// on the answer's bytes in one pass (S3XML).
     func parse(_ text: String, into out: inout Listing) -> String? {
-            let encoded = S3Client.xmlValue("EncodingType", in: text) == "url"
-            for block in S3Client.xmlBlocks("Contents", in: text) {
-                guard let rawKey = S3Client.xmlValue("Key", in: block) else { continue }
+        let p = Array(prefix.utf8), reserved = Array(Self.reserved.utf8)
+        return S3XML.reading(text) { b in
+            let encoded = S3XML.value("EncodingType", in: b) == "url"
+            for block in S3XML.elements("Contents", in: b) {
+                guard let rawKey = S3XML.value("Key", in: b, within: block) else { continue }
                 let bytes = encoded ? Self.percentDecoded(rawKey) : Array(rawKey.utf8)
-                let p = Array(prefix.utf8)
                 guard bytes.starts(with: p) else { continue }
                 let rel = Array(bytes[p.count...])
-                if rel.starts(with: Array(Self.reserved.utf8)) { continue }
+                if rel.starts(with: reserved) { continue }
                 guard let key = String(validating: rel, as: UTF8.self) else {
                     out.skipped.append(SkippedKey(raw: rel, reason: "not UTF-8")); continue
                 }
@@ -94,12 +96,13 @@ extension S3Objects {
                     if case StoreError.invalidKey(_, let reason) = error { why = reason }
                     out.skipped.append(SkippedKey(raw: rel, reason: why)); continue
                 }
-                let etag = S3Client.xmlValue("ETag", in: block).map(Self.quoted) ?? ""
-                let size = S3Client.xmlValue("Size", in: block).flatMap(Int64.init) ?? 0
-                let modified = S3Client.xmlValue("LastModified", in: block).flatMap(S3Time.isoDate)
+                let etag = S3XML.value("ETag", in: b, within: block).map(Self.quoted) ?? ""
+                let size = S3XML.value("Size", in: b, within: block).flatMap(Int64.init) ?? 0
+                let modified = S3XML.value("LastModified", in: b, within: block).flatMap(S3Time.isoDate)
                 out.objects.append(ListedObject(key: key, etag: etag, size: size, modified: modified))
             }
-            return S3Client.xmlValue("IsTruncated", in: text) == "true" ? S3Client.xmlValue("NextContinuationToken", in: text) : nil
+            return S3XML.value("IsTruncated", in: b) == "true" ? S3XML.value("NextContinuationToken", in: b) : nil
+        }
     }
 
     /// `%XX` sequences as bytes (S3's `encoding-type=url`; `+` is a space there).

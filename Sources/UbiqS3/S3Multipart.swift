@@ -228,16 +228,3 @@ enum S3Time {
         return Date(timeIntervalSince1970: Double(timegm(&t)))
     }
 }
-
-extension S3Client {
-    /// The inner text of every `<name>` element, in order (S3's answers are flat lists).
-    static func xmlBlocks(_ name: String, in xml: String) -> [String] {
-        var out: [String] = []
-        var rest = xml[...]
-        while let open = rest.range(of: "<\(name)>"), let close = rest.range(of: "</\(name)>", range: open.upperBound ..< rest.endIndex) {
-            out.append(String(rest[open.upperBound ..< close.lowerBound]))
-            rest = rest[close.upperBound...]
-        }
-        return out
-    }
-}

@@ -137,6 +137,27 @@ import TestSupport
         #expect(S3Client.xmlValue("Key", in: "<Key>a &amp; b&lt;</Key>") == "a & b<")
     }
 
+    /// Elements are found by their tags' bytes: a longer tag that starts alike is another
+    /// element, text around and inside may be any UTF-8, an element left open ends the search,
+    /// and a search within a block stays in it.
+    @Test func xmlElementsAreFoundByTheirBytes() {
+        let xml = "<R><KeyCount>2</KeyCount><é>x</é><C><Key>été &#x1F600;</Key><Size>1</Size></C>"
+            + "<C><Size>2</Size></C><C><Key>b</Key></C><Key>open"
+        #expect(S3Client.xmlValue("Key", in: xml) == "été 😀")
+        #expect(S3Client.xmlValue("KeyCount", in: xml) == "2")
+        #expect(S3Client.xmlValue("é", in: xml) == "x")
+        #expect(S3Client.xmlValue("Missing", in: xml) == nil)
+        #expect(S3Client.xmlBlocks("C", in: xml) == ["<Key>été &#x1F600;</Key><Size>1</Size>", "<Size>2</Size>", "<Key>b</Key>"])
+        #expect(S3Client.xmlBlocks("Key", in: xml) == ["été &#x1F600;", "b"])
+        S3XML.reading(xml) { b in
+            let blocks = S3XML.elements("C", in: b)
+            #expect(blocks.map { S3XML.value("Key", in: b, within: $0) } == ["été 😀", nil, "b"])
+            #expect(S3XML.elements("C", in: b, limit: 2).count == 2)
+            #expect(S3XML.elements("Key", in: b, within: blocks[1]).isEmpty)
+        }
+        #expect(S3Client.xmlBlocks("C", in: "") == [] && S3Client.xmlValue("C", in: "<C>") == nil)
+    }
+
     @Test func credentialsComeFromTheStandardPlaces() throws {
         let home = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-home-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: home) }
