@@ -156,6 +156,10 @@ import TestSupport
             #expect(S3XML.elements("Key", in: b, within: blocks[1]).isEmpty)
         }
         #expect(S3Client.xmlBlocks("C", in: "") == [] && S3Client.xmlValue("C", in: "<C>") == nil)
+        // Entities: the five named, decimal and hexadecimal; what is not one stays as it is.
+        #expect(S3Client.xmlUnescape("&amp;&lt;&gt;&quot;&apos;&#34;&#x22;&#X41;é&#233;&#x1F600;")
+            == "&<>\"'\"\"Aéé😀")
+        #expect(S3Client.xmlUnescape("&bogus; &#xD800; &; &#; &amp &#1234567890123; a&b") == "&bogus; &#xD800; &; &#; &amp &#1234567890123; a&b")
     }
 
     @Test func credentialsComeFromTheStandardPlaces() throws {
