@@ -103,7 +103,7 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
 
     /// An object as a row of `known` or `claimed` holds it (nil: metadata that does not decode).
     private static func info(_ row: Row, key: String) -> ObjectInfo? {
-        guard let meta = try? JSONDecoder().decode(ObjectMetadata.self, from: row["meta"] as Data) else { return nil }
+        guard let meta = try? ObjectMetadata.read(json: row["meta"] as Data) else { return nil }
         return ObjectInfo(key: key, version: row["version"], size: row["size"], metadata: meta, contentTag: row["tag"])
     }
 
@@ -112,9 +112,8 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         guard !pairs.isEmpty else { return }
         try run { db in
             let stmt = try db.cachedStatement(sql: "INSERT OR REPLACE INTO known VALUES (?, ?, ?, ?, ?, ?)")
-            let encoder = JSONEncoder()
             for (stamp, i) in pairs {
-                try stmt.execute(arguments: [i.key, stamp, i.version, i.size, try encoder.encode(i.metadata), i.contentTag])
+                try stmt.execute(arguments: [i.key, stamp, i.version, i.size, i.metadata.json, i.contentTag])
             }
         }
     }
@@ -277,9 +276,9 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         let keep = try db.cachedStatement(sql: "INSERT OR REPLACE INTO claimed VALUES (?, ?, ?, ?, ?, ?)")
         let drop = try db.cachedStatement(sql: "DELETE FROM claimed WHERE key = ?")
         let kept = try db.cachedStatement(sql: "SELECT version, at FROM claimed WHERE key = ?")
-        let encoder = JSONEncoder()
         for (key, c, at) in changes {
-            if let c, let at, let meta = try? encoder.encode(c.metadata) {
+            if let c, let at {
+                let meta = c.metadata.json
                 if let row = try Row.fetchOne(kept, arguments: [key]), row["version"] as String != c.version,
                    abs((row["at"] as Int64) - at) <= ambiguous {
                     try drop.execute(arguments: [key])

@@ -122,7 +122,7 @@ public struct S3Objects: Sendable {
             data = Data(base64Encoded: text)
         }
         guard let data else { return .unreadable(key: key, why: "not base64") }
-        do { return try JSONDecoder().decode(ObjectMetadata.self, from: data) } catch {
+        do { return try ObjectMetadata.read(json: data) } catch {
             return .unreadable(key: key, why: "not ubiq's metadata JSON")
         }
     }

@@ -38,6 +38,21 @@ final class S3Snapshots: @unchecked Sendable {
         /// An object another tool wrote (its metadata are what a HEAD makes of none): the
         /// reader takes it as its own user's.
         var foreign: Bool?
+
+        /// An entry from its line: plainly (`PlainJSON`, `ObjectMetadata.plain`) where it is as
+        /// this client writes it, else by JSONDecoder (nil: not an entry).
+        static func read(_ line: UnsafeBufferPointer<UInt8>, _ decoder: JSONDecoder) -> Entry? {
+            if let o = PlainJSON.parse(line)?.object, let key = o["key"]?.string, let stamp = o["stamp"]?.string,
+               let version = o["version"]?.string, let size = o["size"]?.integer(Int64.self),
+               let metaObject = o["meta"]?.object, let meta = ObjectMetadata.plain(metaObject) {
+                let tag = o["tag"] ?? .null, foreign = o["foreign"] ?? .null
+                if tag == .null || tag.string != nil, foreign == .null || foreign == .bool(true) || foreign == .bool(false) {
+                    return Entry(key: key, stamp: stamp, version: version, size: size, tag: tag.string, meta: meta,
+                                 foreign: foreign == .null ? nil : foreign == .bool(true))
+                }
+            }
+            return try? decoder.decode(Entry.self, from: Data(line))
+        }
     }
 
     struct Done: Codable {
@@ -128,9 +143,13 @@ final class S3Snapshots: @unchecked Sendable {
                                                      maxResponse: Self.maxPartBytes + (64 << 10)).data
             var good: [(stamp: String, info: ObjectInfo)] = []
             var line = 0
-            for bytes in data.split(separator: 0x0A, omittingEmptySubsequences: true) {
+            let lines = data.withUnsafeBytes { raw in
+                raw.bindMemory(to: UInt8.self).split(separator: 0x0A, omittingEmptySubsequences: true)
+                    .map { Entry.read(UnsafeBufferPointer(rebasing: $0), decoder) }
+            }
+            for e in lines {
                 line += 1
-                guard let e = try? decoder.decode(Entry.self, from: Data(bytes)) else {
+                guard let e else {
                     out.unreadable.add("snapshot \(snapshot.name) part \(part), line \(line): not an entry"); continue
                 }
                 if let why = Self.refusal(e) {

@@ -531,7 +531,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         let version = String.fromDatabaseValue(row["version"]), size = Self.integer(row["size"]), blob = String.fromDatabaseValue(row["blob"])
         let meta: ObjectMetadata
         if let raw = Data.fromDatabaseValue(row["meta"]) {
-            do { meta = try JSONDecoder().decode(ObjectMetadata.self, from: raw) } catch {
+            do { meta = try ObjectMetadata.read(json: raw) } catch {
                 meta = .unreadable(key: key, why: "not ubiq's metadata JSON")
             }
         } else {
