@@ -31,18 +31,21 @@ extension S3Objects {
     /// (1,000 keys a request). Keys that are not valid names (`//`, `.`, `..`, NUL, a segment
     /// over 255 bytes, not UTF-8) are set aside with the reason; the store's own keys are
     /// left out.
-    func listAll(under: String) async throws -> Listing {
+    /// `pageSize` keys a request (S3's most); `more` is told once, when the first page says
+    /// there is more to list.
+    func listAll(under: String, pageSize: Int = 1000, more: () -> Void = {}) async throws -> Listing {
         var out = Listing()
         var token: String?
         var first = true
         repeat {
-            var query = [("list-type", "2"), ("prefix", prefix + under), ("encoding-type", "url"), ("max-keys", "1000")]
+            var query = [("list-type", "2"), ("prefix", prefix + under), ("encoding-type", "url"), ("max-keys", "\(pageSize)")]
             if let token { query.append(("continuation-token", token)) }
             let r = try await client.send(.GET, key: nil, query: query)
             out.requests += 1
             if first, let d = r.header("Date").flatMap(S3Time.httpDate) { out.taken = d }
-            first = false
             token = parse(r.text, into: &out)
+            if first && token != nil { more() }
+            first = false
         } while token != nil
         out.objects.sort { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
         return out

@@ -76,6 +76,27 @@ import UbiqStore
         #expect(after.contains { !before.contains($0.name) && $0.complete }, "no snapshot written after the restart: \(after)")
     }
 
+    /// A device that never read a snapshot reads the latest while its first full listing
+    /// lists, once the first page says there is more than a page (its mount waited for the two
+    /// one after the other); a bucket of one page is not asked for snapshots then.
+    @Test func aNewDeviceReadsTheSnapshotWhileItLists() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        for i in 0 ..< 6 { _ = try await a.put("f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta, condition: .ifAbsent) }
+        try await Task.sleep(for: .seconds(2.2))  // settled (S3 times are in seconds)
+        _ = try await a.currentCursor()
+        let written = try #require(try await a.snapshots.latest())
+        let heads = try await a.list(prefix: "")
+        for (pageSize, readWhileListing) in [(2, true), (1000, false)] {
+            let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+            defer { cleanB() }
+            b.listingPageSize = pageSize
+            _ = try await b.currentCursor()
+            #expect(try b.index.setting("snapshot") == (readWhileListing ? written.name : nil), "pages of \(pageSize)")
+            #expect(try await b.list(prefix: "") == heads && b.headsForLastListing == 0, "pages of \(pageSize)")
+        }
+    }
+
     /// A snapshot is written by anyone who can write to the bucket. Lines that are not
     /// entries, keys that are not names or are the store's own, an entry whose version is not
     /// the object its stamp names, one for an object that is not there, metadata out of range:
