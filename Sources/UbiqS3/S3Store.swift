@@ -214,13 +214,25 @@ public final class S3Store: CloudStore, @unchecked Sendable {
            lock.withLock({ () -> Bool in defer { snapshotWanted = true }; return !snapshotWanted }) {
             try? index.setSetting(Self.snapshotWish, "1")
         }
-        let objects = self.objects
+        let objects = self.objects, index = self.index
         var heads = 0
-        for first in stride(from: 0, to: all.count, by: page) {
-            let listed = all[first ..< min(all.count, first + page)]
-            let chunk = zip(listed, try wanted(listed.map(\.key))).filter(\.1).map(\.0)
-            if chunk.isEmpty { continue }
-            var found = try index.known(chunk)
+        // The next page's objects, and the index's lookup of them, started while this page is
+        // handed on: the index and what `each` writes to are two databases, and a fresh
+        // device's mount did one after the other for every page (100,000 objects: 40% of its
+        // pages' time was the lookup).
+        var start = 0
+        func nextPage() throws -> (chunk: [ListedObject], lookup: Task<[KeyBytes: ObjectInfo], any Error>)? {
+            while start < all.count {
+                let listed = all[start ..< min(all.count, start + page)]
+                start += page
+                let chunk = zip(listed, try wanted(listed.map(\.key))).filter(\.1).map(\.0)
+                if !chunk.isEmpty { return (chunk, Task { try index.known(chunk) }) }
+            }
+            return nil
+        }
+        var upcoming = try nextPage()
+        while let (chunk, lookup) = upcoming {
+            var found = try await lookup.value
             let need = chunk.filter { found[KeyBytes($0.key)] == nil }
             heads += need.count
             var learned: [(stamp: String, info: ObjectInfo)] = []
@@ -244,6 +256,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             }
             try index.remember(learned)
             let described = chunk.compactMap { o in found[KeyBytes(o.key)].map { (o, $0) } }
+            upcoming = try nextPage()
             if !described.isEmpty { try each(described) }
         }
         if counted { lock.withLock { headsForLastListing = heads } }
