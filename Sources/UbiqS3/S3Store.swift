@@ -529,7 +529,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     /// A full listing, compared with the last one. The log objects there are now are noted
     /// as read first: what they name is in this listing.
-    private func listEverything(since: String?, cursor: String?) async throws -> ChangeBatch {
+    /// `tell`: the changes are wanted (not for a cursor alone).
+    private func listEverything(since: String?, cursor: String?, tell: Bool = true) async throws -> ChangeBatch {
         let marked = try await log.look(from: nil, markOnly: true)
         // A device that never read a snapshot of the bucket reads the latest while it lists,
         // once the listing's first page says there is more than a page: one after the other,
@@ -542,7 +543,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         _ = await snapshot?.value
         warn(listing.skipped)
         guard var (changes, next) = try index.advance(since: since, to: listing, unsettled: Self.unsettled,
-                                                      stableFolders: !objects.keepsFolderMetadata) else {
+                                                      stableFolders: !objects.keepsFolderMetadata, tell: tell) else {
             return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         }
         // A first listing's changes are every object: the feed takes its cursor only.
@@ -603,7 +604,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     /// A full listing from nothing (`advance(since: nil)` always answers).
     public func currentCursor() async throws -> String {
-        try await listEverything(since: nil, cursor: nil).cursor
+        try await listEverything(since: nil, cursor: nil, tell: false).cursor
     }
 
     /// The bucket's versions of `key` when it keeps them; else the current one.
