@@ -19,7 +19,8 @@ import UbiqStore
 ///   are deleted by the device that writes the next.
 final class S3Snapshots: @unchecked Sendable {
     static let folder = S3Objects.reserved + "snapshot/"
-    static let entriesPerPart = 10_000
+    /// Entries a part holds at most (tests write smaller parts).
+    var entriesPerPart = 10_000
     /// A part larger than this is not read (its objects get a HEAD).
     static let maxPartBytes = 32 << 20
     /// Parts a reader takes of one snapshot at most (a hostile `done` may say anything).
@@ -192,15 +193,24 @@ final class S3Snapshots: @unchecked Sendable {
     /// Writes a snapshot of `described` (each object's listing and metadata) named for
     /// `time` (ms, the server's clock) and this `device`; returns what it is.
     func write(_ described: [(ListedObject, ObjectInfo)], time: Int64, device: String) async throws -> Found {
+        try await write(time: time, device: device) { add in try await add(described) }
+    }
+
+    /// Writes a snapshot named for `time` and `device` of what `fill` hands to its `add`, in key
+    /// order, a part put as soon as it is full: what is held is a part (a million objects held
+    /// whole for one write were 500 MB of a first mount's peak). A write that fails part way
+    /// leaves parts without their `done`: no reader takes them, and `prune` deletes them a day on.
+    func write(time: Int64, device: String,
+               _ fill: (_ add: ([(ListedObject, ObjectInfo)]) async throws -> Void) async throws -> Void) async throws -> Found {
         let name = S3ChangeLog.name(time: time, device: device)
         let base = Self.folder + name + "/"
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         let conditions = objects.checksConditions ? ["If-None-Match": "*"] : [:]
         var found = Found(name: name, time: time)
-        var start = 0
-        while start < described.count || found.parts.isEmpty {
-            let chunk = described[start ..< min(described.count, start + Self.entriesPerPart)]
+        var pending: [(ListedObject, ObjectInfo)] = []
+        var entries = 0
+        func put(_ chunk: ArraySlice<(ListedObject, ObjectInfo)>) async throws {
             var body = Data()
             for (o, i) in chunk {
                 body.append(try encoder.encode(Entry(key: o.key, stamp: o.stamp, version: i.version, size: i.size, tag: i.contentTag,
@@ -210,9 +220,17 @@ final class S3Snapshots: @unchecked Sendable {
             let part = String(format: "%05d", found.parts.count)
             try await objects.send(.PUT, base + part, headers: conditions, body: .data(body), validate: false)
             found.parts.append(part)
-            start += chunk.count
+            entries += chunk.count
         }
-        let done = try encoder.encode(Done(format: Self.format, parts: found.parts.count, entries: described.count))
+        try await fill { page in
+            pending += page
+            while pending.count >= entriesPerPart {
+                try await put(pending[..<entriesPerPart])
+                pending.removeFirst(entriesPerPart)
+            }
+        }
+        if !pending.isEmpty || found.parts.isEmpty { try await put(pending[...]) }
+        let done = try encoder.encode(Done(format: Self.format, parts: found.parts.count, entries: entries))
         try await objects.send(.PUT, base + "done", headers: conditions, body: .data(done), validate: false)
         found.complete = true
         return found

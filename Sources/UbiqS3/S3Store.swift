@@ -203,7 +203,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// (a page it keeps none of is not handed on).
     private func describe(_ listing: Listing, counted: Bool, pagesOf page: Int,
                           wanted: ([String]) throws -> [Bool] = { $0.map { _ in true } },
-                          _ each: ([(ListedObject, ObjectInfo)]) throws -> Void) async throws {
+                          _ each: ([(ListedObject, ObjectInfo)]) async throws -> Void) async throws {
         let all = listing.objects
         var unknown = try index.unknownCount(all)
         if unknown >= max(1, all.count / 10), await loadLatestSnapshot() { unknown = try index.unknownCount(all) }
@@ -257,7 +257,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             try index.remember(learned)
             let described = chunk.compactMap { o in found[KeyBytes(o.key)].map { (o, $0) } }
             upcoming = try nextPage()
-            if !described.isEmpty { try each(described) }
+            if !described.isEmpty { try await each(described) }
         }
         if counted { lock.withLock { headsForLastListing = heads } }
     }
@@ -319,13 +319,16 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// the old ones. A failure is said and waits for the next interval.
     private func writeSnapshot(_ listing: Listing) async {
         do {
-            var described: [(ListedObject, ObjectInfo)] = []
-            try await describe(listing, counted: false, pagesOf: describePage) { page in
-                described += page.lazy.filter { Self.settled($0.0, $0.1, in: listing) }
+            var count = 0
+            let written = try await snapshots.write(time: log.serverNow(), device: index.id) { add in
+                try await describe(listing, counted: false, pagesOf: describePage) { page in
+                    let settled = page.filter { Self.settled($0.0, $0.1, in: listing) }
+                    count += settled.count
+                    try await add(settled)
+                }
             }
-            let written = try await snapshots.write(described, time: log.serverNow(), device: index.id)
             try index.setSetting("snapshot", written.name)
-            logger.info("wrote a snapshot of the bucket's \(described.count) objects (\(written.parts.count) parts)")
+            logger.info("wrote a snapshot of the bucket's \(count) objects (\(written.parts.count) parts)")
             try await snapshots.prune(now: log.serverNow())
         } catch {
             logger.warning("could not write a snapshot of the bucket (\(error)); trying again in \(Int(snapshotInterval)) s")

@@ -50,11 +50,13 @@ import UbiqStore
         defer { cleanC() }
         c.headsWorthASnapshot = 2
         c.describePage = 4  // its listing looked up four objects at a time: the same answer
+        c.snapshots.entriesPerPart = 5  // and its snapshot goes up in parts as they fill
         #expect(try await c.list(prefix: "") == heads)
         #expect(c.headsForLastListing == 2)
         _ = try await c.currentCursor()
         let now = try await c.snapshots.all()
         #expect(now.count == 2 && now.allSatisfy(\.complete), "\(now)")
+        #expect(now.last?.parts.count == 7, "33 objects in parts of 5: \(now)")
         // A device that comes next needs no HEAD at all, another tool's object included.
         let (d, cleanD) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
         defer { cleanD() }
