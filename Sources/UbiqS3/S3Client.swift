@@ -305,41 +305,6 @@ public final class S3Client: Sendable {
         }
     }
 
-    /// XML's five named entities and numeric ones (`&#34;`, `&#x22;`), read on the bytes (an
-    /// ETag in a listing is `&#34;…&#34;`: a million of them at a fresh mount). What is not an
-    /// entity stays as it is.
-    static func xmlUnescape(_ s: String) -> String {
-        guard s.utf8.contains(UInt8(ascii: "&")) else { return s }
-        let u = Array(s.utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity(u.count)
-        var i = 0
-        while i < u.count {
-            guard u[i] == UInt8(ascii: "&"), let semi = u[(i + 1)...].prefix(10).firstIndex(of: UInt8(ascii: ";")) else {
-                out.append(u[i]); i += 1; continue
-            }
-            let name = u[(i + 1) ..< semi]
-            var decoded: Unicode.Scalar?
-            switch String(decoding: name, as: UTF8.self) {
-            case "lt": decoded = "<"
-            case "gt": decoded = ">"
-            case "quot": decoded = "\""
-            case "apos": decoded = "'"
-            case "amp": decoded = "&"
-            case let n where n.hasPrefix("#x") || n.hasPrefix("#X"): decoded = UInt32(n.dropFirst(2), radix: 16).flatMap(Unicode.Scalar.init)
-            case let n where n.hasPrefix("#"): decoded = UInt32(n.dropFirst()).flatMap(Unicode.Scalar.init)
-            default: break
-            }
-            if let decoded {
-                out.append(contentsOf: String(Character(decoded)).utf8)
-                i = semi + 1
-            } else {
-                out.append(u[i]); i += 1
-            }
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
-
     static func describe(_ error: Error) -> String {
         // NIO's own text for these is garbled ("connection reset (error set): Connection
         // refused) (errno: 111)"): the system's words, and the number.
