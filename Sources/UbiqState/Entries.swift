@@ -146,10 +146,51 @@ extension StateTransaction {
             """, arguments: [low, high])
     }
 
-    /// Every store key an entry stands for, with the version recorded for it.
-    public func remoteVersions() throws -> [(key: String, version: String)] {
-        try Row.fetchAll(db, cached: "SELECT remote_key, remote_version FROM entries WHERE remote_key IS NOT NULL AND remote_version IS NOT NULL")
+    // MARK: what a full comparison with the store weighs (a reset of the change feed)
+
+    /// Sets every store key an entry stands for, with the version recorded for it, aside in a
+    /// table of the database connection's own (SQLite's temporary database: on disk past its
+    /// small cache, gone when the connection closes), as of now: what this device recorded
+    /// before a full listing of the store began, weighed against the listing a page at a time
+    /// (`markListed`, `heldUnlisted`). A million keys held in memory were a GB.
+    public func holdRecordedVersions() throws {
+        try db.execute(sql: """
+            CREATE TEMP TABLE IF NOT EXISTS held_versions (key TEXT PRIMARY KEY, version TEXT NOT NULL,
+                                                           listed INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+            DELETE FROM temp.held_versions;
+            INSERT OR REPLACE INTO temp.held_versions (key, version)
+              SELECT remote_key, remote_version FROM entries
+              WHERE remote_key IS NOT NULL AND remote_version IS NOT NULL ORDER BY remote_key
+            """)
+    }
+
+    /// Of `keys` (a page of a listing), the version held for each (nil: none held), each now
+    /// marked as listed.
+    public func markListed(_ keys: [String]) throws -> [String?] {
+        let read = try db.cachedStatement(sql: "SELECT version FROM temp.held_versions WHERE key = ?")
+        let mark = try db.cachedStatement(sql: "UPDATE temp.held_versions SET listed = 1 WHERE key = ?")
+        return try keys.map { key in
+            guard let v = try String.fetchOne(read, arguments: [key]) else { return nil }
+            try mark.execute(arguments: [key])
+            return v
+        }
+    }
+
+    /// The keys held that no listing marked (gone from the store, unless recorded since), in
+    /// byte order, with their versions.
+    public func heldUnlisted() throws -> [(key: String, version: String)] {
+        try Row.fetchAll(db, sql: "SELECT key, version FROM temp.held_versions WHERE listed = 0 ORDER BY key")
             .map { ($0[0], $0[1]) }
+    }
+
+    /// Every held key unmarked again (a listing that failed half way is made again).
+    public func unmarkListed() throws {
+        try db.execute(sql: "UPDATE temp.held_versions SET listed = 0 WHERE listed = 1")
+    }
+
+    /// The held keys let go.
+    public func releaseHeldVersions() throws {
+        try db.execute(sql: "DROP TABLE IF EXISTS temp.held_versions")
     }
 
     static func entryRecord(_ r: Row) -> EntryRecord {

@@ -3,9 +3,9 @@ import UbiqStore
 
 /// A value handed between a thread that waits and the task or callback that fills or uses it
 /// while it waits (one at a time, so unchecked).
-final class UncheckedBox<T>: @unchecked Sendable {
-    var value: T
-    init(_ value: T) { self.value = value }
+public final class UncheckedBox<T>: @unchecked Sendable {
+    public var value: T
+    public init(_ value: T) { self.value = value }
 }
 
 /// Runs store work off Swift's cooperative pool. A thread that blocks on

@@ -131,14 +131,14 @@ public final class ChangeFeed: @unchecked Sendable {
         // The feed's changes of keys it has once (the others are asked for whatever they say).
         var told: [KeyBytes: StoreChange] = [:]
         var reconcile = false
-        // What this device recorded of each key when a full comparison began: read before the
-        // store is listed. A listing is not one moment (S3 pages through the bucket, and its
-        // store hands back the listing the new cursor was found with), and uploads go on
-        // meanwhile: a key recorded after the listing began is not a key the listing missed.
-        var recordedWhenListed: [(key: String, version: String)] = []
+        // What this device recorded of each key when a full comparison began is held aside
+        // before the store is listed (`holdRecordedVersions`). A listing is not one moment (S3
+        // pages through the bucket, and its store hands back the listing the new cursor was
+        // found with), and uploads go on meanwhile: a key recorded after the listing began is not
+        // a key the listing missed.
         if cursor == nil {
             // No cursor (the store was down at mount): start from now, and compare everything.
-            recordedWhenListed = try state.read { try $0.remoteVersions() }
+            try state.write { try $0.holdRecordedVersions() }
             cursor = try retryingTransient { try runBlocking { try await store.currentCursor() } }
             reconcile = true
         }
@@ -148,7 +148,7 @@ public final class ChangeFeed: @unchecked Sendable {
             let batch = try retryingTransient { try runBlocking { try await store.changes(since: since, limit: size) } }
             if batch.reset {
                 logger.notice("the store cannot answer from this device's place in its changes (restored from a backup, or its history cut short): comparing everything with it; changes of this device not yet uploaded are kept")
-                recordedWhenListed = try state.read { try $0.remoteVersions() }
+                try state.write { try $0.holdRecordedVersions() }
                 cursor = try runBlocking { try await store.currentCursor() }
                 reconcile = true
                 break
@@ -213,19 +213,12 @@ public final class ChangeFeed: @unchecked Sendable {
             }
         }
         if reconcile {
-            // Everything the store lists, and everything this device knew from it before the
-            // listing began (a key recorded after that may be an upload the listing missed).
-            for (k, v) in recordedWhenListed { before[KeyBytes(k)] = v }
-            recordedWhenListed = []
-            let mine = before.keys
-            let listed = try retryingTransient { try runBlocking { try await store.list(prefix: "") } }
-            for o in listed {
-                known[KeyBytes(o.key)] = o
-                if seen.insert(KeyBytes(o.key)).inserted { order.append(o.key) }
-            }
-            for k in mine.sorted() where seen.insert(k).inserted {
-                order.append(k.key)
-                known[k] = .some(nil)
+            defer { try? state.write { try $0.releaseHeldVersions() } }
+            let differing = try differencesFromTheStore(alsoOf: seen)
+            for c in differing {
+                known[KeyBytes(c.key)] = c.info
+                if let v = c.recordedBefore { before[KeyBytes(c.key)] = v }
+                if seen.insert(KeyBytes(c.key)).inserted { order.append(c.key) }
             }
         }
         var changes: [RemoteChange] = []
@@ -293,6 +286,37 @@ public final class ChangeFeed: @unchecked Sendable {
             if !(pending.isEmpty && retry.isEmpty) { try tx.setFeedPending(retry) }
         }
         return changes.count
+    }
+
+    /// Objects taken from the store's listing at a time in a full comparison (tests set fewer).
+    var comparisonPage = 10_000
+
+    /// A full comparison of the store with what this device recorded before it was listed (held
+    /// aside by `holdRecordedVersions`): each listed object whose version is not the one recorded
+    /// for its key (or whose key is among `keys`, the feed's pending ones), then each key
+    /// recorded that the listing lacks, as gone. The listing is taken a page at a time and weighed
+    /// against the held versions page by page, so that what is held at once is a page and the
+    /// differences: a million objects' listing and versions held together were a GB. (Keys at the
+    /// version recorded are no change: applying one is a no-op.)
+    private func differencesFromTheStore(alsoOf keys: Set<KeyBytes>) throws -> [RemoteChange] {
+        let store = self.store, state = self.state, comparisonPage = self.comparisonPage
+        let found = UncheckedBox([RemoteChange]())
+        let page = UncheckedBox { (objects: [ObjectInfo]) in
+            let held = try state.write { try $0.markListed(objects.map(\.key)) }
+            for (o, v) in zip(objects, held) where v != o.version || keys.contains(KeyBytes(o.key)) {
+                found.value.append(RemoteChange(key: o.key, info: o, recordedBefore: v))
+            }
+        }
+        try retryingTransient {
+            found.value = []
+            try state.write { try $0.unmarkListed() }
+            try runBlocking { try await store.list(prefix: "", pagesOf: comparisonPage) { try page.value($0) } }
+        }
+        // Recorded before the listing began, and not in it: gone from the store.
+        for (k, v) in try state.read({ try $0.heldUnlisted() }) {
+            found.value.append(RemoteChange(key: k, info: nil, recordedBefore: v))
+        }
+        return found.value
     }
 
     /// A new item in the store that this device has under another key (the same id in the

@@ -65,12 +65,21 @@ struct Recover: ParsableCommand {
         if StateCheck.unusableDatabase(in: stateDir) == nil {
             fail("\(stateDir)/state.db is usable: mount with --state \(stateDir), and its edits upload")
         }
-        // What the store holds, by digest: those bytes are safe there.
-        var inStore: [String: String] = [:]
+        // Each cached file's digest, then the store's listing a page at a time for objects
+        // with those bytes (safe there): what is held is the cache's digests, not the store's
+        // listing (a million objects).
+        var digests: [String: String] = [:]
+        for path in files {
+            do { digests[path] = try ContentDigest.of(path: path) } catch { fail("\(error)") }
+        }
+        let wanted = Set(digests.values)
+        let inStore = UncheckedBox([String: String]())
         let s = target.open()
         do {
-            for o in try runBlocking({ try await s.list(prefix: "") }) {
-                if let d = o.metadata.sha256 { inStore[d] = o.key }
+            try runBlocking {
+                try await s.list(prefix: "", pagesOf: 10_000) { page in
+                    for o in page { if let d = o.metadata.sha256, wanted.contains(d) { inStore.value[d] = o.key } }
+                }
             }
         } catch {
             fail("cannot list the store \(target.store): \(error)")
@@ -82,9 +91,7 @@ struct Recover: ParsableCommand {
         var copied = 0, skipped = 0
         for path in files {
             let ino = (path as NSString).lastPathComponent
-            let digest: String
-            do { digest = try ContentDigest.of(path: path) } catch { fail("\(error)") }
-            if let key = inStore[digest] {
+            if let key = digests[path].flatMap({ inStore.value[$0] }) {
                 print("in the store: inode \(ino) is \(key)")
                 skipped += 1
                 continue

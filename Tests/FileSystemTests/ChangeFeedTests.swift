@@ -644,6 +644,43 @@ import Synchronization
         a.pull()
         #expect(try a.names("") == ["late"])
     }
+
+    /// A full comparison hands on only what differs from what this device recorded: the
+    /// store's listing is weighed against the versions recorded before it began, a page at a
+    /// time (a million objects' listing and versions held at once were a GB of the daemon's
+    /// memory). A file at the version recorded is no change; one edited, one new and one
+    /// deleted elsewhere are, whichever page they fall in.
+    @Test func aFullComparisonHandsOnOnlyWhatDiffers() throws {
+        let store = try newStore()
+        let b = try Device(store: store)
+        try b.mkdir("d")
+        for i in 0 ..< 60 { try b.write("d/f\(i)", "file \(i)") }
+        b.sync()
+        let resetting = ResettingStore(store)
+        let a = try Device(store: store, remote: resetting)
+        a.feed.comparisonPage = 7
+        #expect(try a.names("d").count == 60)
+        #expect(try a.read("d/f30") == "file 30")
+        // While A is not looking: an edit, a delete, a new file, and one at the end of the keys.
+        try b.write("d/f31", "edited")
+        try b.fs.unlink(try b.ino("d"), n("f40"))
+        try b.write("d/new", "new")
+        try b.write("zz", "last")
+        b.sync()
+        resetting.resetOnce {}
+        #expect(try a.feed.poll() == 4)
+        #expect(resetting.listed == 1)
+        #expect(try a.names("d").count == 60 && !a.names("d").contains("f40"))
+        #expect(try a.read("d/f31") == "edited" && a.read("d/new") == "new" && a.read("zz") == "last")
+        #expect(try a.read("d/f30") == "file 30")
+        // A comparison that finds nothing hands on nothing, and polling goes on from it.
+        resetting.resetOnce {}
+        #expect(try a.feed.poll() == 0)
+        try b.write("d/f1", "edited after")
+        b.sync()
+        a.pull()
+        #expect(try a.read("d/f1") == "edited after")
+    }
 }
 
 /// A store whose feed, once asked to (`resetOnce`), answers that it cannot go on from the
