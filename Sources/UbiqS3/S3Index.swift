@@ -6,7 +6,8 @@ import UbiqStore
 /// - `known`: what a HEAD (or a snapshot) said of each object as of a listing stamp (ETag, time,
 ///   size), so a listing needs a HEAD only for objects that changed since; keys the last full
 ///   listing did not show are dropped;
-/// - `feed`: the listing the change feed last saw, to tell the next one's changes from;
+/// - `feed`: the listing the change feed last saw, to tell the next one's changes from, and the
+///   keys the change log told of puts of since;
 /// - `parts`: part uploads under way (multipart journal);
 /// - `unlogged`: keys this device wrote (or tried to) that no log object of its names yet
 ///   (S3ChangeLog): a crash between a write and its log object loses no entry;
@@ -223,12 +224,19 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         }
     }
 
-    /// The cursor after `since` when nothing but the generation moves (a look at the change
-    /// log, which leaves the listing as it was); nil when `since` is not the latest cursor.
-    func nextGeneration(since: String) throws -> String? {
+    /// The cursor after `since` when the listing stays as it was (a look at the change log);
+    /// nil when `since` is not the latest cursor. The keys the log told of a put of (`told`)
+    /// join the listing's rows where they are not among them (as unsettled: the next listing
+    /// tells them as changed where it shows them, as it would a key new to it), so that one the
+    /// next full listing lacks is told as gone. Else a file this device learned of from the log
+    /// and whose delete it never read (a log object lost, a device away for longer than the log
+    /// is kept) stayed here for good: no listing had shown it, so none told it was gone.
+    func nextGeneration(since: String, told: [String] = []) throws -> String? {
         try run { db in
             let gen = try Self.generation(db)
             guard since == cursor(gen) else { return nil }
+            let track = try db.cachedStatement(sql: "INSERT OR IGNORE INTO feed VALUES (?, '')")
+            for key in told { try track.execute(arguments: [key]) }
             try Self.setGeneration(db, gen + 1)
             return cursor(gen + 1)
         }

@@ -443,7 +443,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                 }
             }
         }
-        guard let next = try index.nextGeneration(since: since) else { return reset }
+        guard let next = try index.nextGeneration(since: since, told: read.changes.filter { $0.kind == .put }.map(\.key))
+        else { return reset }
         log.noteRead(read)  // a cursor older than `next` is a reset from now on: nothing is missed
         var notes: [KeyBytes: S3ChangeLog.Note] = [:]
         for (c, n) in zip(read.changes, read.notes) { notes[KeyBytes(c.key)] = n }

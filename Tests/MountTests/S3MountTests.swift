@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// One SeaweedFS for the S3 mount tests of this process (scripts/start-seaweedfs), stopped at exit.
 final class S3Server: @unchecked Sendable {
@@ -107,6 +108,50 @@ final class S3Server: @unchecked Sendable {
         expectOK(drained, "seed \(seed): A's queue drains: \(a.ubiq("status -r \(a.mnt)").out)")
         let seen = eventually(b, "\(ubiqBinary) sync . >/dev/null && python3 \(ReliabilityTests.crashload) verify \(b.mnt)/c \(journal)", seconds: 60)
         expectOK(seen, "seed \(seed): B, by the log alone, has the acknowledged tree")
+    }
+
+    /// A device away for longer than the change log is kept (issue 19): its edits wait in its
+    /// state, the other device's changes of that time are in no log object any more (deleted
+    /// an hour after they were written, by whichever device lists the bucket: here by hand),
+    /// and at its next mount it lists the bucket. It gets every change made meanwhile, and its
+    /// own edits go up, none lost.
+    @Test func aDeviceAwayLongerThanTheLogKeepsItsEditsAndCatchesUp() throws {
+        let s3 = try S3Server.shared()
+        let bucket = s3.bucket("away")
+        let a = try s3.mount(bucket, extra: "--upload-delay 0")
+        defer { a.cleanup() }
+        let b = try s3.mount(bucket, name: "device-b", extra: "--upload-delay 3600 --poll-interval 0.5 --full-listing-interval 3600")
+        defer { b.cleanup() }
+        expectOK(a.sh("mkdir docs && echo one > docs/one && echo two > docs/two && echo three > docs/three && \(ubiqBinary) sync ."))
+        expectOK(eventually(b, "test -e docs/three", seconds: 60), "B has A's files")
+        // B edits one and makes another, and is gone before they go up (killed: an unmount
+        // would send them).
+        expectOK(b.sh("echo 'edited on b' > docs/one && echo new > docs/from-b"))
+        #expect(b.signalDaemon(SIGKILL))
+        shell("fusermount3 -u -z '\(b.mnt)'")
+        expectOK(a.sh("echo 'two, edited on a' > docs/two && rm docs/three && echo a > docs/from-a && \(ubiqBinary) sync ."))
+        // The log of that time goes, as it would an hour later.
+        let logPrefix = "drive/.ubiquity/s3/log/"
+        func logKeys() -> [String] {
+            let listed = s3.curl("", "/\(bucket)?list-type=2&prefix=\(logPrefix.replacingOccurrences(of: "/", with: "%2F"))").out
+            return listed.components(separatedBy: "<Key>").dropFirst().compactMap { $0.components(separatedBy: "</Key>").first }
+        }
+        _ = waitUntil(seconds: 10, every: 0.2) { !logKeys().isEmpty }
+        sleep(1)  // the round's last log object
+        let logged = logKeys()
+        #expect(!logged.isEmpty)
+        for key in logged { expectOK(s3.curl("-X DELETE", "/\(bucket)/\(key)")) }
+        #expect(logKeys().isEmpty)
+        // B comes back: what A did reaches it by its listing of the bucket, and its own edits
+        // are still there, and go up.
+        try b.mount()
+        expectOK(eventually(b, "grep -qx 'two, edited on a' docs/two && test ! -e docs/three && grep -qx a docs/from-a", seconds: 60),
+                 "B has what A did while it was away: \(b.sh("ls -l docs; cat docs/two").out)")
+        expectOK(b.sh("grep -qx 'edited on b' docs/one && grep -qx new docs/from-b"), "B keeps its own edits")
+        expectOK(b.sh("\(ubiqBinary) sync ."))
+        expectOK(eventually(a, "\(ubiqBinary) sync . && grep -qx 'edited on b' docs/one && grep -qx new docs/from-b", seconds: 60),
+                 "A has B's edits")
+        expectOK(a.sh("test \"$(ls docs | tr '\\n' ' ')\" = 'from-a from-b one two '"), "no conflict copy: \(a.sh("ls docs").out)")
     }
 
     @Test func shellToolsWorkOnAnS3Mount() throws {

@@ -341,6 +341,42 @@ import UbiqStore
         try await fullListingTells(b, since: last, made + [late])
     }
 
+    /// A key this device learned of from the log alone, whose delete it never read (the log
+    /// object lost, or deleted after the retention while the device was away), is told as gone
+    /// by the next full listing: no listing had shown the key, so comparing listings alone never
+    /// told it. Another tool's delete of a key the log told of is found the same way.
+    @Test func aKeyTheLogToldOfAndTheListingLacksIsGone() async throws {
+        let (a, b, clean) = try await twoDevices()
+        defer { clean() }
+        let cursor = try await b.currentCursor()
+        for key in ["docs/kept", "docs/gone", "docs/other-tool"] {
+            _ = try await a.put(key, contentsOf: try tempFile(Array(key.utf8)), metadata: meta, condition: .ifAbsent)
+        }
+        try await a.publishChanges()
+        let (told, next) = try await look(b, from: cursor)
+        #expect(Set(told.map(\.key)) == ["docs/kept", "docs/gone", "docs/other-tool"])
+        // A deletes one and its log object is lost; another tool deletes another.
+        let before = Set(try await logObjects(a))
+        try await a.delete("docs/gone", condition: .always)
+        try await a.publishChanges()
+        for name in Set(try await logObjects(a)).subtracting(before) {
+            try await a.objects.send(.DELETE, S3ChangeLog.folder + name, validate: false)
+        }
+        try await a.objects.send(.DELETE, "docs/other-tool", validate: false)
+        let (none, last) = try await look(b, from: next)
+        #expect(none.isEmpty, "\(none)")
+        b.lookEverywhereNext()
+        let full = try await b.changes(since: last, limit: 1000)
+        #expect(!full.reset)
+        let deletes = Set(full.changes.filter { $0.kind == .delete }.map(\.key))
+        #expect(deletes == ["docs/gone", "docs/other-tool"], "\(full.changes)")
+        #expect(!full.changes.contains { $0.key == "docs/kept" && $0.kind == .delete })
+        // Told once: the listing after it has nothing more to say of them.
+        b.lookEverywhereNext()
+        let again = try await b.changes(since: full.cursor, limit: 1000)
+        #expect(!again.changes.contains { $0.kind == .delete }, "\(again.changes)")
+    }
+
     /// Two devices' stores on one new bucket, with no full listing by itself (a day apart,
     /// however slow the machine), and what removes them.
     func twoDevices() async throws -> (S3Store, S3Store, () -> Void) {
