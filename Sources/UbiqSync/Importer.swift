@@ -77,6 +77,10 @@ public struct Importer {
             // The folder each path of folders came to in this page (a folder's files come one
             // after another: its path is looked up once, not once for each of them).
             var folders: [ArraySlice<String>: UInt64] = [:]
+            // The folders this page made, with the names it put in them: a name in one is looked
+            // for here rather than in the database (a fresh device's import: a lookup a file was
+            // a quarter of the import's time).
+            var made: [UInt64: Set<[UInt8]>] = [:]
             for obj in sorted where !known.contains(KeyBytes(obj.key)) && !ReservedKeys.isReserved(obj.key) {
                 do { try StoreKey.validate(obj.key) } catch {
                     logger.warning("skipping store key \(obj.key.debugDescription): \(error)")
@@ -100,14 +104,14 @@ public struct Importer {
                 // Every folder on the way, made where missing.
                 let path = parts.dropLast()
                 let name = Array(parts.last!.utf8)
-                guard let parent = try folders[path] ?? folder(path, tx, &nextIno, now) else {
+                guard let parent = try folders[path] ?? folder(path, tx, &nextIno, now, &made) else {
                     logger.warning("skipping \(obj.key): a file stands where its folder would be")
                     report.skipped += 1
                     continue
                 }
                 folders[path] = parent
                 let m = obj.metadata
-                if let e = try tx.entry(parent: parent, name: name) {
+                if made[parent].map({ $0.contains(name) }) != false, let e = try tx.entry(parent: parent, name: name) {
                     // A folder created implicitly above, now with its marker: adopt it.
                     if isDir, e.remoteKey == nil, let r = try tx.inode(e.ino), r.type == UInt32(S_IFDIR) {
                         var r = r
@@ -126,13 +130,14 @@ public struct Importer {
                 let ino = nextIno; nextIno += 1
                 let present = type != UInt32(S_IFREG) || obj.size == 0
                 if type == UInt32(S_IFREG) && obj.size == 0 { try cache.createEmpty(ino) }
-                try tx.upsert(InodeRecord(ino: ino, type: type, perm: m.mode & 0o7777, uid: m.uid, gid: m.gid,
-                                          size: type == UInt32(S_IFREG) ? obj.size : 0,
-                                          atimeNs: m.mtimeNs, mtimeNs: m.mtimeNs, ctimeNs: now, rdev: m.rdev,
-                                          target: m.target.map { [UInt8]($0) }, present: present))
-                try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
+                try tx.insertUploaded(InodeRecord(ino: ino, type: type, perm: m.mode & 0o7777, uid: m.uid, gid: m.gid,
+                                                  size: type == UInt32(S_IFREG) ? obj.size : 0,
+                                                  atimeNs: m.mtimeNs, mtimeNs: m.mtimeNs, ctimeNs: now, rdev: m.rdev,
+                                                  target: m.target.map { [UInt8]($0) }, present: present))
                 try tx.insertEntry(parent: parent, name: name, ino: ino, remoteKey: obj.key, remoteVersion: obj.version,
                                    remoteTag: obj.contentTag, remoteDigest: obj.metadata.sha256, remoteFileID: obj.metadata.fileID)
+                made[parent]?.insert(name)
+                if type == UInt32(S_IFDIR) { made[ino] = [] }
                 try importXattrs(tx, ino, m)
                 report.added += 1
             }
@@ -141,19 +146,22 @@ public struct Importer {
 
     /// The folder at `path` (folder names from the root), with those missing made on the way;
     /// nil when a file stands where one of them would be.
-    private func folder(_ path: ArraySlice<String>, _ tx: StateTransaction, _ nextIno: inout UInt64, _ now: Int64) throws -> UInt64? {
+    /// `made`: the folders made in this transaction, with the names put in them (see `importPage`).
+    private func folder(_ path: ArraySlice<String>, _ tx: StateTransaction, _ nextIno: inout UInt64, _ now: Int64,
+                        _ made: inout [UInt64: Set<[UInt8]>]) throws -> UInt64? {
         var parent: UInt64 = 1
         for seg in path {
             let name = Array(seg.utf8)
-            if let e = try tx.entry(parent: parent, name: name) {
+            if made[parent].map({ $0.contains(name) }) != false, let e = try tx.entry(parent: parent, name: name) {
                 guard let r = try tx.inode(e.ino), r.type == UInt32(S_IFDIR) else { return nil }
                 parent = e.ino
             } else {
                 let ino = nextIno; nextIno += 1
-                try tx.upsert(InodeRecord(ino: ino, type: UInt32(S_IFDIR), perm: 0o755, uid: getuid(), gid: getgid(),
-                                          atimeNs: now, mtimeNs: now, ctimeNs: now))
-                try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
+                try tx.insertUploaded(InodeRecord(ino: ino, type: UInt32(S_IFDIR), perm: 0o755, uid: getuid(), gid: getgid(),
+                                                  atimeNs: now, mtimeNs: now, ctimeNs: now))
                 try tx.insertEntry(parent: parent, name: name, ino: ino)
+                made[parent]?.insert(name)
+                made[ino] = []
                 parent = ino
             }
         }
