@@ -80,6 +80,12 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// The last full listing for a moment after it was taken, until this device writes
     /// (`list` takes it once).
     private var recentListing: (listing: Listing, at: Date)?
+    /// The first listing of the whole bucket in this run when a list asked for it (a mount
+    /// again: the importer's), with the log's objects marked just before it: the feed's first
+    /// full listing, due at once, takes it rather than listing the bucket again (`listEverything`).
+    private var premarked: (listing: Listing, marked: S3ChangeLog.Read, at: Date)?
+    /// How long a premarked listing waits for the feed's first full listing.
+    static let premarkedFor: TimeInterval = 120
     /// Folder keys the log said were deleted (when), on a server without folder metadata: for
     /// `foldersCheckedFor` seconds, a HEAD of each is checked with a listing (see `head`).
     private var foldersSaidDeleted: [KeyBytes: Date] = [:]
@@ -189,6 +195,21 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             return recentListing.flatMap { Date().timeIntervalSince($0.at) < 10 ? $0.listing : nil }
         } : nil
         if let recent { return recent }
+        // The first listing of the bucket in this run, before any full listing of the feed's:
+        // the log's objects are marked first, as a full listing's are, so that the feed's first
+        // one can be this (a mount again listed the bucket twice, the second time at once).
+        if prefix.isEmpty, lock.withLock({ lastFullListing == nil && premarked == nil }) {
+            let marked = try await log.look(from: nil, markOnly: true)
+            let listing = try await objects.listAll(under: "", pageSize: listingPageSize)
+            warn(listing.skipped)
+            let at = Date()
+            lock.withLock { premarked = (listing, marked, at) }
+            DispatchQueue.global().asyncAfter(deadline: .now() + Self.premarkedFor) { [weak self] in
+                guard let self else { return }
+                lock.withLock { if premarked?.at == at { premarked = nil } }
+            }
+            return listing
+        }
         let listing = try await objects.listAll(under: prefix)
         warn(listing.skipped)
         return listing
@@ -535,17 +556,30 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// as read first: what they name is in this listing.
     /// `tell`: the changes are wanted (not for a cursor alone).
     private func listEverything(since: String?, cursor: String?, tell: Bool = true) async throws -> ChangeBatch {
-        let marked = try await log.look(from: nil, markOnly: true)
-        // A device that never read a snapshot of the bucket reads the latest while it lists,
-        // once the listing's first page says there is more than a page: one after the other,
-        // a fresh device's mount at 100,000 objects listed for 3 s and then read it for 2.
-        let fresh = since == nil && (try? index.setting("snapshot")) == nil
-        var snapshot: Task<Bool, Never>?
-        let listing = try await objects.listAll(under: "", pageSize: listingPageSize) {
-            if fresh { snapshot = Task { await self.loadLatestSnapshot() } }
+        // The importer's listing at a mount again, when this is the feed's first full listing
+        // (not one asked for: `ubiq sync --full` lists anew).
+        let taken = lock.withLock { () -> (listing: Listing, marked: S3ChangeLog.Read)? in
+            defer { premarked = nil }
+            guard since != nil, !fullListingAsked, let p = premarked, Date().timeIntervalSince(p.at) < Self.premarkedFor else { return nil }
+            return (p.listing, p.marked)
         }
-        _ = await snapshot?.value
-        warn(listing.skipped)
+        let marked: S3ChangeLog.Read
+        let listing: Listing
+        if let taken {
+            (marked, listing) = (taken.marked, taken.listing)
+        } else {
+            marked = try await log.look(from: nil, markOnly: true)
+            // A device that never read a snapshot of the bucket reads the latest while it lists,
+            // once the listing's first page says there is more than a page: one after the other,
+            // a fresh device's mount at 100,000 objects listed for 3 s and then read it for 2.
+            let fresh = since == nil && (try? index.setting("snapshot")) == nil
+            var snapshot: Task<Bool, Never>?
+            listing = try await objects.listAll(under: "", pageSize: listingPageSize) {
+                if fresh { snapshot = Task { await self.loadLatestSnapshot() } }
+            }
+            _ = await snapshot?.value
+            warn(listing.skipped)
+        }
         guard var (changes, next) = try index.advance(since: since, to: listing, unsettled: Self.unsettled,
                                                       stableFolders: !objects.keepsFolderMetadata, tell: tell) else {
             return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)

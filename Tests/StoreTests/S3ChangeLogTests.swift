@@ -377,6 +377,50 @@ import UbiqStore
         #expect(!again.changes.contains { $0.kind == .delete }, "\(again.changes)")
     }
 
+    /// A mount again lists the bucket once. The importer's listing, the run's first, marks the
+    /// log's objects first, and the feed's first full listing, due at once, is that listing:
+    /// it tells what changed while the device was away; what came after it comes by the log,
+    /// and another tool's object by the next full listing, which lists anew. (The feed listed
+    /// the bucket again: 1,000 LISTs at a million objects.)
+    @Test func aMountAgainListsTheBucketOnce() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        let bucket = a.objects.client.endpoint.bucket
+        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        defer { cleanB() }
+        let start = try await b.currentCursor()
+        for key in ["docs/x", "docs/y"] {
+            _ = try await a.put(key, contentsOf: try tempFile(Array(key.utf8)), metadata: meta, condition: .ifAbsent)
+        }
+        try await a.publishChanges()
+        let (told, away) = try await look(b, from: start)
+        #expect(Set(told.map(\.key)) == ["docs/x", "docs/y"])
+        // While B is away: a delete and a new file.
+        try await a.delete("docs/x", condition: .always)
+        _ = try await a.put("docs/z", contentsOf: try tempFile([1]), metadata: meta, condition: .ifAbsent)
+        try await a.publishChanges()
+        // B again (the same index): its importer lists the bucket.
+        let (again, _) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        var listed: [String] = []
+        try await again.list(prefix: "", pagesOf: 100) { listed += $0.map(\.key) }
+        #expect(listed == ["docs/y", "docs/z"], "\(listed)")
+        // Then A writes (logged) and another tool puts an object (not logged).
+        _ = try await a.put("docs/w", contentsOf: try tempFile([2]), metadata: meta, condition: .ifAbsent)
+        try await a.publishChanges()
+        try await a.objects.send(.PUT, "docs/foreign", body: .data(Data("x".utf8)), validate: false)
+        let first = try await again.changes(since: away, limit: 1000)
+        #expect(again.lastLook.full && !first.reset)
+        #expect(first.changes.contains { $0.key == "docs/x" && $0.kind == .delete }, "\(first.changes)")
+        #expect(first.changes.contains { $0.key == "docs/z" && $0.kind == .put }, "\(first.changes)")
+        #expect(!first.changes.contains { $0.key == "docs/w" || $0.key == "docs/foreign" }, "the importer's listing, not another: \(first.changes)")
+        let next = try await again.changes(since: first.cursor, limit: 1000)
+        #expect(!again.lastLook.full && next.changes.map(\.key) == ["docs/w"], "\(next.changes)")
+        again.lookEverywhereNext()
+        let full = try await again.changes(since: next.cursor, limit: 1000)
+        #expect(again.lastLook.full && full.changes.contains { $0.key == "docs/foreign" }, "\(full.changes)")
+    }
+
     /// Two devices' stores on one new bucket, with no full listing by itself (a day apart,
     /// however slow the machine), and what removes them.
     func twoDevices() async throws -> (S3Store, S3Store, () -> Void) {
