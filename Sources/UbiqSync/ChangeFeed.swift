@@ -138,7 +138,7 @@ public final class ChangeFeed: @unchecked Sendable {
         // a key the listing missed.
         if cursor == nil {
             // No cursor (the store was down at mount): start from now, and compare everything.
-            try state.write { try $0.holdRecordedVersions() }
+            try holdRecordedVersions()
             cursor = try retryingTransient { try runBlocking { try await store.currentCursor() } }
             reconcile = true
         }
@@ -148,7 +148,7 @@ public final class ChangeFeed: @unchecked Sendable {
             let batch = try retryingTransient { try runBlocking { try await store.changes(since: since, limit: size) } }
             if batch.reset {
                 logger.notice("the store cannot answer from this device's place in its changes (restored from a backup, or its history cut short): comparing everything with it; changes of this device not yet uploaded are kept")
-                try state.write { try $0.holdRecordedVersions() }
+                try holdRecordedVersions()
                 cursor = try runBlocking { try await store.currentCursor() }
                 reconcile = true
                 break
@@ -213,7 +213,10 @@ public final class ChangeFeed: @unchecked Sendable {
             }
         }
         if reconcile {
-            defer { try? state.write { try $0.releaseHeldVersions() } }
+            defer {
+                try? state.write { try $0.releaseHeldVersions() }
+                holding = false
+            }
             let differing = try differencesFromTheStore(alsoOf: seen)
             for c in differing {
                 known[KeyBytes(c.key)] = c.info
@@ -290,6 +293,17 @@ public final class ChangeFeed: @unchecked Sendable {
 
     /// Objects taken from the store's listing at a time in a full comparison (tests set fewer).
     var comparisonPage = 10_000
+    /// Whether what this device recorded is held aside for a full comparison (under `pollLock`).
+    private var holding = false
+
+    /// Sets what this device records aside for a full comparison, unless a poll that failed
+    /// since (the store down) did: still from before the listing to come, and a million rows
+    /// are not copied again at every poll while the store is down.
+    private func holdRecordedVersions() throws {
+        if holding { return }
+        try state.write { try $0.holdRecordedVersions() }
+        holding = true
+    }
 
     /// A full comparison of the store with what this device recorded before it was listed (held
     /// aside by `holdRecordedVersions`): each listed object whose version is not the one recorded

@@ -681,6 +681,28 @@ import Synchronization
         a.pull()
         #expect(try a.read("d/f1") == "edited after")
     }
+
+    /// A full comparison whose listing could not be made (the store failed) is made at the next
+    /// poll, against what this device set aside before the first try (it is not copied again at
+    /// every poll while the store is down): a file deleted in between is still told, and goes.
+    @Test func aComparisonThatFailedIsMadeAtTheNextPoll() throws {
+        let store = try newStore()
+        let b = try Device(store: store)
+        try b.mkdir("d")
+        for i in 0 ..< 5 { try b.write("d/f\(i)", "file \(i)") }
+        b.sync()
+        let resetting = ResettingStore(store)
+        let a = try Device(store: store, remote: resetting)
+        #expect(try a.names("d").count == 5)
+        resetting.resetOnce {}
+        resetting.failCursor.withLock { $0 = true }
+        #expect(throws: StoreError.self) { try a.feed.poll() }
+        try b.fs.unlink(try b.ino("d"), n("f2"))
+        b.sync()
+        #expect(try a.feed.poll() == 1)
+        #expect(resetting.listed == 1)
+        #expect(try a.names("d") == ["f0", "f1", "f3", "f4"])
+    }
 }
 
 /// A store whose feed, once asked to (`resetOnce`), answers that it cannot go on from the
@@ -706,6 +728,8 @@ final class ResettingStore: ForwardingStore, @unchecked Sendable {
     var listed: Int { count.withLock { $0 } }
 
     func resetOnce(then: @escaping @Sendable () -> Void) { pending.withLock { $0 = then } }
+    /// The next `currentCursor` fails (a store that is down), once.
+    let failCursor = Mutex(false)
 
     override func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
         if pending.withLock({ $0 != nil }) { return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true) }
@@ -713,6 +737,7 @@ final class ResettingStore: ForwardingStore, @unchecked Sendable {
     }
 
     override func currentCursor() async throws -> String {
+        if failCursor.withLock({ f in defer { f = false }; return f }) { throw StoreError.failed("the store is down") }
         let cursor = try await inner.currentCursor()
         guard let then = pending.withLock({ p in defer { p = nil }; return p }) else { return cursor }
         let listing = try await inner.list(prefix: "")
