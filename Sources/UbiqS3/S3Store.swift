@@ -204,10 +204,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             warn(listing.skipped)
             let at = Date()
             lock.withLock { premarked = (listing, marked, at) }
-            DispatchQueue.global().asyncAfter(deadline: .now() + Self.premarkedFor) { [weak self] in
-                guard let self else { return }
-                lock.withLock { if premarked?.at == at { premarked = nil } }
-            }
+            later(Self.premarkedFor) { if $0.premarked?.at == at { $0.premarked = nil } }
             return listing
         }
         let listing = try await objects.listAll(under: prefix)
@@ -594,10 +591,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         // feed has what changed since), then let go: a large bucket's listing is large.
         let at = Date()
         lock.withLock { recentListing = (listing, at) }
-        DispatchQueue.global().asyncAfter(deadline: .now() + 10) { [weak self] in
-            guard let self else { return }
-            lock.withLock { if recentListing?.at == at { recentListing = nil } }
-        }
+        later(10) { if $0.recentListing?.at == at { $0.recentListing = nil } }
         return ChangeBatch(changes: changes, cursor: next + "@\(marked.position)", reset: false)
     }
 
@@ -637,6 +631,15 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             fullListingAsked = false
             lastLook = (requests, true)
             lastNotes = [:]
+        }
+    }
+
+    /// Runs `body` under the lock `seconds` from now, if the store is still there: a listing
+    /// kept for a moment is let go (a large bucket's listing is large).
+    private func later(_ seconds: TimeInterval, _ body: @escaping @Sendable (S3Store) -> Void) {
+        DispatchQueue.global().asyncAfter(deadline: .now() + seconds) { [weak self] in
+            guard let self else { return }
+            lock.withLock { body(self) }
         }
     }
 

@@ -20,31 +20,30 @@ public struct StateTransaction {
 
     // MARK: inodes
 
+    /// A record's values for `inodeColumns`, in their order.
+    private static func inodeValues(_ r: InodeRecord) -> StatementArguments {
+        [Int64(bitPattern: r.ino), r.type, r.perm, r.uid, r.gid, r.size, r.atimeNs, r.mtimeNs, r.ctimeNs,
+         Int64(bitPattern: r.rdev), r.target.map { Data($0) }, r.present, r.contentGen, r.metaGen, r.pinned]
+    }
+
     public func upsert(_ r: InodeRecord) throws {
         try db.cachedStatement(sql: """
-            INSERT INTO inodes (ino, type, perm, uid, gid, size, atime, mtime, ctime, rdev, target, present,
-                                content_gen, meta_gen, pinned)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            INSERT INTO inodes (\(Self.inodeColumns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (ino) DO UPDATE SET type = excluded.type, perm = excluded.perm, uid = excluded.uid,
               gid = excluded.gid, size = excluded.size, atime = excluded.atime, mtime = excluded.mtime,
               ctime = excluded.ctime, rdev = excluded.rdev, target = excluded.target,
               present = excluded.present, content_gen = excluded.content_gen, meta_gen = excluded.meta_gen,
               pinned = excluded.pinned
-            """).execute(arguments: [Int64(bitPattern: r.ino), r.type, r.perm, r.uid, r.gid, r.size, r.atimeNs,
-                                     r.mtimeNs, r.ctimeNs, Int64(bitPattern: r.rdev), r.target.map { Data($0) },
-                                     r.present, r.contentGen, r.metaGen, r.pinned])
+            """).execute(arguments: Self.inodeValues(r))
     }
 
     /// A new inode, as the store has it: `upsert` and `markUploaded` of its generations in one
     /// statement (an import makes a million).
     public func insertUploaded(_ r: InodeRecord) throws {
         try db.cachedStatement(sql: """
-            INSERT INTO inodes (ino, type, perm, uid, gid, size, atime, mtime, ctime, rdev, target, present,
-                                content_gen, meta_gen, pinned, uploaded_content_gen, uploaded_meta_gen)
+            INSERT INTO inodes (\(Self.inodeColumns), uploaded_content_gen, uploaded_meta_gen)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-            """).execute(arguments: [Int64(bitPattern: r.ino), r.type, r.perm, r.uid, r.gid, r.size, r.atimeNs,
-                                     r.mtimeNs, r.ctimeNs, Int64(bitPattern: r.rdev), r.target.map { Data($0) },
-                                     r.present, r.contentGen, r.metaGen, r.pinned, r.contentGen, r.metaGen])
+            """).execute(arguments: Self.inodeValues(r) + [r.contentGen, r.metaGen])
     }
 
     public func deleteInode(_ ino: UInt64) throws {

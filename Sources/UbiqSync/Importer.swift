@@ -111,7 +111,7 @@ public struct Importer {
                 }
                 folders[path] = parent
                 let m = obj.metadata
-                if made[parent].map({ $0.contains(name) }) != false, let e = try tx.entry(parent: parent, name: name) {
+                if Self.mayHold(made, parent, name), let e = try tx.entry(parent: parent, name: name) {
                     // A folder created implicitly above, now with its marker: adopt it.
                     if isDir, e.remoteKey == nil, let r = try tx.inode(e.ino), r.type == UInt32(S_IFDIR) {
                         var r = r
@@ -146,13 +146,19 @@ public struct Importer {
 
     /// The folder at `path` (folder names from the root), with those missing made on the way;
     /// nil when a file stands where one of them would be.
+    /// Whether folder `parent` may hold `name` already: a folder made in this transaction holds
+    /// only the names `made` says it put in it; any other, what the database says.
+    private static func mayHold(_ made: [UInt64: Set<[UInt8]>], _ parent: UInt64, _ name: [UInt8]) -> Bool {
+        made[parent]?.contains(name) ?? true
+    }
+
     /// `made`: the folders made in this transaction, with the names put in them (see `importPage`).
     private func folder(_ path: ArraySlice<String>, _ tx: StateTransaction, _ nextIno: inout UInt64, _ now: Int64,
                         _ made: inout [UInt64: Set<[UInt8]>]) throws -> UInt64? {
         var parent: UInt64 = 1
         for seg in path {
             let name = Array(seg.utf8)
-            if made[parent].map({ $0.contains(name) }) != false, let e = try tx.entry(parent: parent, name: name) {
+            if Self.mayHold(made, parent, name), let e = try tx.entry(parent: parent, name: name) {
                 guard let r = try tx.inode(e.ino), r.type == UInt32(S_IFDIR) else { return nil }
                 parent = e.ino
             } else {
