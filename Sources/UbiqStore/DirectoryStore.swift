@@ -1,12 +1,15 @@
 import Foundation
 import GRDB
+import Synchronization
 import CUbiq
 
 /// The embedded default store: a directory that behaves like a cloud service.
 ///
 /// Layout under `root`:
 /// - `store.db`: SQLite (WAL) index of current objects, prior versions and
-///   the change journal; shared safely by several processes (devices).
+///   the change journal; shared safely by several processes (devices). Journal entries older
+///   than `journalRetention` are dropped (`pruneJournal`); a device whose cursor stood in what
+///   was dropped compares everything (`changes(since:)` answers `reset`).
 /// - `blobs/<xx>/<version>`: one immutable file per version.
 /// - `tmp/`: uploads in progress (renamed into `blobs/` once complete).
 ///
@@ -17,11 +20,20 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     public let root: URL
     /// Prior versions kept per key (the current one is extra).
     public let keptVersions: Int
+    /// How long the change journal keeps an entry: a device away for longer compares the
+    /// store's whole listing with what it recorded at its next look, as after a restore.
+    public let journalRetention: TimeInterval
+    /// 30 days: a laptop left in a drawer over a holiday still goes on from its cursor.
+    public static let defaultJournalRetention: TimeInterval = 30 * 86_400
+    /// How often a process that writes to the store prunes the journal (and once at open).
+    static let journalPruneInterval: TimeInterval = 3600
     private let db: DatabasePool
+    let lastPrune = Mutex(Date())
 
-    public init(root: URL, keptVersions: Int = 10) throws {
+    public init(root: URL, keptVersions: Int = 10, journalRetention: TimeInterval = DirectoryStore.defaultJournalRetention) throws {
         self.root = root
         self.keptVersions = keptVersions
+        self.journalRetention = journalRetention
         let fm = FileManager.default
         do {
             try fm.createDirectory(at: root.appendingPathComponent("blobs"), withIntermediateDirectories: true)
@@ -52,6 +64,8 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         } catch {
             throw StoreError.failed("cannot open store index at \(root.path): \(error)")
         }
+        // A store on a read-only disk still opens (to be read); the next write prunes.
+        try? pruneJournal()
     }
 
     /// What makes a folder a store (a failed first mount in an empty folder takes it away).
@@ -103,6 +117,10 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         }
         m.registerMigration("v2: settings") { db in
             try db.execute(sql: "CREATE TABLE settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        }
+        m.registerMigration("v3: journal times") { db in
+            // Entries from before it have none: they are older than any that has one.
+            try db.execute(sql: "ALTER TABLE journal ADD COLUMN at REAL")
         }
         return m
     }
@@ -349,16 +367,48 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             guard cur != nil else { return }
             try Self.archive(db, key: key)
             try db.execute(sql: "DELETE FROM objects WHERE key = ?", arguments: [key])
-            try db.execute(sql: "INSERT INTO journal (op, key, version) VALUES ('delete', ?, NULL)", arguments: [key])
+            try Self.journal(db, op: "delete", key: key, version: nil)
             orphans = try self.prune(db, key: key)
         }
         removeBlobs(orphans)
+        pruneJournalWhenDue()
+    }
+
+    private static func journal(_ db: Database, op: String, key: String, version: String?) throws {
+        try db.execute(sql: "INSERT INTO journal (op, key, version, at) VALUES (?, ?, ?, ?)",
+                       arguments: [op, key, version, Date().timeIntervalSince1970])
+    }
+
+    /// Drops the journal's entries from before the newest one older than `journalRetention`
+    /// (that one is kept: a cursor standing on it still goes on). Entries are numbered in the
+    /// order they were written, so every one before an old entry is as old (give or take the
+    /// clocks of the devices that share the store: an entry dropped a little early costs a
+    /// device a comparison, never a change). The newest entry is never dropped, so the
+    /// journal's end, and every cursor at it, stays. Returns how many were dropped.
+    @discardableResult
+    public func pruneJournal(now: Date = Date()) throws -> Int {
+        lastPrune.withLock { $0 = now }
+        var dropped = 0
+        try dbWrite { db in
+            let cutoff = now.timeIntervalSince1970 - journalRetention
+            guard let boundary = try Int64.fetchOne(db, sql: "SELECT seq FROM journal WHERE at < ? ORDER BY seq DESC LIMIT 1",
+                                                    arguments: [cutoff]) else { return }
+            try db.execute(sql: "DELETE FROM journal WHERE seq < ?", arguments: [boundary])
+            dropped = db.changesCount
+        }
+        return dropped
+    }
+
+    private func pruneJournalWhenDue() {
+        let due = lastPrune.withLock { Date().timeIntervalSince($0) >= Self.journalPruneInterval }
+        if due { try? pruneJournal() }
     }
 
     /// A cursor is `SEQ:MARK`: the journal entry it stands after, and a mark of that entry
     /// (its operation, key and version). A store restored from a backup goes on numbering from
     /// its older end, so a number alone can name another entry; the mark tells, and so does a
-    /// number past the journal's end. Either way the device must compare everything (`reset`).
+    /// number past the journal's end. Either way the device must compare everything (`reset`),
+    /// as it must when its cursor stands before what the journal still holds (`pruneJournal`).
     /// (A bare `SEQ`, from before marks, is taken as it is.)
     public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
         let parts = (cursor ?? "0").split(separator: ":", maxSplits: 1).map(String.init)
@@ -366,7 +416,8 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         return try dbRead { db in
             let end = try Int64.fetchOne(db, sql: "SELECT coalesce(max(seq), 0) FROM journal") ?? 0
             let markMatches = try parts.count < 2 || after == 0 || Self.mark(db, after) == parts[1]
-            if after < 0 || after > end || !markMatches {
+            let first = try Int64.fetchOne(db, sql: "SELECT min(seq) FROM journal")
+            if after < 0 || after > end || !markMatches || after < (first ?? 1) - 1 {
                 return ChangeBatch(changes: [], cursor: try Self.cursor(db, end), reset: true)
             }
             let rows = try Row.fetchAll(db, sql: "SELECT seq, op, key, version FROM journal WHERE seq > ? ORDER BY seq LIMIT ?",
@@ -469,7 +520,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                     VALUES (?, ?, ?, ?, ?, ?)
                     """, arguments: [key, version, size, try Self.encodeMeta(metadata), blob,
                                      Date().timeIntervalSince1970])
-                try db.execute(sql: "INSERT INTO journal (op, key, version) VALUES ('put', ?, ?)", arguments: [key, version])
+                try Self.journal(db, op: "put", key: key, version: version)
                 orphans = try self.prune(db, key: key)
             }
         } catch {
@@ -477,6 +528,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             throw error
         }
         removeBlobs(orphans)
+        pruneJournalWhenDue()
         return ObjectInfo(key: key, version: version, size: size, metadata: metadata, contentTag: blob)
     }
 

@@ -1,0 +1,137 @@
+import Foundation
+import GRDB
+import Testing
+import TestSupport
+import UbiqFS
+@testable import UbiqStore
+
+/// The embedded store's journal keeps its entries for `journalRetention` (30 days), not
+/// forever: a device whose cursor stands in what was dropped compares everything, as after a
+/// restore, and keeps what it has not uploaded yet.
+@Suite struct JournalRetentionTests {
+    /// Moves every journal entry up to `seq` (all: nil) back by `by` seconds, as time would.
+    static func age(_ store: DirectoryStore, through seq: Int64? = nil, by: TimeInterval) throws {
+        let db = try DatabaseQueue(path: store.root.appendingPathComponent("store.db").path)
+        try db.write {
+            try $0.execute(sql: "UPDATE journal SET at = at - ? WHERE seq <= ?", arguments: [by, seq ?? Int64.max])
+        }
+    }
+
+    static func journalCount(_ store: DirectoryStore) throws -> Int {
+        try DatabaseQueue(path: store.root.appendingPathComponent("store.db").path).read {
+            try Int.fetchOne($0, sql: "SELECT count(*) FROM journal") ?? 0
+        }
+    }
+
+    @Test func entriesPastTheRetentionAreDroppedAndACursorInThemComparesEverything() async throws {
+        let store = try DirectoryStore(root: TempPaths.make("ubiq-store"), journalRetention: 100)
+        try await HostileStoreTests.put(store, "a", "1")                     // entry 1
+        let atA = try await store.currentCursor()
+        try await HostileStoreTests.put(store, "b", "2")                     // entry 2
+        let atB = try await store.currentCursor()
+        try await HostileStoreTests.put(store, "c", "3")                     // entry 3
+        try await store.delete("a", condition: .always)                     // entry 4
+        let atEnd = try await store.currentCursor()
+        // Young entries stay.
+        #expect(try store.pruneJournal() == 0)
+        #expect(try Self.journalCount(store) == 4)
+
+        // Entries 1 and 2 are older than the retention: 2 is the newest of them and stays, so a
+        // cursor on it goes on; 1 goes.
+        try Self.age(store, through: 2, by: 1000)
+        #expect(try store.pruneJournal() == 1)
+        #expect(try Self.journalCount(store) == 3)
+        let fromB = try await store.changes(since: atB, limit: 100)
+        #expect(!fromB.reset)
+        #expect(fromB.changes.map(\.key) == ["c", "a"])
+        for stale in [atA, "0", nil] {
+            #expect(try await store.changes(since: stale, limit: 100).reset, "cursor \(stale ?? "none")")
+        }
+        // A bare number (a cursor from before marks) after entry 1 still goes on from entry 2.
+        #expect(try await store.changes(since: "1", limit: 100).changes.map(\.key) == ["b", "c", "a"])
+
+        // Everything old: all but the newest entry go, so the journal's end (and a cursor at it) stays.
+        try Self.age(store, by: 1000)
+        #expect(try store.pruneJournal() == 2)
+        #expect(try Self.journalCount(store) == 1)
+        #expect(try await store.currentCursor() == atEnd)
+        let idle = try await store.changes(since: atEnd, limit: 100)
+        #expect(!idle.reset && idle.changes.isEmpty)
+        #expect(try await store.changes(since: atB, limit: 100).reset)
+
+        // The next change follows on from the end.
+        try await HostileStoreTests.put(store, "d", "4")
+        let next = try await store.changes(since: atEnd, limit: 100)
+        #expect(!next.reset && next.changes.map(\.key) == ["d"])
+    }
+
+    /// The journal is pruned when a store is opened and by a write once the last prune is an
+    /// interval old; entries written before the journal had times are older than any that has
+    /// one.
+    @Test func openingAndWritingPruneAndEntriesWithoutATimeAreTheOldest() async throws {
+        let root = TempPaths.make("ubiq-store")
+        let store = try DirectoryStore(root: root, journalRetention: 100)
+        // Two entries as a store from before times wrote them, then one with a time.
+        let index = try HostileStoreTests.Index(store)
+        try index.journal(op: "put", key: "old1", version: "v1")
+        try index.journal(op: "put", key: "old2", version: "v1")
+        try await HostileStoreTests.put(store, "a", "1")                     // entry 3
+        try await HostileStoreTests.put(store, "b", "2")                     // entry 4
+        // Nothing dated is old yet, so the undated entries stay too: nothing proves them old.
+        #expect(try store.pruneJournal() == 0)
+
+        try Self.age(store, through: 3, by: 1000)
+        let reopened = try DirectoryStore(root: root, journalRetention: 100)
+        #expect(try Self.journalCount(reopened) == 2, "opening the store drops the undated entries and keeps entry 3, the newest old one")
+
+        // A write prunes once the last prune is an interval old, not before.
+        try Self.age(reopened, through: 4, by: 1000)
+        try await HostileStoreTests.put(reopened, "c", "3")                  // entry 5
+        #expect(try Self.journalCount(reopened) == 3)
+        reopened.lastPrune.withLock { $0 = Date(timeIntervalSinceNow: -DirectoryStore.journalPruneInterval) }
+        try await HostileStoreTests.put(reopened, "d", "4")                  // entry 6
+        #expect(try Self.journalCount(reopened) == 3, "entries 4, 5 and 6 are left")
+    }
+
+    /// A device away for longer than the retention: its cursor's entry was dropped. It compares
+    /// the store with what it recorded, so it learns of the delete, the edit and the new file
+    /// made meanwhile, keeps its own edits made before it went away (they go up after), and
+    /// then follows the journal again.
+    @Test func aDeviceAwayLongerThanTheJournalIsKeptCatchesUpAndKeepsItsEdits() async throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("f1", "one")
+        try a.write("f2", "two")
+        try a.write("g", "gee")
+        a.sync()
+        let b = try Device(store: store, uploadDelay: 3600)
+        #expect(try b.names("") == ["f1", "f2", "g"])
+        try b.write("g", "b's edit")
+        try b.write("mine", "b's own")
+
+        try a.fs.unlink(rootIno, n("f1"))
+        try a.write("f2", "two, again")
+        try a.write("f3", "three")
+        a.sync()
+        try Self.age(store, by: DirectoryStore.defaultJournalRetention + 60)
+        #expect(try store.pruneJournal() > 0)
+
+        b.pull()
+        #expect(b.log.count("comparing everything") == 1, "\(b.log.all)")
+        #expect(try b.names("") == ["f2", "f3", "g", "mine"])
+        #expect(try b.read("f2") == "two, again")
+        #expect(try b.read("f3") == "three")
+        #expect(try b.read("g") == "b's edit")
+        #expect(try b.read("mine") == "b's own")
+        b.sync()
+        #expect(try contents(store, "g") == "b's edit")
+        #expect(try contents(store, "mine") == "b's own")
+        #expect(try await store.list(prefix: "").map(\.key).sorted() == ["f2", "f3", "g", "mine"])
+
+        try a.write("f4", "four")
+        a.sync()
+        b.pull()
+        #expect(try b.read("f4") == "four")
+        #expect(b.log.count("comparing everything") == 1, "after the comparison the device follows the journal again")
+    }
+}
