@@ -7,9 +7,10 @@ import CUbiq
 ///
 /// Layout under `root`:
 /// - `store.db`: SQLite (WAL) index of current objects, prior versions and
-///   the change journal; shared safely by several processes (devices). Journal entries older
-///   than `journalRetention` are dropped (`pruneJournal`); a device whose cursor stood in what
-///   was dropped compares everything (`changes(since:)` answers `reset`).
+///   the change journal; shared safely by several processes (devices). Journal entries, and
+///   the versions of deleted keys, older than `journalRetention` are dropped (`pruneJournal`,
+///   `pruneDeleted`); a device whose cursor stood in what was dropped compares everything
+///   (`changes(since:)` answers `reset`).
 /// - `blobs/<xx>/<version>`: one immutable file per version.
 /// - `tmp/`: uploads in progress (renamed into `blobs/` once complete).
 ///
@@ -20,12 +21,14 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     public let root: URL
     /// Prior versions kept per key (the current one is extra).
     public let keptVersions: Int
-    /// How long the change journal keeps an entry: a device away for longer compares the
-    /// store's whole listing with what it recorded at its next look, as after a restore.
+    /// How long the change journal keeps an entry (a device away for longer compares the
+    /// store's whole listing with what it recorded at its next look, as after a restore), and
+    /// how long a deleted key's versions are kept, as a cloud service's bin keeps them.
     public let journalRetention: TimeInterval
     /// 30 days: a laptop left in a drawer over a holiday still goes on from its cursor.
     public static let defaultJournalRetention: TimeInterval = 30 * 86_400
-    /// How often a process that writes to the store prunes the journal (and once at open).
+    /// How often a process that writes to the store prunes the journal and the deleted keys'
+    /// versions (and once at open).
     static let journalPruneInterval: TimeInterval = 3600
     private let db: DatabasePool
     let lastPrune = Mutex(Date())
@@ -66,6 +69,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         }
         // A store on a read-only disk still opens (to be read); the next write prunes.
         try? pruneJournal()
+        try? pruneDeleted()
     }
 
     /// What makes a folder a store (a failed first mount in an empty folder takes it away).
@@ -121,6 +125,13 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         m.registerMigration("v3: journal times") { db in
             // Entries from before it have none: they are older than any that has one.
             try db.execute(sql: "ALTER TABLE journal ADD COLUMN at REAL")
+        }
+        m.registerMigration("v4: blobs' users") { db in
+            // Whether a blob is still used is asked of both tables at every version dropped.
+            try db.execute(sql: """
+                CREATE INDEX objects_blob ON objects (blob);
+                CREATE INDEX versions_blob ON versions (blob);
+                """)
         }
         return m
     }
@@ -399,9 +410,61 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         return dropped
     }
 
+    /// Drops every version of each key deleted more than `journalRetention` ago (no current
+    /// object, and its newest version archived before then), and the blobs no other version
+    /// or object uses. A cloud service's bin does the same: without it a deleted file's bytes
+    /// stayed in the store for good, and deleting freed no space. A batch at a time, each its
+    /// own transaction (other devices' writes wait for one batch, not for all). Returns how
+    /// many versions were dropped.
+    @discardableResult
+    public func pruneDeleted(now: Date = Date(), batch: Int = 1000) throws -> Int {
+        let cutoff = now.timeIntervalSince1970 - journalRetention
+        var dropped = 0
+        var after = Data()
+        while true {
+            // Keys after the last batch's (as bytes, as the index sorts them): ones kept (made
+            // again meanwhile) are not read again. Only text is a key (`keyRange`).
+            let keys = try dbRead { db in
+                try Data.fetchAll(db, sql: """
+                    SELECT CAST(key AS BLOB) FROM versions v WHERE key > CAST(? AS TEXT) AND key < X''
+                      AND NOT EXISTS (SELECT 1 FROM objects o WHERE o.key = v.key)
+                    GROUP BY key HAVING max(modified) < ? ORDER BY key LIMIT ?
+                    """, arguments: [after, cutoff, batch])
+            }
+            guard let last = keys.last else { return dropped }
+            var orphans: [String] = []
+            try dbWrite { db in
+                for raw in keys {
+                    // Made again since it was read: its versions are its history again.
+                    let current = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM objects WHERE key = CAST(? AS TEXT))",
+                                                    arguments: [raw]) ?? true
+                    if current { continue }
+                    let blobs = try String.fetchAll(db, sql: "SELECT DISTINCT blob FROM versions WHERE key = CAST(? AS TEXT)",
+                                                    arguments: [raw])
+                    try db.execute(sql: "DELETE FROM versions WHERE key = CAST(? AS TEXT)", arguments: [raw])
+                    dropped += db.changesCount
+                    for blob in blobs where try !Self.used(db, blob: blob) { orphans.append(blob) }
+                }
+            }
+            removeBlobs(orphans)
+            after = last
+            if keys.count < batch { return dropped }
+        }
+    }
+
     private func pruneJournalWhenDue() {
         let due = lastPrune.withLock { Date().timeIntervalSince($0) >= Self.journalPruneInterval }
-        if due { try? pruneJournal() }
+        if due {
+            try? pruneJournal()
+            try? pruneDeleted()
+        }
+    }
+
+    /// Whether an object or a version still has `blob` as its bytes.
+    private static func used(_ db: Database, blob: String) throws -> Bool {
+        try Bool.fetchOne(db, sql: """
+            SELECT EXISTS (SELECT 1 FROM objects WHERE blob = ?) OR EXISTS (SELECT 1 FROM versions WHERE blob = ?)
+            """, arguments: [blob, blob]) ?? true
     }
 
     /// A cursor is `SEQ:MARK`: the journal entry it stands after, and a mark of that entry
@@ -549,10 +612,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         for r in old {
             guard let blob = String.fromDatabaseValue(r["blob"]), let version = String.fromDatabaseValue(r["version"]) else { continue }
             try db.execute(sql: "DELETE FROM versions WHERE key = ? AND version = ?", arguments: [key, version])
-            let refs = try Int.fetchOne(db, sql: """
-                SELECT (SELECT count(*) FROM objects WHERE blob = ?) + (SELECT count(*) FROM versions WHERE blob = ?)
-                """, arguments: [blob, blob]) ?? 0
-            if refs == 0 { orphans.append(blob) }
+            if try !Self.used(db, blob: blob) { orphans.append(blob) }
         }
         return orphans
     }
@@ -654,8 +714,10 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         return .unavailable("\(what): \(String(cString: strerror(e)))")
     }
 
+    /// Only names a blob can have: a record planted in the index (anyone with the folder can
+    /// write one) never names a file elsewhere.
     private func removeBlobs(_ blobs: [String]) {
-        for b in blobs { unlink(blobURL(b).path) }
+        for b in blobs where !b.isEmpty && !b.contains("/") && b != "." && b != ".." { unlink(blobURL(b).path) }
     }
 
     private func dbRead<T>(_ body: (Database) throws -> T) throws -> T {

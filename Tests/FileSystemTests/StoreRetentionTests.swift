@@ -135,3 +135,73 @@ import UbiqFS
         #expect(b.log.count("comparing everything") == 1, "after the comparison the device follows the journal again")
     }
 }
+
+/// A deleted key's versions are kept for the store's retention (30 days), as a cloud service's
+/// bin keeps them, then dropped with the blobs nothing else uses: deleting a file frees its
+/// space in the store. Before, a deleted file's bytes stayed for good.
+@Suite struct DeletedRetentionTests {
+    static func ageVersions(_ store: DirectoryStore, of keys: [String], by: TimeInterval) throws {
+        let db = try DatabaseQueue(path: store.root.appendingPathComponent("store.db").path)
+        try db.write { db in
+            for k in keys { try db.execute(sql: "UPDATE versions SET modified = modified - ? WHERE key = ?", arguments: [by, k]) }
+        }
+    }
+
+    static func blobFiles(_ store: DirectoryStore) -> Set<String> {
+        let e = FileManager.default.enumerator(atPath: store.root.appendingPathComponent("blobs").path)
+        var out: Set<String> = []
+        while let p = e?.nextObject() as? String {
+            if p.contains("/") { out.insert(URL(fileURLWithPath: p).lastPathComponent) }
+        }
+        return out
+    }
+
+    @Test func aDeletedKeysVersionsGoAfterTheRetentionAndTheirBytesWithThem() async throws {
+        let store = try DirectoryStore(root: TempPaths.make("ubiq-store"), journalRetention: 100)
+        try await HostileStoreTests.put(store, "a", "a1")
+        try await HostileStoreTests.put(store, "a", "a2")
+        let aBlobs = Set(try await store.versions(of: "a").compactMap(\.contentTag))
+        try await store.delete("a", condition: .always)
+        try await HostileStoreTests.put(store, "b", "young")
+        try await store.delete("b", condition: .always)
+        try await HostileStoreTests.put(store, "c", "shared")
+        let c = try await store.head("c")
+        _ = try await store.copy(from: "c", version: c.version, to: "d", metadata: nil, condition: .always)
+        try await store.delete("d", condition: .always)
+        try await HostileStoreTests.put(store, "e", "e1")
+        try await store.delete("e", condition: .always)
+        try await HostileStoreTests.put(store, "e", "e2")
+        #expect(aBlobs.count == 2 && aBlobs.isSubset(of: Self.blobFiles(store)))
+        #expect(try store.pruneDeleted() == 0, "nothing is old yet")
+
+        try Self.ageVersions(store, of: ["a", "d", "e"], by: 1000)
+        #expect(try store.pruneDeleted(batch: 1) == 3, "a's two versions and d's one, a batch of one key at a time")
+        #expect(try await store.versions(of: "a").isEmpty)
+        #expect(try await store.versions(of: "d").isEmpty)
+        #expect(try await store.versions(of: "b").count == 1, "deleted within the retention: kept")
+        #expect(try await store.versions(of: "e").count == 2, "made again: its history stays")
+        let left = Self.blobFiles(store)
+        #expect(aBlobs.isDisjoint(with: left), "the deleted key's bytes left the store")
+        #expect(left.contains(c.contentTag ?? ""), "the copy's blob is the source's too, and stays")
+        #expect(String(decoding: try await store.read("c", version: c.version, range: 0 ..< 100), as: UTF8.self) == "shared")
+        #expect(try store.pruneDeleted() == 0)
+    }
+
+    /// What anyone with the folder may plant: a version whose blob names a path, and one whose
+    /// key is not text. Neither removes a file outside `blobs/`, nor keeps the prune going round.
+    @Test func plantedVersionsRemoveNothingElsewhere() throws {
+        let store = try DirectoryStore(root: TempPaths.make("ubiq-store"), journalRetention: 100)
+        let target = store.root.appendingPathComponent("keep-me")
+        try Data("precious".utf8).write(to: target)
+        let db = try DatabaseQueue(path: store.root.appendingPathComponent("store.db").path)
+        try db.write { db in
+            try db.execute(sql: "INSERT INTO versions (key, version, size, meta, blob, modified) VALUES ('x', 'v1', 0, x'', '../../keep-me', 0)")
+            for i in 0 ..< 5 {
+                try db.execute(sql: "INSERT INTO versions (key, version, size, meta, blob, modified) VALUES (?, 'v1', 0, x'', 'b', 0)",
+                               arguments: [Data("blobkey\(i)".utf8)])
+            }
+        }
+        #expect(try store.pruneDeleted(batch: 2) == 1)
+        #expect(FileManager.default.fileExists(atPath: target.path))
+    }
+}
