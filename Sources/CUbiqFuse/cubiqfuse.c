@@ -4,12 +4,14 @@
 #include <fuse3/fuse_lowlevel.h>
 #include <linux/fuse.h>
 #include <stddef.h>
+#include <errno.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 static int want_killpriv_v2;
+static int root_only;
 /* FUSE_INIT's flags as the kernel sent them; set once the read hook saw FUSE_INIT, which
  * proves every request passes through it (libfuse may otherwise splice them past it). */
 static _Atomic int init_seen;
@@ -24,9 +26,35 @@ static uint32_t field32(const char *buf, size_t len, size_t off) {
     return v;
 }
 
+/* Requests whose permission a local file system checks against the caller (a name looked
+ * up, made, removed or moved; a file opened; attributes or xattrs changed or read), not those
+ * on a descriptor already open (read, write, fstat, close). */
+static int checked_against_caller(uint32_t opcode) {
+    switch (opcode) {
+    case FUSE_LOOKUP: case FUSE_SETATTR: case FUSE_READLINK: case FUSE_SYMLINK: case FUSE_MKNOD:
+    case FUSE_MKDIR: case FUSE_UNLINK: case FUSE_RMDIR: case FUSE_RENAME: case FUSE_RENAME2:
+    case FUSE_LINK: case FUSE_OPEN: case FUSE_OPENDIR: case FUSE_CREATE: case FUSE_SETXATTR:
+    case FUSE_GETXATTR: case FUSE_LISTXATTR: case FUSE_REMOVEXATTR: case FUSE_ACCESS:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 static ssize_t hook_read(int fd, void *buf, size_t len, void *userdata) {
     (void)userdata;
-    ssize_t n = read(fd, buf, len);
+    ssize_t n;
+    for (;;) {
+        n = read(fd, buf, len);
+        if (!root_only || n < (ssize_t)sizeof(struct fuse_in_header)) break;
+        const struct fuse_in_header *in = buf;
+        if (in->uid == 0 || !checked_against_caller(in->opcode)) break;
+        /* Root's own mount without the kernel's check: a root process that took another
+         * file-system uid (setfsuid) is the only caller that is not root. It is refused what
+         * a local disk would check, rather than let in unchecked. */
+        struct fuse_out_header out = { .len = sizeof out, .error = -EACCES, .unique = in->unique };
+        (void)write(fd, &out, sizeof out);
+    }
     request_kills = 0;
     if (n < (ssize_t)sizeof(struct fuse_in_header)) return n;
     const char *b = buf;
@@ -76,9 +104,10 @@ static ssize_t hook_writev(int fd, struct iovec *iov, int count, void *userdata)
     return writev(fd, iov, count);
 }
 
-int cubiqfuse_install_io(struct fuse_session *se, int killpriv) {
+int cubiqfuse_install_io(struct fuse_session *se, int killpriv, int only_root) {
     static const struct fuse_custom_io io = { .writev = hook_writev, .read = hook_read };
     want_killpriv_v2 = killpriv;
+    root_only = only_root;
     atomic_store(&init_seen, 0);
     atomic_store(&killpriv_v2, 0);
     return fuse_session_custom_io(se, &io, fuse_session_fd(se));

@@ -61,7 +61,9 @@ public final class FuseServer: @unchecked Sendable {
         OpStats.enabled = options.operationStats
         var ops = fuse_lowlevel_ops()
         FuseOps.install(&ops)
-        var opts = ["default_permissions", "fsname=\(fsname.replacingOccurrences(of: ",", with: "_"))", "subtype=ubiq"]
+        let rootOnly = !Self.kernelChecksPermissions(uid: getuid(), mountOptions: options.mountOptions)
+        var opts = ["fsname=\(fsname.replacingOccurrences(of: ",", with: "_"))", "subtype=ubiq"]
+        if !rootOnly { opts.insert("default_permissions", at: 0) }
         opts += options.mountOptions
         let argv = ["ubiq", "-o", opts.joined(separator: ",")]
         var cargs = argv.map { strdup($0) }
@@ -77,13 +79,35 @@ public final class FuseServer: @unchecked Sendable {
             fuse_session_destroy(se)
             throw FuseError.mountFailed(path)
         }
-        // The device's traffic through ubiq's hooks, for FUSE_HANDLE_KILLPRIV_V2 (cubiqfuse.h).
-        if cubiqfuse_install_io(se, 1) != 0 {
+        // The device's traffic through ubiq's hooks, for FUSE_HANDLE_KILLPRIV_V2 and root's
+        // own mount (cubiqfuse.h).
+        if cubiqfuse_install_io(se, 1, rootOnly ? 1 : 0) != 0 {
+            if rootOnly {
+                fuse_session_unmount(se)
+                fuse_session_destroy(se)
+                throw FuseError.sessionFailed("could not hook the FUSE device, which root's own mount needs (mount with -o default_permissions)")
+            }
             logger.warning("could not hook the FUSE device: the kernel keeps asking for security.capability before each write")
+        }
+        if rootOnly {
+            logger.info("root's own mount: only root enters, so the kernel's permission check (default_permissions) is left out")
         }
         session = se
         mountpoint = path
         fs.attach(kernel: self)
+    }
+
+    /// Whether the kernel checks modes and owners itself (`default_permissions`). It does on
+    /// every mount but root's own: mounted by root without `allow_other` or `allow_root`, only
+    /// processes whose uids and gids are all root's enter (the kernel refuses the rest), and
+    /// root passes every mode and owner check but running a file with no x bit, which the
+    /// kernel checks without `default_permissions` too. There the check can refuse nothing,
+    /// and it costs a round trip: the kernel asks for a folder's attributes again after each
+    /// create and unlink in it, before its next check (rm -rf of 10,000 files: 10,000
+    /// GETATTRs). A root process that took another file-system uid (setfsuid) is refused by
+    /// the FUSE device's hook instead (cubiqfuse.h). `-o default_permissions` keeps it.
+    public static func kernelChecksPermissions(uid: uid_t, mountOptions: [String]) -> Bool {
+        uid != 0 || mountOptions.contains { ["allow_other", "allow_root", "default_permissions"].contains($0) }
     }
 
     /// What libfuse said since `listenToLibfuse` (the last few lines), for an error that names

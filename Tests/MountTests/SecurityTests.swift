@@ -55,6 +55,52 @@ import Testing
         let log = (try? String(contentsOfFile: m.state + "/ubiq.log", encoding: .utf8)) ?? ""
         #expect(log.contains("refused a connection from uid 65534"))
     }
+
+    /// Root's own mount (no allow_other) goes without `default_permissions`, whose check costs
+    /// the kernel a GETATTR of a folder after each create and unlink in it: root keeps exactly
+    /// root's rights (a file with no x bit still does not run), and a root process that took
+    /// another file-system uid (setfsuid) is refused what a disk would check, not let in
+    /// unchecked. With allow_other the kernel checks modes and owners as before.
+    @Test func rootsOwnMountLeavesOutTheKernelsCheckAndNothingElse() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let superOptions = { (mnt: String) in shell("awk -v m='\(mnt)' '$5 == m { print $NF }' /proc/self/mountinfo").out }
+        #expect(!superOptions(m.mnt).contains("default_permissions"), "\(superOptions(m.mnt))")
+        let r = m.sh("""
+            printf secret > secret && chmod 000 secret && cat secret && echo ' root-reads-000'
+            printf '#!/bin/sh\\necho ran\\n' > script && chmod 644 script
+            { ./script 2>&1 || true; } | grep -q 'Permission denied' && echo noexec-ok
+            test -x script || echo not-x-ok
+            chmod 744 script && ./script
+            chmod 600 secret && chown 1234:1234 secret && echo chown-ok
+            python3 - <<'PY'
+            import ctypes, errno, os
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.setfsgid(65534); libc.setfsuid(65534)
+            tries = [("read", lambda: open("secret").read()), ("write", lambda: open("script", "a")),
+                     ("create", lambda: open("new", "w")), ("unlink", lambda: os.unlink("script")),
+                     ("mkdir", lambda: os.mkdir("d")), ("chmod", lambda: os.chmod("script", 0o777))]
+            for what, f in tries:
+                try:
+                    f(); print(what, "allowed")
+                except OSError as e:
+                    print(what, errno.errorcode[e.errno])
+            PY
+            ls
+            """)
+        expectOK(r)
+        #expect(r.out.contains("secret root-reads-000"))
+        #expect(r.out.contains("noexec-ok") && r.out.contains("not-x-ok") && r.out.contains("ran\n"))
+        #expect(r.out.contains("chown-ok"))
+        for what in ["read", "write", "create", "unlink", "mkdir", "chmod"] {
+            #expect(r.out.contains("\(what) EACCES") || r.out.contains("\(what) EPERM"), "\(what): \(r.out)")
+        }
+        #expect(!r.out.contains("new") && r.out.contains("script"), "\(r.out)")
+
+        let shared = try MountFixture(extra: "-o allow_other")
+        defer { shared.cleanup() }
+        #expect(superOptions(shared.mnt).contains("default_permissions"), "\(superOptions(shared.mnt))")
+    }
 }
 
 /// A state directory someone changed by hand: what is in the store is never lost for it.

@@ -12,8 +12,11 @@ struct fuse_session;
  * open that must clear them. docs/kernel-options.md. */
 
 /// Puts the hooks on `se` (after fuse_session_mount). `killpriv_v2`: ask for it when the
-/// kernel offers it. 0 on success.
-int cubiqfuse_install_io(struct fuse_session *se, int killpriv_v2);
+/// kernel offers it. `root_only`: the mount is root's alone and has no `default_permissions`;
+/// a request from a caller whose file-system uid is not root's (a root process after
+/// setfsuid, the only other that gets in) that a local disk would check against its caller is
+/// answered EACCES here. 0 on success.
+int cubiqfuse_install_io(struct fuse_session *se, int killpriv_v2, int root_only);
 
 /// Called in libfuse's init callback: the next reply this thread sends answers FUSE_INIT.
 void cubiqfuse_init_reply_follows(void);
