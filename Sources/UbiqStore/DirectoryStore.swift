@@ -126,11 +126,18 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             // Entries from before it have none: they are older than any that has one.
             try db.execute(sql: "ALTER TABLE journal ADD COLUMN at REAL")
         }
-        m.registerMigration("v4: blobs' users") { db in
-            // Whether a blob is still used is asked of both tables at every version dropped.
+        m.registerMigration("v4: deleted keys") { db in
+            // Whether a blob is still used is asked of both tables at every version dropped;
+            // keys deleted, and when, for `pruneDeleted` (those deleted before it: when their
+            // newest version was archived).
             try db.execute(sql: """
                 CREATE INDEX objects_blob ON objects (blob);
                 CREATE INDEX versions_blob ON versions (blob);
+                CREATE TABLE deleted (key TEXT PRIMARY KEY, at REAL NOT NULL);
+                CREATE INDEX deleted_at ON deleted (at);
+                INSERT OR IGNORE INTO deleted (key, at)
+                  SELECT key, max(modified) FROM versions v WHERE NOT EXISTS (SELECT 1 FROM objects o WHERE o.key = v.key)
+                  GROUP BY key HAVING max(modified) IS NOT NULL;
                 """)
         }
         return m
@@ -366,7 +373,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         // a copy records the same blob under a new version id.
         return try install(key: destination, version: Self.newVersion(), size: src.size,
                            metadata: (metadata ?? src.meta).describing(digest: src.meta.sha256), blob: src.blob,
-                           condition: condition)
+                           copyOf: source, condition: condition)
     }
 
     public func delete(_ key: String, condition: WriteCondition) async throws {
@@ -378,6 +385,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
             guard cur != nil else { return }
             try Self.archive(db, key: key)
             try db.execute(sql: "DELETE FROM objects WHERE key = ?", arguments: [key])
+            try db.execute(sql: "INSERT OR REPLACE INTO deleted (key, at) VALUES (?, ?)", arguments: [key, Date().timeIntervalSince1970])
             try Self.journal(db, op: "delete", key: key, version: nil)
             orphans = try self.prune(db, key: key)
         }
@@ -410,45 +418,41 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         return dropped
     }
 
-    /// Drops every version of each key deleted more than `journalRetention` ago (no current
-    /// object, and its newest version archived before then), and the blobs no other version
-    /// or object uses. A cloud service's bin does the same: without it a deleted file's bytes
-    /// stayed in the store for good, and deleting freed no space. A batch at a time, each its
-    /// own transaction (other devices' writes wait for one batch, not for all). Returns how
-    /// many versions were dropped.
+    /// Drops every version of each key deleted more than `journalRetention` ago (table
+    /// `deleted`: a delete notes the key and the time, a put takes it out), and the blobs no
+    /// other version or object uses. A cloud service's bin does the same: without it a deleted
+    /// file's bytes stayed in the store for good, and deleting freed no space. The keys come
+    /// by the time they were deleted (an index), so a store with nothing due costs one lookup;
+    /// a batch at a time, each its own transaction (other devices' writes wait for one batch,
+    /// not for all). Returns how many versions were dropped.
     @discardableResult
     public func pruneDeleted(now: Date = Date(), batch: Int = 1000) throws -> Int {
         let cutoff = now.timeIntervalSince1970 - journalRetention
         var dropped = 0
-        var after = Data()
         while true {
-            // Keys after the last batch's (as bytes, as the index sorts them): ones kept (made
-            // again meanwhile) are not read again. Only text is a key (`keyRange`).
-            let keys = try dbRead { db in
-                try Data.fetchAll(db, sql: """
-                    SELECT CAST(key AS BLOB) FROM versions v WHERE key > CAST(? AS TEXT) AND key < X''
-                      AND NOT EXISTS (SELECT 1 FROM objects o WHERE o.key = v.key)
-                    GROUP BY key HAVING max(modified) < ? ORDER BY key LIMIT ?
-                    """, arguments: [after, cutoff, batch])
-            }
-            guard let last = keys.last else { return dropped }
             var orphans: [String] = []
+            var taken = 0
             try dbWrite { db in
-                for raw in keys {
-                    // Made again since it was read: its versions are its history again.
-                    let current = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM objects WHERE key = CAST(? AS TEXT))",
-                                                    arguments: [raw]) ?? true
-                    if current { continue }
-                    let blobs = try String.fetchAll(db, sql: "SELECT DISTINCT blob FROM versions WHERE key = CAST(? AS TEXT)",
-                                                    arguments: [raw])
-                    try db.execute(sql: "DELETE FROM versions WHERE key = CAST(? AS TEXT)", arguments: [raw])
+                // Each row taken leaves the table, so every batch is new. A key is bound back
+                // as it is stored (whatever its type: anyone may plant a row).
+                let due = try Row.fetchAll(db, sql: "SELECT rowid, key FROM deleted WHERE at < ? ORDER BY at LIMIT ?",
+                                           arguments: [cutoff, batch])
+                taken = due.count
+                for row in due {
+                    let key: DatabaseValue = row["key"]
+                    try db.execute(sql: "DELETE FROM deleted WHERE rowid = ?", arguments: [row["rowid"] as DatabaseValue])
+                    // Made again (by a writer that did not take it out): its versions are its history.
+                    if try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM objects WHERE key = ?)", arguments: [key]) ?? true {
+                        continue
+                    }
+                    let blobs = try String.fetchAll(db, sql: "SELECT DISTINCT blob FROM versions WHERE key = ?", arguments: [key])
+                    try db.execute(sql: "DELETE FROM versions WHERE key = ?", arguments: [key])
                     dropped += db.changesCount
                     for blob in blobs where try !Self.used(db, blob: blob) { orphans.append(blob) }
                 }
             }
             removeBlobs(orphans)
-            after = last
-            if keys.count < batch { return dropped }
+            if taken < batch { return dropped }
         }
     }
 
@@ -566,8 +570,9 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
 
     // MARK: - Internals
 
+    /// `copyOf`: the key whose version's blob this is (a copy), not a blob of its own.
     private func install(key: String, version: String, size: Int64, metadata: ObjectMetadata,
-                         blob: String, condition: WriteCondition) throws -> ObjectInfo {
+                         blob: String, copyOf: String? = nil, condition: WriteCondition) throws -> ObjectInfo {
         var orphans: [String] = []
         do {
             try dbWrite { db in
@@ -577,7 +582,11 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                    try Self.used(db) - (cur?.info.size ?? 0) + size > quota {
                     throw StoreError.quotaExceeded(key: key)
                 }
+                // A copy's blob is its source version's: one dropped since the copy read it
+                // (`prune`, `pruneDeleted`) is gone, and so is that version.
+                if let copyOf, try !Self.used(db, blob: blob) { throw StoreError.notFound(key: copyOf) }
                 if cur != nil { try Self.archive(db, key: key) }
+                try db.execute(sql: "DELETE FROM deleted WHERE key = ?", arguments: [key])
                 try db.execute(sql: """
                     INSERT OR REPLACE INTO objects (key, version, size, meta, blob, modified)
                     VALUES (?, ?, ?, ?, ?, ?)

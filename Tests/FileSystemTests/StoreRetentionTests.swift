@@ -140,10 +140,11 @@ import UbiqFS
 /// bin keeps them, then dropped with the blobs nothing else uses: deleting a file frees its
 /// space in the store. Before, a deleted file's bytes stayed for good.
 @Suite struct DeletedRetentionTests {
-    static func ageVersions(_ store: DirectoryStore, of keys: [String], by: TimeInterval) throws {
+    /// Moves the deletes of `keys` back by `by` seconds, as time would.
+    static func ageDeletes(_ store: DirectoryStore, of keys: [String], by: TimeInterval) throws {
         let db = try DatabaseQueue(path: store.root.appendingPathComponent("store.db").path)
         try db.write { db in
-            for k in keys { try db.execute(sql: "UPDATE versions SET modified = modified - ? WHERE key = ?", arguments: [by, k]) }
+            for k in keys { try db.execute(sql: "UPDATE deleted SET at = at - ? WHERE key = ?", arguments: [by, k]) }
         }
     }
 
@@ -174,7 +175,7 @@ import UbiqFS
         #expect(aBlobs.count == 2 && aBlobs.isSubset(of: Self.blobFiles(store)))
         #expect(try store.pruneDeleted() == 0, "nothing is old yet")
 
-        try Self.ageVersions(store, of: ["a", "d", "e"], by: 1000)
+        try Self.ageDeletes(store, of: ["a", "d", "e"], by: 1000)
         #expect(try store.pruneDeleted(batch: 1) == 3, "a's two versions and d's one, a batch of one key at a time")
         #expect(try await store.versions(of: "a").isEmpty)
         #expect(try await store.versions(of: "d").isEmpty)
@@ -185,10 +186,46 @@ import UbiqFS
         #expect(left.contains(c.contentTag ?? ""), "the copy's blob is the source's too, and stays")
         #expect(String(decoding: try await store.read("c", version: c.version, range: 0 ..< 100), as: UTF8.self) == "shared")
         #expect(try store.pruneDeleted() == 0)
+
+        // A copy of a version that was dropped is refused, not made without bytes.
+        try await HostileStoreTests.put(store, "f", "f1")
+        let f = try await store.head("f")
+        try await store.delete("f", condition: .always)
+        try Self.ageDeletes(store, of: ["f"], by: 1000)
+        #expect(try store.pruneDeleted() == 1)
+        await #expect(throws: StoreError.self) {
+            _ = try await store.copy(from: "f", version: f.version, to: "g", metadata: nil, condition: .always)
+        }
+        #expect(try await store.list(prefix: "").map(\.key).sorted() == ["c", "e"])
     }
 
-    /// What anyone with the folder may plant: a version whose blob names a path, and one whose
-    /// key is not text. Neither removes a file outside `blobs/`, nor keeps the prune going round.
+    /// A store from before the deletes were noted: its deleted keys are found when it is opened
+    /// (their time the newest version's) and go by the same rule.
+    @Test func keysDeletedBeforeTheUpgradeGoToo() async throws {
+        let root = TempPaths.make("ubiq-store")
+        let store = try DirectoryStore(root: root, journalRetention: 100)
+        try await HostileStoreTests.put(store, "old", "bytes")
+        let blob = try await store.head("old").contentTag ?? ""
+        try await store.delete("old", condition: .always)
+        try await HostileStoreTests.put(store, "live", "bytes")
+        // As the store was before the upgrade: no table of deletes, the migration not applied.
+        let db = try DatabaseQueue(path: root.appendingPathComponent("store.db").path)
+        try await db.write { db in
+            try db.execute(sql: """
+                DROP TABLE deleted; DROP INDEX objects_blob; DROP INDEX versions_blob;
+                DELETE FROM grdb_migrations WHERE identifier = 'v4: deleted keys';
+                UPDATE versions SET modified = modified - 1000 WHERE key = 'old';
+                """)
+        }
+        let upgraded = try DirectoryStore(root: root, journalRetention: 100)
+        #expect(try await upgraded.versions(of: "old").isEmpty, "opening the upgraded store drops what is past the retention")
+        #expect(!Self.blobFiles(upgraded).contains(blob))
+        #expect(try await upgraded.versions(of: "live").count == 1)
+    }
+
+    /// What anyone with the folder may plant: a version whose blob names a path, keys that are
+    /// not text, a time that is not one. None removes a file outside `blobs/`, nor keeps the
+    /// prune going round.
     @Test func plantedVersionsRemoveNothingElsewhere() throws {
         let store = try DirectoryStore(root: TempPaths.make("ubiq-store"), journalRetention: 100)
         let target = store.root.appendingPathComponent("keep-me")
@@ -196,12 +233,17 @@ import UbiqFS
         let db = try DatabaseQueue(path: store.root.appendingPathComponent("store.db").path)
         try db.write { db in
             try db.execute(sql: "INSERT INTO versions (key, version, size, meta, blob, modified) VALUES ('x', 'v1', 0, x'', '../../keep-me', 0)")
+            try db.execute(sql: "INSERT INTO deleted (key, at) VALUES ('x', 0)")
             for i in 0 ..< 5 {
+                let key = Data("blobkey\(i)".utf8)
                 try db.execute(sql: "INSERT INTO versions (key, version, size, meta, blob, modified) VALUES (?, 'v1', 0, x'', 'b', 0)",
-                               arguments: [Data("blobkey\(i)".utf8)])
+                               arguments: [key])
+                try db.execute(sql: "INSERT INTO deleted (key, at) VALUES (?, 0)", arguments: [key])
             }
+            try db.execute(sql: "INSERT INTO deleted (key, at) VALUES (42, 'not a time')")
         }
-        #expect(try store.pruneDeleted(batch: 2) == 1)
+        #expect(try store.pruneDeleted(batch: 2) == 6, "x's version and each blob-typed key's, each as stored")
         #expect(FileManager.default.fileExists(atPath: target.path))
+        #expect(try store.pruneDeleted() == 0)
     }
 }
