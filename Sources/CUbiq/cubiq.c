@@ -13,6 +13,10 @@ int cubiq_syncfs(int fd) {
     return syncfs(fd);
 }
 
+int cubiq_start_writeback(int fd, int64_t off, int64_t len) {
+    return sync_file_range(fd, off, len, SYNC_FILE_RANGE_WRITE);
+}
+
 ssize_t cubiq_copy_file_range(int fd_in, int fd_out, size_t len) {
     return copy_file_range(fd_in, NULL, fd_out, NULL, len, 0);
 }

@@ -5,6 +5,9 @@
 
 /* GNU-only system calls that Swift's Glibc module does not expose. */
 ssize_t cubiq_copy_file_range(int fd_in, int fd_out, size_t len);
+/// sync_file_range(2) with SYNC_FILE_RANGE_WRITE: starts writing the range's dirty pages to the
+/// disk and returns (no wait for them, no metadata, no durability promise).
+int cubiq_start_writeback(int fd, int64_t off, int64_t len);
 /// copy_file_range(2) between explicit offsets (neither descriptor's position moves).
 ssize_t cubiq_copy_file_range_at(int fd_in, int64_t off_in, int fd_out, int64_t off_out, size_t len);
 int cubiq_fallocate(int fd, int mode, int64_t offset, int64_t len);
