@@ -144,14 +144,14 @@ public struct Importer {
         }
     }
 
-    /// The folder at `path` (folder names from the root), with those missing made on the way;
-    /// nil when a file stands where one of them would be.
     /// Whether folder `parent` may hold `name` already: a folder made in this transaction holds
     /// only the names `made` says it put in it; any other, what the database says.
     private static func mayHold(_ made: [UInt64: Set<[UInt8]>], _ parent: UInt64, _ name: [UInt8]) -> Bool {
         made[parent]?.contains(name) ?? true
     }
 
+    /// The folder at `path` (folder names from the root), with those missing made on the way;
+    /// nil when a file stands where one of them would be.
     /// `made`: the folders made in this transaction, with the names put in them (see `importPage`).
     private func folder(_ path: ArraySlice<String>, _ tx: StateTransaction, _ nextIno: inout UInt64, _ now: Int64,
                         _ made: inout [UInt64: Set<[UInt8]>]) throws -> UInt64? {

@@ -645,19 +645,25 @@ import Synchronization
         #expect(try a.names("") == ["late"])
     }
 
+    /// Device B with folder `d` of `files` files uploaded, and device A of the same store
+    /// through a `ResettingStore`.
+    static func folderAndAResettingReader(files: Int) throws -> (b: Device, a: Device, resetting: ResettingStore) {
+        let store = try newStore()
+        let b = try Device(store: store)
+        try b.mkdir("d")
+        for i in 0 ..< files { try b.write("d/f\(i)", "file \(i)") }
+        b.sync()
+        let resetting = ResettingStore(store)
+        return (b, try Device(store: store, remote: resetting), resetting)
+    }
+
     /// A full comparison hands on only what differs from what this device recorded: the
     /// store's listing is weighed against the versions recorded before it began, a page at a
     /// time (a million objects' listing and versions held at once were a GB of the daemon's
     /// memory). A file at the version recorded is no change; one edited, one new and one
     /// deleted elsewhere are, whichever page they fall in.
     @Test func aFullComparisonHandsOnOnlyWhatDiffers() throws {
-        let store = try newStore()
-        let b = try Device(store: store)
-        try b.mkdir("d")
-        for i in 0 ..< 60 { try b.write("d/f\(i)", "file \(i)") }
-        b.sync()
-        let resetting = ResettingStore(store)
-        let a = try Device(store: store, remote: resetting)
+        let (b, a, resetting) = try Self.folderAndAResettingReader(files: 60)
         a.feed.comparisonPage = 7
         #expect(try a.names("d").count == 60)
         #expect(try a.read("d/f30") == "file 30")
@@ -686,13 +692,7 @@ import Synchronization
     /// poll, against what this device set aside before the first try (it is not copied again at
     /// every poll while the store is down): a file deleted in between is still told, and goes.
     @Test func aComparisonThatFailedIsMadeAtTheNextPoll() throws {
-        let store = try newStore()
-        let b = try Device(store: store)
-        try b.mkdir("d")
-        for i in 0 ..< 5 { try b.write("d/f\(i)", "file \(i)") }
-        b.sync()
-        let resetting = ResettingStore(store)
-        let a = try Device(store: store, remote: resetting)
+        let (b, a, resetting) = try Self.folderAndAResettingReader(files: 5)
         #expect(try a.names("d").count == 5)
         resetting.resetOnce {}
         resetting.failCursor.withLock { $0 = true }
