@@ -231,6 +231,10 @@ public struct S3Objects: Sendable {
 
     /// A ranged GET pinned to `version` (by version id, else `If-Match` on the ETag): a version
     /// that is gone is `notFound`, a range past the end is `empty`.
+    /// A "not satisfiable" answer that does not say the object's size is taken only when the
+    /// version's own size agrees: SeaweedFS under load has answered 416 for a range that starts
+    /// inside the object, which taken at its word reads as an empty range. Such an answer is
+    /// asked again (`rangeAttempts` in all), then is `unavailable`, never an empty read.
     private func pinned<T>(_ key: String, version: String, range: Range<Int64>, empty: T,
                            _ get: ([(String, String)], [String: String]) async throws -> T) async throws -> T {
         try StoreKey.validate(key)
@@ -240,15 +244,35 @@ public struct S3Objects: Sendable {
         var query: [(String, String)] = []
         var headers = ["Range": "bytes=\(range.lowerBound)-\(range.upperBound - 1)"]
         if let id = v.id { query.append(("versionId", id)) } else { headers["If-Match"] = v.etag }
-        do {
-            return try await get(query, headers)
-        } catch StoreError.preconditionFailed, StoreError.notFound {
-            throw StoreError.notFound(key: key)  // that version is gone
-        } catch StoreError.failed(let why) where why.contains(" 416 ") || why.contains("InvalidRange") {
-            return empty  // past the end
-        } catch StoreError.failed(let why) where why.contains(" 400 ") && v.id != nil {
-            throw StoreError.notFound(key: key)  // an unknown version id
+        var tries = 0
+        while true {
+            tries += 1
+            do {
+                return try await get(query, headers)
+            } catch StoreError.preconditionFailed, StoreError.notFound {
+                throw StoreError.notFound(key: key)  // that version is gone
+            } catch StoreError.failed(let why) where why.contains(" 416 ") || why.contains("InvalidRange") {
+                let size = try await size(of: key, v)
+                if range.lowerBound >= size { return empty }  // past the end
+                let said = "the server answered 416 for bytes \(range.lowerBound)- of a version of \(size) bytes"
+                guard tries < Self.rangeAttempts else { throw StoreError.unavailable("GET \(key): \(said)") }
+                client.logger.notice("S3 GET \(key): \(said); trying again")
+                try await Task.sleep(nanoseconds: UInt64(tries) * 100_000_000)
+            } catch StoreError.failed(let why) where why.contains(" 400 ") && v.id != nil {
+                throw StoreError.notFound(key: key)  // an unknown version id
+            }
         }
+    }
+
+    /// Tries of a ranged GET whose "not satisfiable" contradicts the version's size.
+    static let rangeAttempts = 4
+
+    /// The size of version `v` of `key`, by a HEAD; `notFound` when that version is gone.
+    private func size(of key: String, _ v: Version) async throws -> Int64 {
+        if let id = v.id { return try await head(key, versionID: id).size }
+        let current = try await head(key)
+        guard current.contentTag == v.etag else { throw StoreError.notFound(key: key) }
+        return current.size
     }
 
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition,

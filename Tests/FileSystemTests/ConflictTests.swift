@@ -67,7 +67,7 @@ import UbiqStore
         for d in [a, b] {
             #expect(try d.read("docs/plan.txt") == "from B")  // the device that met the conflict keeps its name
             let copy = try copies(d, "docs", of: "plan.txt")
-            #expect(copy.count == 1)
+            try #require(copy.count == 1)
             #expect(copy.first?.contains("(conflict \(a.name) ") == true)
             #expect(try d.read("docs/" + copy[0]) == "from A")
             let s = try status(d, "docs/plan.txt")

@@ -143,7 +143,7 @@ import UbiqSync
         let c = try served.connect()
         defer { c.close() }
         let history = try c.request(.history(path: "plan.txt"), as: HistoryReply.self)
-        #expect(history.versions.count == 2)
+        try #require(history.versions.count == 2)
         #expect(history.versions.map(\.current) == [true, false])
         #expect(history.versions.map(\.size) == [6, 5])
         let first = history.versions[1].version

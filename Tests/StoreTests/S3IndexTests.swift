@@ -11,7 +11,7 @@ import UbiqStore
     /// out of order and a key listed twice; asked for the cursor alone, it tells nothing and
     /// compares the next listing alike.
     @Test func aListingIsComparedWithTheLastOneInPages() throws {
-        let index = try S3Index(path: TempPaths.make("ubiq-s3-index").path + ".db")
+        let index = try S3Index(path: TempPaths.make("ubiq-s3-index").path)
         // NFC and NFD spellings of one name are two keys (bytes), as are "a" and "a/".
         let keys = (0 ..< 40).map { "d\($0 % 5)/f\($0)" } + ["caf\u{e9}", "cafe\u{301}", "a", "a/", "a/b", "z"]
         var rng = SplitMix(state: 42)

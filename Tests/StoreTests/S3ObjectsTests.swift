@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import Testing
 import TestSupport
 import UbiqStore
@@ -34,6 +35,46 @@ import UbiqStore
     #expect(S3Objects.serves(versioned, etag: "\"abc\"", versionID: "v1"))
     #expect(!S3Objects.serves(versioned, etag: "\"abc\"", versionID: "v2"))
     #expect(S3Objects.serves(versioned, etag: nil, versionID: nil))  // a server that says nothing is taken at its word
+}
+
+/// A "not satisfiable" that does not say the object's size is checked against the version's
+/// own size (a HEAD): for a range that starts inside the object it is asked again, never read
+/// as an empty range (SeaweedFS under load answered so, and the range read back empty); past
+/// the end it is the empty range; a version gone meanwhile is `notFound`; an answer that
+/// stays wrong is `unavailable`, the store's transient failure.
+@Test func aNotSatisfiableThatContradictsTheVersionsSizeIsAskedAgain() async throws {
+    let bytes = Data((0 ..< 100).map { UInt8($0) })
+    let invalid = ScriptedHTTPServer.Answer(416, body: Data("<Error><Code>InvalidRange</Code></Error>".utf8))
+    func head(_ etag: String) -> ScriptedHTTPServer.Answer { .init(200, headers: [("ETag", etag)], claimedLength: 100) }
+    func objects(_ server: ScriptedHTTPServer) -> S3Objects {
+        S3Objects(client: S3Client(endpoint: S3Endpoint(url: server.endpoint, region: "us-east-1", bucket: "b",
+                                                        credentials: S3Credentials(accessKey: "k", secretKey: "s")),
+                                   logger: Logger(label: "s3-test")), prefix: "drive", versioned: false)
+    }
+    let inside = try ScriptedHTTPServer([invalid, head("\"abc\""),
+                                         .init(206, headers: [("Content-Range", "bytes 90-99/100"), ("ETag", "\"abc\"")], body: bytes[90...])])
+    defer { inside.stop() }
+    #expect(try await objects(inside).read("k", version: "\"abc\"", range: 90 ..< 200) == bytes[90...])
+    #expect(inside.requests.count == 3)
+
+    let past = try ScriptedHTTPServer([invalid, head("\"abc\"")])
+    defer { past.stop() }
+    #expect(try await objects(past).read("k", version: "\"abc\"", range: 100 ..< 110).isEmpty)
+    #expect(past.requests.count == 2)
+
+    let gone = try ScriptedHTTPServer([invalid, head("\"def\"")])
+    defer { gone.stop() }
+    await #expect(throws: StoreError.notFound(key: "k")) { try await objects(gone).read("k", version: "\"abc\"", range: 90 ..< 200) }
+
+    let stubborn = try ScriptedHTTPServer(Array(repeating: [invalid, head("\"abc\"")], count: S3Objects.rangeAttempts).flatMap { $0 })
+    defer { stubborn.stop() }
+    do {
+        _ = try await objects(stubborn).read("k", version: "\"abc\"", range: 90 ..< 200)
+        Issue.record("a 416 inside the object was read as an empty range")
+    } catch let e as StoreError {
+        #expect(e.isTransient && "\(e)".contains("416 for bytes 90- of a version of 100 bytes"), "\(e)")
+    }
+    #expect(stubborn.requests.count == 2 * S3Objects.rangeAttempts)
 }
 
 @Suite struct S3ObjectsTests {

@@ -19,7 +19,10 @@ public enum TempPaths {
     private static func removeAll() {
         lock.lock()
         defer { lock.unlock() }
-        for url in made { try? FileManager.default.removeItem(at: url) }
+        // A database's journal files beside it go too.
+        for url in made {
+            for suffix in ["", "-wal", "-shm", "-journal"] { try? FileManager.default.removeItem(atPath: url.path + suffix) }
+        }
         made.removeAll()
     }
 }
