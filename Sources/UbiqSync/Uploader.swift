@@ -71,8 +71,9 @@ public final class Uploader: @unchecked Sendable {
     /// Whether the pause for a state database that cannot record was said (once until it can).
     var pauseSaid = false
 
-    /// Uploads wait while local changes are still arriving (a `tar x`, a `cp -a`) so they
-    /// do not compete with them for the disk, for at most `maxDeferral` seconds.
+    /// Uploads wait while local changes are still arriving (a `tar x`, a `cp -a`), or files'
+    /// bytes are being read (a cold `grep -r`), so they do not compete with them for the disk,
+    /// for at most `maxDeferral` seconds.
     public var quietPeriod: TimeInterval = 0.5
     public var maxDeferral: TimeInterval = 30
 
@@ -105,7 +106,7 @@ public final class Uploader: @unchecked Sendable {
 
     /// True when uploads should wait for local activity to settle.
     func shouldYield() -> Bool {
-        if (uploadHost?.secondsSinceLastChange ?? .infinity) >= quietPeriod { waitingSince = nil; return false }
+        if (uploadHost?.secondsSinceLastActivity ?? .infinity) >= quietPeriod { waitingSince = nil; return false }
         let now = state.time.now
         let since = waitingSince ?? now
         waitingSince = since

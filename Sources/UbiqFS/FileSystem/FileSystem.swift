@@ -84,8 +84,9 @@ public final class FileSystem: @unchecked Sendable {
     public static let defaultResidentLimit = 100_000
     /// Nodes that differed from their rows as they were to leave memory (`UBIQ_NODE_CHECK`).
     public let nodeCheckFailures = Mutex(0)
-    /// When the last local change happened (uptime ns); its own lock, read by the uploader.
-    let lastChange = Mutex<UInt64>(0)
+    /// When the last local change or read of a file's bytes happened (uptime ns), read by the
+    /// uploader: uploads wait while the mount is busy.
+    let lastActivity = Atomic<UInt64>(0)
 
     public init(state: LocalState, coordinator: Coordinator, cache: ContentCache, materializer: Materializer,
                 uploader: Uploader?, logger: Logger, rootOwner: Caller = Caller(uid: getuid(), gid: getgid()),
@@ -387,13 +388,18 @@ public final class FileSystem: @unchecked Sendable {
 
     /// Every local change ends here: notes the time (the uploader waits for quiet) and wakes the uploader.
     func kickUploader() {
-        lastChange.withLock { $0 = DispatchTime.now().uptimeNanoseconds }
+        noteActivity()
         uploader?.kick()
     }
 
-    public var secondsSinceLastChange: TimeInterval {
-        // Another thread may record a change between the two reads: never subtract past zero.
-        let last = lastChange.withLock { $0 }
+    /// A change, or a read of a file's bytes: the uploader waits for quiet (`secondsSinceLastActivity`).
+    func noteActivity() {
+        lastActivity.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+    }
+
+    public var secondsSinceLastActivity: TimeInterval {
+        // Another thread may record activity between the two reads: never subtract past zero.
+        let last = lastActivity.load(ordering: .relaxed)
         let now = DispatchTime.now().uptimeNanoseconds
         return now > last ? Double(now - last) / 1e9 : 0
     }
