@@ -9,9 +9,10 @@ import Foundation
 public protocol UploadHost: AnyObject, Sendable {
     /// Whether `ino` is still open for writing: its upload waits for the close.
     func isOpenForWriting(_ ino: UInt64) -> Bool
-    /// Seconds since the last local change or read of a file's bytes: uploads wait while the
-    /// mount is busy, so they do not compete with it for the disk.
-    var secondsSinceLastActivity: TimeInterval { get }
+    /// Seconds since the last local change, and since the last read of a file's bytes: uploads
+    /// wait while the mount is busy, so they do not compete with it for the disk.
+    var secondsSinceLastChange: TimeInterval { get }
+    var secondsSinceLastRead: TimeInterval { get }
     /// The upload of `ino` ended: done, failed, or `conflict` (a conflict copy was made).
     func uploadEnded(_ ino: UInt64, conflict: Bool)
 }

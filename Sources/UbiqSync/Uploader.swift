@@ -71,11 +71,16 @@ public final class Uploader: @unchecked Sendable {
     /// Whether the pause for a state database that cannot record was said (once until it can).
     var pauseSaid = false
 
-    /// Uploads wait while local changes are still arriving (a `tar x`, a `cp -a`), or files'
-    /// bytes are being read (a cold `grep -r`), so they do not compete with them for the disk,
-    /// for at most `maxDeferral` seconds.
+    /// Uploads wait while local changes are still arriving (a `tar x`, a `cp -a`), so they do
+    /// not compete with them for the disk, for at most `maxDeferral` seconds; and while files'
+    /// bytes are being read (a cold `grep -r`) for at most `maxReadDeferral`, after which reads
+    /// hold none for as long again (a reader that never stops, a player or an indexer, costs
+    /// uploads half their time, not all of it).
     public var quietPeriod: TimeInterval = 0.5
     public var maxDeferral: TimeInterval = 30
+    public var maxReadDeferral: TimeInterval = 5
+    var readWaitingSince: Date?
+    var readsHoldNoneUntil = Date.distantPast
 
     /// Items sent to the store at once (`--transfers`): 1 sends one item at a time, in the
     /// outbox's order (`uploadSideBySide`). Set before `start`.
@@ -106,12 +111,26 @@ public final class Uploader: @unchecked Sendable {
 
     /// True when uploads should wait for local activity to settle.
     func shouldYield() -> Bool {
-        if (uploadHost?.secondsSinceLastActivity ?? .infinity) >= quietPeriod { waitingSince = nil; return false }
+        let host = uploadHost
         let now = state.time.now
-        let since = waitingSince ?? now
-        waitingSince = since
-        if now.timeIntervalSince(since) >= maxDeferral { waitingSince = nil; return false }
-        return true
+        if (host?.secondsSinceLastChange ?? .infinity) < quietPeriod {
+            let since = waitingSince ?? now
+            waitingSince = since
+            if now.timeIntervalSince(since) < maxDeferral { return true }
+            waitingSince = nil
+            return false
+        }
+        waitingSince = nil
+        guard (host?.secondsSinceLastRead ?? .infinity) < quietPeriod, now >= readsHoldNoneUntil else {
+            readWaitingSince = nil
+            return false
+        }
+        let since = readWaitingSince ?? now
+        readWaitingSince = since
+        if now.timeIntervalSince(since) < maxReadDeferral { return true }
+        readWaitingSince = nil
+        readsHoldNoneUntil = now.addingTimeInterval(maxReadDeferral)
+        return false
     }
 
     public func start() {

@@ -347,43 +347,48 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         }
         group.enter()
         Thread {
-            for _ in 0 ..< 400_000 { _ = d.fs.secondsSinceLastActivity }
+            for _ in 0 ..< 400_000 { _ = d.fs.secondsSinceLastChange }
             group.leave()
         }.start()
         #expect(group.wait(timeout: .now() + 120) == .success)
-        #expect(d.fs.secondsSinceLastActivity >= 0)
+        #expect(d.fs.secondsSinceLastChange >= 0)
     }
 
     /// Found by the benchmark: a cold `grep -r` right after a `tar x` ran beside the upload of
     /// what tar wrote (4 at once, each reading its file and writing the store on the same disk),
     /// and took half as long again as without it (3.47 s against 2.30, medians of five). Reads of
-    /// files' bytes now count as activity: the uploader's turn waits while they go on, as it
-    /// waits for writes (`quietPeriod`, at most `maxDeferral`), and goes once they stop.
+    /// files' bytes now hold uploads too, for at most `maxReadDeferral`; then, for as long
+    /// again, they hold none (a reader that never stops costs uploads half their time).
     @Test func uploadsWaitWhileFilesAreRead() async throws {
         let d = try Device(store: try newStore())
         try d.write("old", "read again and again")
         d.sync()
+        d.uploader.quietPeriod = 1
+        d.uploader.maxReadDeferral = 60
         try d.write("new", "to go up")
-        try await Task.sleep(nanoseconds: 200_000_000)
-        let quiet = d.fs.secondsSinceLastActivity
-        #expect(quiet >= 0.2)
+        try await Task.sleep(nanoseconds: 1_200_000_000)  // quiet since the write
+        let quiet = d.fs.secondsSinceLastRead
         _ = try d.read("old")  // a read of bytes: the mount is busy again
-        #expect(d.fs.secondsSinceLastActivity < quiet)
-        d.uploader.quietPeriod = 60
+        #expect(d.fs.secondsSinceLastRead < quiet)
         _ = d.uploader.round()
         await #expect(throws: StoreError.notFound(key: "new")) { try await d.store.head("new") }
-        // Reading on, past the longest wait: it goes anyway.
-        d.uploader.maxDeferral = 0.5
-        let until = Date(timeIntervalSinceNow: 0.7)
-        while Date() < until {
+        // Reading on, past the longest wait for reads: it goes anyway.
+        d.uploader.maxReadDeferral = 0.5
+        let until = Date(timeIntervalSinceNow: 5)
+        var sent: ObjectInfo?
+        while sent == nil && Date() < until {
             _ = try d.read("old")
             _ = d.uploader.round()
+            sent = try? await d.store.head("new")
         }
-        #expect(try await d.store.head("new").size == 8)
-        // Quiet again: the next waits for no one.
-        d.uploader.quietPeriod = 0.2
+        #expect(sent?.size == 8)
+        #expect(d.uploader.readsHoldNoneUntil > Date())  // reads hold nothing for a while now
+        // For as long again, reads hold nothing: a new file goes while they go on.
+        d.uploader.maxReadDeferral = 60
+        d.uploader.readsHoldNoneUntil = Date(timeIntervalSinceNow: 60)
         try d.write("later", "x")
-        try await Task.sleep(nanoseconds: 300_000_000)
+        try await Task.sleep(nanoseconds: 1_200_000_000)
+        _ = try d.read("old")
         _ = d.uploader.round()
         #expect(try await d.store.head("later").size == 1)
     }

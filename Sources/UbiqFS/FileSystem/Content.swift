@@ -165,7 +165,7 @@ extension FileSystem {
     /// by a read that waits for the store; `buffer` must stay valid until `reply` runs.
     public func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: ReadBuffer,
                      reply: @escaping @Sendable (Result<Int, Error>) -> Void) {
-        noteActivity()  // uploads wait for reads to settle too: they share the disk
+        noteRead()  // uploads wait a little for reads to settle too: they share the disk
         let ino: UInt64, fd: Int32, c: Claim
         do {
             (ino, fd, _) = try handle(fh)

@@ -84,9 +84,10 @@ public final class FileSystem: @unchecked Sendable {
     public static let defaultResidentLimit = 100_000
     /// Nodes that differed from their rows as they were to leave memory (`UBIQ_NODE_CHECK`).
     public let nodeCheckFailures = Mutex(0)
-    /// When the last local change or read of a file's bytes happened (uptime ns), read by the
-    /// uploader: uploads wait while the mount is busy.
-    let lastActivity = Atomic<UInt64>(0)
+    /// When the last local change, and the last read of a file's bytes, happened (uptime ns),
+    /// read by the uploader: uploads wait while the mount is busy.
+    let lastChange = Atomic<UInt64>(0)
+    let lastRead = Atomic<UInt64>(0)
 
     public init(state: LocalState, coordinator: Coordinator, cache: ContentCache, materializer: Materializer,
                 uploader: Uploader?, logger: Logger, rootOwner: Caller = Caller(uid: getuid(), gid: getgid()),
@@ -388,20 +389,23 @@ public final class FileSystem: @unchecked Sendable {
 
     /// Every local change ends here: notes the time (the uploader waits for quiet) and wakes the uploader.
     func kickUploader() {
-        noteActivity()
+        lastChange.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
         uploader?.kick()
     }
 
-    /// A change, or a read of a file's bytes: the uploader waits for quiet (`secondsSinceLastActivity`).
-    func noteActivity() {
-        lastActivity.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+    /// A read of a file's bytes: the uploader waits a little for reads to settle too.
+    func noteRead() {
+        lastRead.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
     }
 
-    public var secondsSinceLastActivity: TimeInterval {
-        // Another thread may record activity between the two reads: never subtract past zero.
-        let last = lastActivity.load(ordering: .relaxed)
+    public var secondsSinceLastChange: TimeInterval { Self.seconds(since: lastChange) }
+    public var secondsSinceLastRead: TimeInterval { Self.seconds(since: lastRead) }
+
+    private static func seconds(since last: borrowing Atomic<UInt64>) -> TimeInterval {
+        // Another thread may record a time between the two reads: never subtract past zero.
+        let then = last.load(ordering: .relaxed)
         let now = DispatchTime.now().uptimeNanoseconds
-        return now > last ? Double(now - last) / 1e9 : 0
+        return now > then ? Double(now - then) / 1e9 : 0
     }
 
     /// The kernel whose caches of this file system are dropped when content or names change
