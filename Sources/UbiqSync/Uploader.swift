@@ -114,22 +114,25 @@ public final class Uploader: @unchecked Sendable {
         let host = uploadHost
         let now = state.time.now
         if (host?.secondsSinceLastChange ?? .infinity) < quietPeriod {
-            let since = waitingSince ?? now
-            waitingSince = since
-            if now.timeIntervalSince(since) < maxDeferral { return true }
-            waitingSince = nil
-            return false
+            return Self.stillWaiting(since: &waitingSince, atMost: maxDeferral, now: now)
         }
         waitingSince = nil
         guard (host?.secondsSinceLastRead ?? .infinity) < quietPeriod, now >= readsHoldNoneUntil else {
             readWaitingSince = nil
             return false
         }
-        let since = readWaitingSince ?? now
-        readWaitingSince = since
-        if now.timeIntervalSince(since) < maxReadDeferral { return true }
-        readWaitingSince = nil
+        if Self.stillWaiting(since: &readWaitingSince, atMost: maxReadDeferral, now: now) { return true }
         readsHoldNoneUntil = now.addingTimeInterval(maxReadDeferral)
+        return false
+    }
+
+    /// Whether a wait that began at `since` (now, when nil) is shorter than `atMost`; once it is
+    /// not, the wait is over (`since` nil).
+    private static func stillWaiting(since: inout Date?, atMost: TimeInterval, now: Date) -> Bool {
+        let start = since ?? now
+        since = start
+        if now.timeIntervalSince(start) < atMost { return true }
+        since = nil
         return false
     }
 
