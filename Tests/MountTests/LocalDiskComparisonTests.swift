@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// The mount compared with a local ext4 directory: random POSIX operations step by step
 /// (tools/fsrandom.py; the seed is printed, UBIQ_SEED replays), timestamps, permissions.
@@ -73,5 +74,65 @@ import Testing
         let tool = packageRoot.appendingPathComponent("Tests/MountTests/tools/permissions.py").path
         let r = shell("python3 \(tool) \(m.mnt) \(local)")
         #expect(r.status == 0, "\(r.out)\(r.err)")
+    }
+
+    /// A user's own mount (mounted by a user, no allow_other: only that user enters) keeps the
+    /// rules ext4 keeps for a user: modes of the user's own files and folders, files of
+    /// another user that come in from another device (as others, through the user's group and
+    /// through a supplementary group), sticky folders, chown and chgrp, times, truncation,
+    /// xattrs, exec. The checks run as that user on both trees (tools/user_permissions.py).
+    /// (The kernel makes them today, `default_permissions`; a daemon that makes them itself
+    /// must keep every answer.)
+    @Test func aUsersOwnMountFollowsTheLocalDiskRules() throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-mt-user-\(UUID().uuidString.prefix(8))").path
+        let (store, mnt, local, home) = (base + "/store", base + "/b", base + "/local", base + "/home")
+        defer {
+            let pid = (try? String(contentsOfFile: home + "/ubiq-state/lock", encoding: .utf8))
+                .flatMap { Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+            shell("fusermount3 -u -z '\(mnt)' 2>/dev/null || true")
+            if let pid {
+                waitUntil(seconds: 10, every: 0.05) { kill(pid, 0) != 0 }
+                if kill(pid, 0) == 0 { kill(pid, SIGKILL); usleep(100_000) }
+            }
+            try? FileManager.default.removeItem(atPath: base)
+        }
+        for d in [store, local, mnt, home] { try FileManager.default.createDirectory(atPath: d, withIntermediateDirectories: true) }
+        chmod(base, 0o755)
+        // The user is `nobody` (fusermount3 wants a user with a name): a copy of the binary and
+        // of the checks where it can reach them, wherever the suite was checked out.
+        let (binary, tool) = (base + "/ubiq", base + "/user_permissions.py")
+        try FileManager.default.copyItem(atPath: ubiqBinary, toPath: binary)
+        try FileManager.default.copyItem(atPath: packageRoot.appendingPathComponent("Tests/MountTests/tools/user_permissions.py").path,
+                                         toPath: tool)
+        chmod(binary, 0o755)
+        chmod(tool, 0o644)
+        // The same files of user 1502 in both trees: on the mount they come from another
+        // device (root's own mount of the same store), as they would from another machine.
+        let others = """
+            make_others() {
+              d=$1/others; mkdir -p $d
+              for m in 644 600 666; do echo x > $d/f$m; chmod $m $d/f$m; done
+              echo x > $d/g660; chmod 660 $d/g660
+              echo x > $d/sup640; chmod 640 $d/sup640
+              mkdir $d/d711; echo x > $d/d711/inner; chmod 644 $d/d711/inner; chmod 711 $d/d711
+              mkdir $d/sticky; chmod 1777 $d/sticky; echo x > $d/sticky/theirs; chmod 666 $d/sticky/theirs
+              chown 1502:1502 $d $d/f644 $d/f600 $d/f666 $d/d711 $d/d711/inner $d/sticky $d/sticky/theirs
+              chown 1502:65534 $d/g660; chown 1502:1503 $d/sup640
+              chmod 755 $d
+            }
+            """
+        let a = try MountFixture(store: store, name: "device-a")
+        defer { a.cleanup() }
+        expectOK(a.sh(others + "\nmake_others ."))
+        expectOK(a.unmount())
+        expectOK(shell(others + "\nmake_others '\(local)' && chown 65534:65534 '\(local)' && chown -R 65534:65534 '\(store)' '\(mnt)' '\(home)'"))
+        let user = "setpriv --reuid=65534 --regid=65534 --groups=1503"
+        let mounted = shell("\(user) env HOME='\(home)' XDG_STATE_HOME='\(home)/xdg' '\(binary)' mount --store 'dir:\(store)' --state '\(home)/ubiq-state' '\(mnt)'")
+        try #require(mounted.status == 0, "the user's mount: \(mounted.err)\(mounted.out)")
+        let options = readWhole("/proc/self/mounts").split(separator: "\n").first { $0.split(separator: " ").dropFirst().first.map(String.init) == mnt }
+        #expect(options?.contains("user_id=65534") == true && options?.contains("allow_other") == false, "\(options ?? "not mounted")")
+        let r = shell("\(user) /usr/bin/python3 '\(tool)' '\(mnt)' '\(local)'")
+        #expect(r.status == 0, "\(r.out)\(r.err)")
+        #expect(r.out.contains("open 0600 of another for reading: EACCES"), "the checks did not run as the user: \(r.out)")
     }
 }
