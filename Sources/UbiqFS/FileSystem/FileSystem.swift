@@ -501,21 +501,14 @@ public final class FileSystem: @unchecked Sendable {
     }
 
     /// access(2): with `default_permissions` the kernel checks modes itself;
-    /// this answers existence and the same mode check for direct callers.
+    /// this answers existence and the same mode check for direct callers (`PermissionRules`;
+    /// the caller's primary group only).
     public func access(_ ino: UInt64, mask: Int32, caller: Caller) throws {
         try inodes.locked { t in
             let n = try t.node(ino)
-            if mask == F_OK || caller.uid == 0 {
-                if caller.uid == 0 && (mask & X_OK) != 0 && !n.isDirectory && (n.rec.perm & 0o111) == 0 {
-                    throw FSError.accessDenied
-                }
-                return
-            }
-            let bits: UInt32
-            if caller.uid == n.rec.uid { bits = (n.rec.perm >> 6) & 7 } else if caller.gid == n.rec.gid {
-                bits = (n.rec.perm >> 3) & 7
-            } else { bits = n.rec.perm & 7 }
-            if (UInt32(mask) & 7) & ~bits != 0 { throw FSError.accessDenied }
+            if mask == F_OK { return }
+            let item = PermissionRules.Item(mode: n.rec.type | n.rec.perm, uid: n.rec.uid, gid: n.rec.gid)
+            try PermissionRules.require(UInt32(mask & 7), item, Credentials(uid: caller.uid, gid: caller.gid))
         }
     }
 
