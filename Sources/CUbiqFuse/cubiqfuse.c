@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 static int want_killpriv_v2;
-static int root_only;
+static long only_uid = -1;
 /* FUSE_INIT's flags as the kernel sent them; set once the read hook saw FUSE_INIT, which
  * proves every request passes through it (libfuse may otherwise splice them past it). */
 static _Atomic int init_seen;
@@ -46,12 +46,13 @@ static ssize_t hook_read(int fd, void *buf, size_t len, void *userdata) {
     ssize_t n;
     for (;;) {
         n = read(fd, buf, len);
-        if (!root_only || n < (ssize_t)sizeof(struct fuse_in_header)) break;
+        if (only_uid < 0 || n < (ssize_t)sizeof(struct fuse_in_header)) break;
         const struct fuse_in_header *in = buf;
-        if (in->uid == 0 || !checked_against_caller(in->opcode)) break;
-        /* Root's own mount without the kernel's check: a root process that took another
-         * file-system uid (setfsuid) is the only caller that is not root. It is refused what
-         * a local disk would check, rather than let in unchecked. */
+        if ((long)in->uid == only_uid || !checked_against_caller(in->opcode)) break;
+        /* A mount that is its mounter's alone, without the kernel's check: a process of the
+         * mounter's that took another file-system uid (setfsuid, with capabilities) is the
+         * only other caller. It is refused what a local disk would check, rather than let in
+         * unchecked. */
         struct fuse_out_header out = { .len = sizeof out, .error = -EACCES, .unique = in->unique };
         (void)write(fd, &out, sizeof out);
     }
@@ -104,10 +105,10 @@ static ssize_t hook_writev(int fd, struct iovec *iov, int count, void *userdata)
     return writev(fd, iov, count);
 }
 
-int cubiqfuse_install_io(struct fuse_session *se, int killpriv, int only_root) {
+int cubiqfuse_install_io(struct fuse_session *se, int killpriv, long only) {
     static const struct fuse_custom_io io = { .writev = hook_writev, .read = hook_read };
     want_killpriv_v2 = killpriv;
-    root_only = only_root;
+    only_uid = only;
     atomic_store(&init_seen, 0);
     atomic_store(&killpriv_v2, 0);
     return fuse_session_custom_io(se, &io, fuse_session_fd(se));
@@ -118,3 +119,12 @@ void cubiqfuse_init_reply_follows(void) { init_reply_next = 1; }
 int cubiqfuse_killpriv_v2(void) { return atomic_load(&killpriv_v2); }
 
 int cubiqfuse_request_kills_suidgid(void) { return request_kills; }
+
+/* include/uapi/linux/fuse.h, 7.44 (Linux 6.16); Debian 12's header is older. */
+#define UBIQ_FUSE_NOTIFY_INC_EPOCH 8
+
+int cubiqfuse_notify_inc_epoch(struct fuse_session *se) {
+    struct fuse_out_header out = { .len = sizeof out, .error = UBIQ_FUSE_NOTIFY_INC_EPOCH, .unique = 0 };
+    ssize_t n = write(fuse_session_fd(se), &out, sizeof out);
+    return n < 0 ? -errno : 0;
+}

@@ -17,7 +17,14 @@ enum FuseOps {
         }
         ops.lookup = { req, parent, n in
             OpStats.measure("lookup") {
-                FuseServer.from(req).replyEntryOrNegative(req) { try $0.fs.lookup(parent, name(n)) }
+                let s = FuseServer.from(req)
+                do {
+                    let folder = try s.permit(req, parent, PermissionRules.exec)
+                    var e = s.entry(try s.fs.lookup(parent, name(n)), timeout: s.entryTimeout(in: folder, req))
+                    if fuse_reply_entry(req, &e) != 0 { s.fs.forget(e.ino, 1) }
+                } catch FSError.notFound {
+                    fuse_reply_err(req, ENOENT)
+                } catch { s.replyError(req, error) }
             }
         }
         ops.forget = { req, ino, count in
@@ -44,21 +51,22 @@ enum FuseOps {
                 let s = FuseServer.from(req)
                 let st = attr!.pointee
                 let fh = fi?.pointee.fh
-                let clearSetID = setIDClearing(req)
+                var ch = AttributeChanges(clearSetID: setIDClearing(req))
+                if toSet & setMode != 0 { ch.mode = st.st_mode }
+                if toSet & setUID != 0 { ch.uid = st.st_uid }
+                if toSet & setGID != 0 { ch.gid = st.st_gid }
+                if toSet & setSize != 0 { ch.size = Int64(st.st_size) }
+                if toSet & setATimeNow != 0 { ch.atime = .now } else if toSet & setATime != 0 {
+                    ch.atime = .at(withUnsafePointer(to: st) { ubiq_stat_atime($0) })
+                }
+                if toSet & setMTimeNow != 0 { ch.mtime = .now } else if toSet & setMTime != 0 {
+                    ch.mtime = .at(withUnsafePointer(to: st) { ubiq_stat_mtime($0) })
+                }
+                do { ch = try s.permitted(req, ch, of: ino, throughHandle: fh != nil) } catch { s.replyError(req, error); return }
                 let slow = toSet & setSize != 0 && s.fs.waitsForStore(ino, size: Int64(st.st_size))
+                let change = ch
                 s.answer(req, later: slow) { req in s.replyAttr(req) {
-                    var ch = AttributeChanges(clearSetID: clearSetID)
-                    if toSet & setMode != 0 { ch.mode = st.st_mode }
-                    if toSet & setUID != 0 { ch.uid = st.st_uid }
-                    if toSet & setGID != 0 { ch.gid = st.st_gid }
-                    if toSet & setSize != 0 { ch.size = Int64(st.st_size) }
-                    if toSet & setATimeNow != 0 { ch.atime = .now } else if toSet & setATime != 0 {
-                        ch.atime = .at(withUnsafePointer(to: st) { ubiq_stat_atime($0) })
-                    }
-                    if toSet & setMTimeNow != 0 { ch.mtime = .now } else if toSet & setMTime != 0 {
-                        ch.mtime = .at(withUnsafePointer(to: st) { ubiq_stat_mtime($0) })
-                    }
-                    return try s.fs.setattr(ino, ch, fh: fh, caller: caller(req))
+                    try s.fs.setattr(ino, change, fh: fh, caller: caller(req))
                 } }
             }
         }
@@ -77,43 +85,65 @@ enum FuseOps {
         ops.mknod = { req, parent, n, mode, rdev in
             OpStats.measure("mknod") {
                 let s = FuseServer.from(req)
-                s.replyEntry(req) { try s.fs.mknod(parent, name(n), mode: mode, rdev: UInt64(rdev), caller: caller(req)) }
+                s.replyEntry(req) {
+                    let folder = try s.permitNewName(req, parent, name(n))
+                    return (try s.fs.mknod(parent, name(n), mode: mode, rdev: UInt64(rdev), caller: caller(req)), s.entryTimeout(in: folder, req))
+                }
             }
         }
         ops.mkdir = { req, parent, n, mode in
             OpStats.measure("mkdir") {
                 let s = FuseServer.from(req)
-                s.replyEntry(req) { try s.fs.mkdir(parent, name(n), mode: mode, caller: caller(req)) }
+                s.replyEntry(req) {
+                    let folder = try s.permitNewName(req, parent, name(n))
+                    return (try s.fs.mkdir(parent, name(n), mode: mode, caller: caller(req)), s.entryTimeout(in: folder, req))
+                }
             }
         }
         ops.unlink = { req, parent, n in
             OpStats.measure("unlink") {
                 let s = FuseServer.from(req)
-                s.replyOK(req) { try s.fs.unlink(parent, name(n)) }
+                s.replyOK(req) {
+                    try s.permitRemoval(req, parent, name(n))
+                    try s.fs.unlink(parent, name(n))
+                }
             }
         }
         ops.rmdir = { req, parent, n in
             OpStats.measure("rmdir") {
                 let s = FuseServer.from(req)
-                s.replyOK(req) { try s.fs.rmdir(parent, name(n)) }
+                s.replyOK(req) {
+                    try s.permitRemoval(req, parent, name(n))
+                    try s.fs.rmdir(parent, name(n))
+                }
             }
         }
         ops.symlink = { req, link, parent, n in
             OpStats.measure("symlink") {
                 let s = FuseServer.from(req)
-                s.replyEntry(req) { try s.fs.symlink(name(link), parent, name(n), caller: caller(req)) }
+                s.replyEntry(req) {
+                    let folder = try s.permitNewName(req, parent, name(n))
+                    return (try s.fs.symlink(name(link), parent, name(n), caller: caller(req)), s.entryTimeout(in: folder, req))
+                }
             }
         }
         ops.rename = { req, parent, n, newParent, newName, flags in
             OpStats.measure("rename") {
                 let s = FuseServer.from(req)
-                s.replyOK(req) { try s.fs.rename(parent, name(n), newParent, name(newName), flags: RenameFlags(rawValue: flags)) }
+                s.replyOK(req) {
+                    let flags = RenameFlags(rawValue: flags)
+                    try s.permitRename(req, parent, name(n), newParent, name(newName), flags: flags)
+                    try s.fs.rename(parent, name(n), newParent, name(newName), flags: flags)
+                }
             }
         }
         ops.link = { req, ino, newParent, newName in
             OpStats.measure("link") {
                 let s = FuseServer.from(req)
-                s.replyEntry(req) { try s.fs.link(ino, newParent, name(newName)) }
+                s.replyEntry(req) {
+                    let folder = try s.permitNewName(req, newParent, name(newName))
+                    return (try s.fs.link(ino, newParent, name(newName)), s.entryTimeout(in: folder, req))
+                }
             }
         }
         ops.open = { req, ino, fi in
@@ -123,6 +153,7 @@ enum FuseOps {
                 // libfuse's `fi` lives only as long as this call: a later answer uses a copy.
                 let info = FileInfo(fi!.pointee)
                 let clearSetID = setIDClearing(req)
+                do { try s.permit(req, ino, PermissionRules.forOpen(flags: flags)) } catch { s.replyError(req, error); return }
                 s.answer(req, later: s.fs.waitsForStore(ino, flags: flags)) { req in
                     do {
                         let fh = try s.fs.open(ino, flags: flags, caller: caller(req), clearSetID: clearSetID)
@@ -139,6 +170,7 @@ enum FuseOps {
                 let s = FuseServer.from(req)
                 do {
                     let flags = ubiq_fi_flags(fi)
+                    let folder = try s.permitCreate(req, parent, name(n), flags: flags)
                     let (a, fh, isNew) = try s.fs.createOrOpen(parent, name(n), mode: mode, flags: flags, caller: caller(req),
                                                                 clearSetID: setIDClearing(req))
                     fi!.pointee.fh = fh
@@ -149,7 +181,7 @@ enum FuseOps {
                     // write (ubiq clears that itself, as FUSE_HANDLE_KILLPRIV_V2 requires), and
                     // copies no page: docs/kernel-options.md.
                     if isNew && (flags & O_ACCMODE) == O_WRONLY && !s.options.writebackCache { ubiq_fi_set_direct_io(fi, 1) }
-                    var e = s.entry(a)
+                    var e = s.entry(a, timeout: s.entryTimeout(in: folder, req))
                     if fuse_reply_create(req, &e, fi) != 0 {
                         s.fs.release(fh)
                         s.fs.forget(a.ino, 1)
@@ -206,6 +238,7 @@ enum FuseOps {
             OpStats.measure("opendir") {
                 let s = FuseServer.from(req)
                 do {
+                    try s.permit(req, ino, PermissionRules.read)
                     fi!.pointee.fh = try s.fs.opendir(ino)
                     fuse_reply_open(req, fi)
                 } catch { s.replyError(req, error) }
@@ -256,6 +289,7 @@ enum FuseOps {
                 s.replyOK(req) {
                     let v = size > 0 ? Array(UnsafeRawBufferPointer(start: value, count: size)) : []
                     let mode: XattrSetMode = flags & 1 != 0 ? .create : (flags & 2 != 0 ? .replace : .any)
+                    try s.permit(req, ino, PermissionRules.forXattr(name(n), write: true))
                     try s.fs.setxattr(ino, name(n), v, mode: mode)
                 }
             }
@@ -263,7 +297,10 @@ enum FuseOps {
         ops.getxattr = { req, ino, n, size in
             OpStats.measure("getxattr") {
                 let s = FuseServer.from(req)
-                do { s.replyXattr(req, try s.fs.getxattr(ino, name(n)), size) } catch { s.replyError(req, error) }
+                do {
+                    try s.permit(req, ino, PermissionRules.forXattr(name(n), write: false))
+                    s.replyXattr(req, try s.fs.getxattr(ino, name(n)), size)
+                } catch { s.replyError(req, error) }
             }
         }
         ops.listxattr = { req, ino, size in
@@ -279,13 +316,16 @@ enum FuseOps {
         ops.removexattr = { req, ino, n in
             OpStats.measure("removexattr") {
                 let s = FuseServer.from(req)
-                s.replyOK(req) { try s.fs.removexattr(ino, name(n)) }
+                s.replyOK(req) {
+                    try s.permit(req, ino, PermissionRules.forXattr(name(n), write: true))
+                    try s.fs.removexattr(ino, name(n))
+                }
             }
         }
         ops.access = { req, ino, mask in
             OpStats.measure("access") {
                 let s = FuseServer.from(req)
-                s.replyOK(req) { try s.fs.access(ino, mask: mask, caller: caller(req)) }
+                s.replyOK(req) { try s.fs.access(ino, mask: mask, who: s.credentials(req)) }
             }
         }
         ops.fallocate = { req, _, mode, off, len, fi in
@@ -303,17 +343,6 @@ enum FuseOps {
 }
 
 extension FuseServer {
-    /// lookup: a missing name is cached by the kernel as a negative entry (ino 0) for `entryTimeout`.
-    /// A name another device adds is dropped from the kernel's cache when it arrives (Remote).
-    func replyEntryOrNegative(_ req: fuse_req_t?, _ body: (FuseServer) throws -> Attributes) {
-        do {
-            var e = entry(try body(self))
-            if fuse_reply_entry(req, &e) != 0 { fs.forget(e.ino, 1) }
-        } catch FSError.notFound {
-            fuse_reply_err(req, ENOENT)
-        } catch { replyError(req, error) }
-    }
-
     func replyXattr(_ req: fuse_req_t?, _ value: [UInt8], _ size: Int) {
         if size == 0 { fuse_reply_xattr(req, value.count); return }
         if value.count > size { fuse_reply_err(req, ERANGE); return }
@@ -324,6 +353,11 @@ extension FuseServer {
 
     func readdir(_ req: fuse_req_t?, _ ino: UInt64, _ size: Int, _ off: Int, _ fh: UInt64, plus: Bool) {
         do {
+            // On a mount ubiq checks, names in a folder the caller may not search are listed
+            // without attributes: the kernel then holds none of them to walk through.
+            let folder = plus && checks == .daemon ? try fs.getattr(ino) : nil
+            let attributes = maySearch(req, folder)
+            let timeout = entryTimeout(in: folder, req)
             let entries = try fs.readdir(fh, offset: Int64(off), limit: max(1, size / 32))
             let buf = malloc(max(size, 1))!.assumingMemoryBound(to: CChar.self)
             defer { free(buf) }
@@ -337,11 +371,11 @@ extension FuseServer {
                             let isDot = d.name == [46] || d.name == [46, 46]
                             var e = fuse_entry_param()
                             var counted = false
-                            if isDot {
+                            if isDot || !attributes {
                                 e.attr.st_ino = UInt(d.ino)
                                 e.attr.st_mode = d.type
                             } else if let a = fs.lookupListed(d, in: ino) {
-                                e = entry(a)
+                                e = entry(a, timeout: timeout)
                                 counted = true
                             } else {
                                 return 0  // removed since opendir: skip it

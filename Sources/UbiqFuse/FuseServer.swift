@@ -45,8 +45,10 @@ public final class FuseServer: @unchecked Sendable {
     let fs: FileSystem
     let logger: Logger
     let options: FuseOptions
-    private var session: OpaquePointer?
+    private(set) var session: OpaquePointer?
     private var mountpoint = ""
+    /// Who checks modes and owners (set at mount).
+    private(set) var checks = PermissionChecks.kernel
     /// Replies still to be sent from other threads.
     private let owed = Mutex(0)
 
@@ -61,9 +63,9 @@ public final class FuseServer: @unchecked Sendable {
         OpStats.enabled = options.operationStats
         var ops = fuse_lowlevel_ops()
         FuseOps.install(&ops)
-        let rootOnly = !Self.kernelChecksPermissions(uid: getuid(), mountOptions: options.mountOptions)
+        checks = PermissionChecks(uid: getuid(), mountOptions: options.mountOptions)
         var opts = ["fsname=\(fsname.replacingOccurrences(of: ",", with: "_"))", "subtype=ubiq"]
-        if !rootOnly { opts.insert("default_permissions", at: 0) }
+        if checks == .kernel { opts.insert("default_permissions", at: 0) }
         opts += options.mountOptions
         let argv = ["ubiq", "-o", opts.joined(separator: ",")]
         var cargs = argv.map { strdup($0) }
@@ -79,35 +81,56 @@ public final class FuseServer: @unchecked Sendable {
             fuse_session_destroy(se)
             throw FuseError.mountFailed(path)
         }
-        // The device's traffic through ubiq's hooks, for FUSE_HANDLE_KILLPRIV_V2 and root's
-        // own mount (cubiqfuse.h).
-        if cubiqfuse_install_io(se, 1, rootOnly ? 1 : 0) != 0 {
-            if rootOnly {
+        // The device's traffic through ubiq's hooks, for FUSE_HANDLE_KILLPRIV_V2 and a mount
+        // that is its mounter's alone (cubiqfuse.h).
+        let alone = checks == .kernel ? -1 : Int(getuid())
+        if cubiqfuse_install_io(se, 1, alone) != 0 {
+            if checks != .kernel {
                 fuse_session_unmount(se)
                 fuse_session_destroy(se)
-                throw FuseError.sessionFailed("could not hook the FUSE device, which root's own mount needs (mount with -o default_permissions)")
+                throw FuseError.sessionFailed("could not hook the FUSE device, which a mount without -o default_permissions needs (mount with it)")
             }
             logger.warning("could not hook the FUSE device: the kernel keeps asking for security.capability before each write")
         }
-        if rootOnly {
+        switch checks {
+        case .rootOnly:
             logger.info("root's own mount: only root enters, so the kernel's permission check (default_permissions) is left out")
+        case .daemon:
+            logger.info("a user's own mount: ubiq checks modes and owners itself, in place of the kernel (default_permissions)")
+        case .kernel:
+            break
         }
         session = se
         mountpoint = path
         fs.attach(kernel: self)
     }
 
-    /// Whether the kernel checks modes and owners itself (`default_permissions`). It does on
-    /// every mount but root's own: mounted by root without `allow_other` or `allow_root`, only
-    /// processes whose uids and gids are all root's enter (the kernel refuses the rest), and
-    /// root passes every mode and owner check but running a file with no x bit, which the
-    /// kernel checks without `default_permissions` too. There the check can refuse nothing,
-    /// and it costs a round trip: the kernel asks for a folder's attributes again after each
-    /// create and unlink in it, before its next check (rm -rf of 10,000 files: 10,000
-    /// GETATTRs). A root process that took another file-system uid (setfsuid) is refused by
-    /// the FUSE device's hook instead (cubiqfuse.h). `-o default_permissions` keeps it.
-    public static func kernelChecksPermissions(uid: uid_t, mountOptions: [String]) -> Bool {
-        uid != 0 || mountOptions.contains { ["allow_other", "allow_root", "default_permissions"].contains($0) }
+    /// Who checks modes and owners on this mount (docs/kernel-options.md, `default_permissions`).
+    public enum PermissionChecks: Sendable, Equatable {
+        /// The kernel (`default_permissions`): a mount others enter (`allow_other`,
+        /// `allow_root`), or one mounted with the option.
+        case kernel
+        /// Nobody: root's own mount. Only processes whose uids and gids are all root's enter
+        /// (the kernel refuses the rest), and root passes every mode and owner check but
+        /// running a file with no x bit, which the kernel checks without the option too. A
+        /// root process that took another file-system uid (setfsuid) is refused by the FUSE
+        /// device's hook instead (cubiqfuse.h).
+        case rootOnly
+        /// ubiq, as each request comes (`FuseServer.permit`): a user's own mount. Only the
+        /// user's processes enter; the check still matters (a file made read-only, another
+        /// user's file from another device, a supplementary group).
+        case daemon
+
+        /// The kernel's check costs a round trip: it asks for a folder's attributes again
+        /// after each create and unlink in it, before its next check (rm -rf of 10,000 files:
+        /// 10,000 GETATTRs). So only a mount others enter keeps it.
+        public init(uid: uid_t, mountOptions: [String]) {
+            if mountOptions.contains(where: { ["allow_other", "allow_root", "default_permissions"].contains($0) }) {
+                self = .kernel
+            } else {
+                self = uid == 0 ? .rootOnly : .daemon
+            }
+        }
     }
 
     /// What libfuse said since `listenToLibfuse` (the last few lines), for an error that names
@@ -252,19 +275,22 @@ public final class FuseServer: @unchecked Sendable {
         a.mode & 0o170000 == 0o100000 && a.blocks * 512 < a.size ? min(1, options.attrTimeout) : options.attrTimeout
     }
 
-    func entry(_ a: Attributes) -> fuse_entry_param {
+    /// The kernel's entry for `a`, a name it may keep `timeout` seconds (`entryTimeout(in:_:)`).
+    func entry(_ a: Attributes, timeout: Double) -> fuse_entry_param {
         var e = fuse_entry_param()
         e.ino = a.ino
         e.generation = 1
         e.attr = stat(a)
         e.attr_timeout = attrTimeout(a)
-        e.entry_timeout = options.entryTimeout
+        e.entry_timeout = timeout
         return e
     }
 
-    func replyEntry(_ req: fuse_req_t?, _ body: () throws -> Attributes) {
+    /// Answers with the item `body` made or found and how long the kernel may keep its name.
+    func replyEntry(_ req: fuse_req_t?, _ body: () throws -> (Attributes, timeout: Double)) {
         do {
-            var e = entry(try body())
+            let (a, timeout) = try body()
+            var e = entry(a, timeout: timeout)
             if fuse_reply_entry(req, &e) != 0 {
                 // The kernel did not take the reference (interrupted): undo the lookup count.
                 fs.forget(e.ino, 1)
@@ -350,10 +376,7 @@ func setIDClearing(_ req: fuse_req_t?, always: Bool = false) -> SetIDClearing? {
     let who = caller(req)
     let pending = Unanswered(req: req)
     return SetIDClearing { gid in
-        if who.uid == 0 || who.gid == gid { return true }
-        var groups = [gid_t](repeating: 0, count: 256)
-        let n = Int(fuse_req_getgroups(pending.req, Int32(groups.count), &groups))
-        return groups.prefix(max(0, min(n, groups.count))).contains(gid)
+        who.uid == 0 || who.gid == gid || supplementaryGroups(pending.req).contains(gid)
     }
 }
 

@@ -143,10 +143,15 @@ import Testing
         #expect(both.mode == 0o2755)
     }
 
-    @Test func xattrsNeedReadOrWritePermissionButTrustedOnesTheKernelsCheck() {
+    @Test func userXattrsNeedReadOrWritePermissionTheOthersTheKernelsCheck() {
         #expect(R.forXattr(Array("user.k".utf8), write: false) == R.read)
         #expect(R.forXattr(Array("user.k".utf8), write: true) == R.write)
-        #expect(R.forXattr(Array("security.selinux".utf8), write: true) == R.write)
+        #expect(R.forXattr(Array("user.ubiq.pin".utf8), write: true) == R.write)
+        // security.* is read without a check and written as the security module says;
+        // trusted.* is root's. The kernel decides both, with or without default_permissions.
+        #expect(R.forXattr(Array("security.capability".utf8), write: false) == 0)
+        #expect(R.forXattr(Array("security.selinux".utf8), write: true) == 0)
         #expect(R.forXattr(Array("trusted.k".utf8), write: true) == 0)
+        #expect(R.forXattr(Array("username".utf8), write: false) == 0)
     }
 }

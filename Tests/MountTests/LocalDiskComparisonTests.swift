@@ -115,9 +115,10 @@ import TestSupport
               echo x > $d/g660; chmod 660 $d/g660
               echo x > $d/sup640; chmod 640 $d/sup640
               mkdir $d/d711; echo x > $d/d711/inner; chmod 644 $d/d711/inner; chmod 711 $d/d711
+              mkdir $d/sup710; echo x > $d/sup710/inner; chmod 644 $d/sup710/inner; chmod 710 $d/sup710
               mkdir $d/sticky; chmod 1777 $d/sticky; echo x > $d/sticky/theirs; chmod 666 $d/sticky/theirs
               chown 1502:1502 $d $d/f644 $d/f600 $d/f666 $d/d711 $d/d711/inner $d/sticky $d/sticky/theirs
-              chown 1502:65534 $d/g660; chown 1502:1503 $d/sup640
+              chown 1502:65534 $d/g660; chown 1502:1503 $d/sup640 $d/sup710; chown 1502:1502 $d/sup710/inner
               chmod 755 $d
             }
             """
@@ -134,5 +135,24 @@ import TestSupport
         let r = shell("\(user) /usr/bin/python3 '\(tool)' '\(mnt)' '\(local)'")
         #expect(r.status == 0, "\(r.out)\(r.err)")
         #expect(r.out.contains("open 0600 of another for reading: EACCES"), "the checks did not run as the user: \(r.out)")
+        #expect(r.out.contains("stat in a 0710 folder of a supplementary group: 2"), "\(r.out)")
+
+        // Another process of the user's, without the supplementary group: the name the first
+        // one looked up does not let it through (the kernel asks ubiq again).
+        for root in [mnt, local] {
+            let other = shell("setpriv --reuid=65534 --regid=65534 --clear-groups stat -c %s '\(root)/others/sup710/inner'")
+            #expect(other.status != 0 && other.err.contains("Permission denied"), "\(root): \(other.out)\(other.err)")
+        }
+
+        // Another device takes the others' search permission away from a folder whose names
+        // the user's processes looked up (the checks above): they stop at it.
+        expectOK(shell("\(user) stat -c %s '\(mnt)/others/d711/inner'"), "looked up before the change")
+        try a.mount()
+        expectOK(a.sh("chmod 700 others/d711"))
+        expectOK(a.ubiq("sync \(a.mnt)"))
+        expectOK(shell("\(user) env HOME='\(home)' XDG_STATE_HOME='\(home)/xdg' '\(binary)' sync '\(mnt)'"))
+        expectOK(shell("[ \"$(\(user) stat -c %a '\(mnt)/others/d711')\" = 700 ]"), "the change arrived")
+        let after = shell("\(user) stat -c %s '\(mnt)/others/d711/inner'")
+        #expect(after.status != 0 && after.err.contains("Permission denied"), "\(after.out)\(after.err)")
     }
 }

@@ -12,11 +12,16 @@ struct fuse_session;
  * open that must clear them. docs/kernel-options.md. */
 
 /// Puts the hooks on `se` (after fuse_session_mount). `killpriv_v2`: ask for it when the
-/// kernel offers it. `root_only`: the mount is root's alone and has no `default_permissions`;
-/// a request from a caller whose file-system uid is not root's (a root process after
-/// setfsuid, the only other that gets in) that a local disk would check against its caller is
-/// answered EACCES here. 0 on success.
-int cubiqfuse_install_io(struct fuse_session *se, int killpriv_v2, int root_only);
+/// kernel offers it. `only_uid`: the mount is its mounter's alone and has no
+/// `default_permissions` (-1: not so); a request from a caller whose file-system uid is not
+/// this one (a process with capabilities after setfsuid, the only other that gets in) that a
+/// local disk would check against its caller is answered EACCES here. 0 on success.
+int cubiqfuse_install_io(struct fuse_session *se, int killpriv_v2, long only_uid);
+
+/// Has the kernel treat every name it holds on the mount as stale, so the next walk through
+/// one asks again (FUSE_NOTIFY_INC_EPOCH, Linux 6.16). Takes no lock in the kernel, so it
+/// may be sent while a request is being served. 0, or -errno (-EINVAL: an older kernel).
+int cubiqfuse_notify_inc_epoch(struct fuse_session *se);
 
 /// Called in libfuse's init callback: the next reply this thread sends answers FUSE_INIT.
 void cubiqfuse_init_reply_follows(void);

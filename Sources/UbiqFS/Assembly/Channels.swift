@@ -10,6 +10,15 @@ public protocol KernelNotifier: AnyObject, Sendable {
     func invalidateInode(_ ino: UInt64, pages: Bool)
     /// Makes the kernel forget `name` in the folder `parent`.
     func invalidateEntry(_ parent: UInt64, _ name: [UInt8])
+    /// Folder `ino`'s mode or owner changed (here or on another device): who checks search
+    /// permission as names are looked up has the kernel forget the names it holds there, which
+    /// it would otherwise walk through unchecked. Called before the change is answered.
+    func folderAccessChanged(_ ino: UInt64)
+}
+
+extension KernelNotifier {
+    /// A kernel that checks permissions itself needs nothing.
+    public func folderAccessChanged(_ ino: UInt64) {}
 }
 
 /// What the file system asks of the change feed.

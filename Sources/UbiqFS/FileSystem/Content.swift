@@ -442,9 +442,14 @@ extension FileSystem {
             if cache.truncate(ino, to: size) != 0 { throw FSError.fromErrno(errno) }
         }
         let delay = uploadDelay
+        var accessChanged = false
         let a = try inodes.locked { t -> Attributes in
             let n = try t.node(ino)
             let now = nowNanos()
+            if n.isDirectory {
+                accessChanged = ch.mode.map { $0 & 0o7777 != n.rec.perm } == true || ch.uid.map { $0 != n.rec.uid } == true
+                    || ch.gid.map { $0 != n.rec.gid } == true
+            }
             if let size = ch.size {
                 n.rec.present = true  // held in full now (downloaded or emptied above, under the claim)
                 n.rec.size = size
@@ -473,6 +478,7 @@ extension FileSystem {
             if ch.size != nil { n.unpersisted = false }
             return attributes(n)
         }
+        if accessChanged { folderAccessChanged(ino) }
         kickUploader()
         emit(.changed, ino)
         return a

@@ -442,6 +442,12 @@ public final class FileSystem: @unchecked Sendable {
         DispatchQueue.global().async { kernel.invalidateInode(ino, pages: false) }
     }
 
+    /// Tells the kernel binding that folder `ino`'s mode or owner changed (`KernelNotifier.
+    /// folderAccessChanged`), before the change is answered.
+    func folderAccessChanged(_ ino: UInt64) {
+        channels.withLock({ kernel })?.folderAccessChanged(ino)
+    }
+
     // MARK: - Queries
 
     public func getattr(_ ino: UInt64) throws -> Attributes {
@@ -463,6 +469,23 @@ public final class FileSystem: @unchecked Sendable {
             let n = try t.node(ino)
             n.lookups += 1
             return attributes(n)
+        }
+    }
+
+    /// `name`'s attributes in `parent`, counting no reference (a check before a change).
+    public func attributes(of name: [UInt8], in parent: UInt64) throws -> Attributes {
+        try inodes.locked { t in
+            guard let ino = try t.directory(parent).children[name] else { throw FSError.notFound }
+            return attributes(try t.node(ino))
+        }
+    }
+
+    /// The names in folder `ino` whose items the kernel holds (it looked them up and has not
+    /// forgotten them).
+    public func heldNames(in ino: UInt64) -> [[UInt8]] {
+        inodes.locked { t in
+            guard let dir = t.resident(ino) else { return [] }
+            return dir.children.compactMap { name, child in (t.resident(child)?.lookups ?? 0) > 0 ? name : nil }
         }
     }
 
@@ -500,16 +523,12 @@ public final class FileSystem: @unchecked Sendable {
                        filesFree: UInt64(s.f_ffree), nameMax: UInt64(maxNameBytes))
     }
 
-    /// access(2): with `default_permissions` the kernel checks modes itself;
-    /// this answers existence and the same mode check for direct callers (`PermissionRules`;
-    /// the caller's primary group only).
-    public func access(_ ino: UInt64, mask: Int32, caller: Caller) throws {
-        try inodes.locked { t in
-            let n = try t.node(ino)
-            if mask == F_OK { return }
-            let item = PermissionRules.Item(mode: n.rec.type | n.rec.perm, uid: n.rec.uid, gid: n.rec.gid)
-            try PermissionRules.require(UInt32(mask & 7), item, Credentials(uid: caller.uid, gid: caller.gid))
-        }
+    /// access(2): with `default_permissions` the kernel checks modes itself; without it the
+    /// kernel asks here (access, chdir), and this makes ext4's check (`PermissionRules`).
+    public func access(_ ino: UInt64, mask: Int32, who: Credentials) throws {
+        let a = try getattr(ino)
+        if mask == F_OK { return }
+        try PermissionRules.require(UInt32(mask & 7), PermissionRules.Item(a), who)
     }
 
     // MARK: - For tests and the daemon

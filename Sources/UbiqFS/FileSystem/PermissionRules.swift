@@ -18,19 +18,12 @@ public struct Credentials: Sendable {
 /// The checks ext4 makes of a caller, as the kernel's `generic_permission`, `may_delete`,
 /// `setattr_prepare`, `may_setattr` and `xattr_permission` make them (no ACLs: ubiq keeps
 /// none), for a caller without capabilities; uid 0 is taken as root with all of them. Pure
-/// functions of an item's type, mode and owner and of the caller, for a mount where the daemon
-/// would check instead of the kernel (`default_permissions` left out). Not used by a mount yet:
-/// what such a mount needs besides, found by running `LocalDiskComparisonTests.
-/// aUsersOwnMountFollowsTheLocalDiskRules` against a first wiring (2026-11-30):
-/// - without `default_permissions` FUSE clears the sticky bit from the kernel's copy of a
-///   folder's mode (`fuse_change_attributes_common`), so the kernel's own sticky check never
-///   fires: `removal` has it;
-/// - the kernel asks for a folder's search permission only in a `LOOKUP`: a name it holds
-///   (entry timeouts) is walked through with no check. A folder whose mode or owner changes
-///   must have the kernel forget its names, and a folder where the answer depends on the
-///   caller's supplementary groups must give its names no entry timeout;
-/// - the kernel still checks, with or without the option: exec of a file with no x bit at all,
-///   protected links, `trusted.*` xattrs.
+/// functions of an item's type, mode and owner and of the caller. A user's own mount, which
+/// leaves `default_permissions` out, makes them as each request comes (UbiqFuse's
+/// `CallerChecks`, with what the kernel then no longer does: search permission on held names,
+/// the sticky bit); `access` makes them on every mount that asks. The kernel still checks,
+/// with or without the option: exec of a file with no x bit at all, protected links,
+/// `trusted.*` and `security.*` xattrs.
 public enum PermissionRules {
     public static let read: UInt32 = 4, write: UInt32 = 2, exec: UInt32 = 1
 
@@ -127,9 +120,12 @@ public enum PermissionRules {
         return ch
     }
 
-    /// What reading (`write` false) or writing an xattr called `name` needs: read or write
-    /// permission on the item, but for `trusted.*`, which the kernel keeps to root itself.
+    /// What reading (`write` false) or writing an xattr called `name` needs: for `user.*`, read
+    /// or write permission on the item (`xattr_permission`); nothing of the file system for the
+    /// others, which the kernel checks itself whoever checks modes (`trusted.*` is root's,
+    /// `security.*` the security module's, and read by anyone).
     public static func forXattr(_ name: [UInt8], write writing: Bool) -> UInt32 {
-        name.starts(with: Array("trusted.".utf8)) ? 0 : (writing ? write : read)
+        guard name.starts(with: Array("user.".utf8)) else { return 0 }
+        return writing ? write : read
     }
 }

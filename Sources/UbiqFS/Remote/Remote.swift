@@ -469,7 +469,7 @@ extension FileSystem {
             return false
         }
         let c = try claim([ino], .replace)
-        var refetch = false
+        var refetch = false, accessChanged = false
         let applied: Bool = try {
             defer { coordinator.release(c) }
             return try inodes.locked { t in
@@ -492,6 +492,9 @@ extension FileSystem {
                 let m = info.metadata
                 n.rec.ctimeNs = now
                 if contentChanged || !keepLocalMeta { n.rec.mtimeNs = m.mtimeNs }
+                if !keepLocalMeta && n.isDirectory {
+                    accessChanged = n.rec.perm != m.mode & 0o7777 || n.rec.uid != m.uid || n.rec.gid != m.gid
+                }
                 if !keepLocalMeta {
                     n.rec.perm = m.mode & 0o7777
                     n.rec.uid = m.uid
@@ -511,6 +514,7 @@ extension FileSystem {
             }
         }()
         guard applied else { return false }
+        if accessChanged { folderAccessChanged(ino) }
         invalidateKernelCache(ino)
         emit(.changedRemotely, ino)
         if refetch || (contentChanged && info.size > 0 && (try? isPinned(ino)) == true) {

@@ -12,6 +12,7 @@ the store), owned by 1502:
       g660             1502:65534 0660  (the user's own group)
       sup640           1502:1503 0640  (a supplementary group of the user)
       d711/inner       1502:1502 0711, 0644
+      sup710/inner     1502:1503 0710 (search for a supplementary group only), 1502:1502 0644
       sticky/theirs    1502:1502 1777, 0666
 
 Prints one line per check ("!!" where the two differ); exit status 1 if any differ.
@@ -98,6 +99,7 @@ def checks(root):
     check("list a 0311 own folder", lambda: len(os.listdir("mine")))
     check("stat in a 0311 own folder", lambda: os.stat("mine/a").st_size)
     check("chmod mine 0644", lambda: os.chmod("mine", 0o644))
+    check("list a 0644 own folder", lambda: ",".join(sorted(os.listdir("mine"))))
     check("stat in a 0644 own folder", lambda: os.stat("mine/a").st_size)
     check("open in a 0644 own folder", opened("mine/a", os.O_RDONLY))
     check("chdir into a 0644 own folder", lambda: os.chdir("mine"))
@@ -144,6 +146,8 @@ def checks(root):
     check("list another's 0711 folder", lambda: len(os.listdir("others/d711")))
     check("stat in another's 0711 folder", lambda: os.stat("others/d711/inner").st_size)
     check("read in another's 0711 folder", opened("others/d711/inner", os.O_RDONLY))
+    check("stat in a 0710 folder of a supplementary group", lambda: os.stat("others/sup710/inner").st_size)
+    check("list a 0710 folder of a supplementary group", lambda: len(os.listdir("others/sup710")))
     check("create in another's sticky folder", lambda: write_file("others/sticky/mine"))
     check("unlink another's file in a sticky folder", lambda: os.unlink("others/sticky/theirs"))
     check("rename another's file in a sticky folder", lambda: os.rename("others/sticky/theirs", "others/sticky/t2"))
