@@ -70,6 +70,27 @@ extension FuseServer {
         return folder
     }
 
+    /// Whether the caller may make a hard link to `ino` where `fs.protected_hardlinks` is on:
+    /// the kernel's `may_linkat`, whose check of read and write permission on the file passes
+    /// unchecked without `default_permissions`. The file's owner may; another caller only to a
+    /// regular file that is neither setuid nor setgid-executable and that it may read and
+    /// write (EPERM).
+    func permitLinking(_ req: fuse_req_t?, _ ino: UInt64) throws {
+        guard checks == .daemon, Self.protectedHardlinks else { return }
+        let a = try fs.getattr(ino)
+        let who = credentials(req)
+        if who.uid == 0 || who.uid == a.uid { return }
+        let safe = a.mode & 0o170000 == 0o100000 && a.mode & 0o4000 == 0 && a.mode & 0o2010 != 0o2010
+            && PermissionRules.allows(PermissionRules.read | PermissionRules.write, PermissionRules.Item(a), who)
+        if !safe { throw FSError.notPermitted }
+    }
+
+    /// `fs.protected_hardlinks`, read once (on unless it says 0).
+    static let protectedHardlinks: Bool = {
+        let v = try? String(contentsOfFile: "/proc/sys/fs/protected_hardlinks", encoding: .utf8)
+        return v?.trimmingCharacters(in: .whitespacesAndNewlines) != "0"
+    }()
+
     /// Whether the caller may rename `name` in `parent` to `newName` in `newParent`: remove
     /// the source; remove the target it replaces, or make a new name; and, for a folder that
     /// changes parents, write to it (its `..` changes). Exchanged (`RENAME_EXCHANGE`): the

@@ -142,6 +142,7 @@ enum FuseOps {
                 let s = FuseServer.from(req)
                 s.replyEntry(req) {
                     let folder = try s.permitNewName(req, newParent, name(newName))
+                    try s.permitLinking(req, ino)
                     return (try s.fs.link(ino, newParent, name(newName)), s.entryTimeout(in: folder, req))
                 }
             }

@@ -132,6 +132,8 @@ import TestSupport
         try #require(mounted.status == 0, "the user's mount: \(mounted.err)\(mounted.out)")
         let options = readWhole("/proc/self/mounts").split(separator: "\n").first { $0.split(separator: " ").dropFirst().first.map(String.init) == mnt }
         #expect(options?.contains("user_id=65534") == true && options?.contains("allow_other") == false, "\(options ?? "not mounted")")
+        // ubiq checks, not the kernel: what follows is ubiq's check alone.
+        #expect(options?.contains("default_permissions") == false, "\(options ?? "not mounted")")
         let r = shell("\(user) /usr/bin/python3 '\(tool)' '\(mnt)' '\(local)'")
         #expect(r.status == 0, "\(r.out)\(r.err)")
         #expect(r.out.contains("open 0600 of another for reading: EACCES"), "the checks did not run as the user: \(r.out)")

@@ -21,8 +21,8 @@ public struct Credentials: Sendable {
 /// functions of an item's type, mode and owner and of the caller. A user's own mount, which
 /// leaves `default_permissions` out, makes them as each request comes (UbiqFuse's
 /// `CallerChecks`, with what the kernel then no longer does: search permission on held names,
-/// the sticky bit); `access` makes them on every mount that asks. The kernel still checks,
-/// with or without the option: exec of a file with no x bit at all, protected links,
+/// the sticky bit, protected hard links); `access` makes them on every mount that asks. The
+/// kernel still checks, with or without the option: exec of a file with no x bit at all,
 /// `trusted.*` and `security.*` xattrs.
 public enum PermissionRules {
     public static let read: UInt32 = 4, write: UInt32 = 2, exec: UInt32 = 1

@@ -143,6 +143,9 @@ def checks(root):
     check("unlink in another's 0755 folder", lambda: os.unlink("others/f666"))
     check("rename out of another's 0755 folder", lambda: os.rename("others/f666", "mine/taken"))
     check("link into another's 0755 folder", lambda: os.link("mine/a", "others/a-link"))
+    # With fs.protected_hardlinks (Debian's default), only to a file the user may read and write.
+    check("link another's 0644 file", lambda: os.link("others/f644", "mine/f644-link"))
+    check("link another's 0666 file", lambda: os.link("others/f666", "mine/f666-link"))
     check("list another's 0711 folder", lambda: len(os.listdir("others/d711")))
     check("stat in another's 0711 folder", lambda: os.stat("others/d711/inner").st_size)
     check("read in another's 0711 folder", opened("others/d711/inner", os.O_RDONLY))
