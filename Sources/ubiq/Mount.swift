@@ -331,6 +331,12 @@ struct MountPlan {
             do { _ = try S3Credentials.resolve(environment: ProcessInfo.processInfo.environment, home: NSHomeDirectory()) } catch { throw UserError("\(error)") }
             return .s3(location, endpoint: endpoint, region: region)
         }
+        // A scheme ubiq does not know, or a mistyped one ("s3:/bucket", "S3:bucket"), is not
+        // taken for a relative path: with --create-store that made a folder called "s3:".
+        if !url.hasPrefix("dir:"), let colon = url.firstIndex(of: ":"),
+           url[..<colon].range(of: "^[A-Za-z][A-Za-z0-9+.-]*$", options: .regularExpression) != nil {
+            throw UserError("unsupported store URL \(url): use dir:PATH or s3://BUCKET/PREFIX (a folder whose name has a colon: dir:\(url))")
+        }
         if url.hasPrefix("dir:") || !url.contains("://") {
             let path = url.hasPrefix("dir:") ? String(url.dropFirst(4)) : url
             // Never the current directory by accident.
