@@ -14,7 +14,8 @@ import UbiqFS
 ///   on the caller's supplementary groups gives its names no entry timeout (`entryTimeout`);
 ///   a folder the caller may not search lists its names without attributes (readdirplus);
 /// - the sticky bit: FUSE clears it from the kernel's copy of a folder's mode without the
-///   option (`fuse_change_attributes_common`), so the removal check is made here.
+///   option (`fuse_change_attributes_common`), so the removal check is made here;
+/// - the read-and-write half of `fs.protected_hardlinks` (`permitLinking`).
 extension FuseServer {
     /// The caller of `req`. Its supplementary groups are read (libfuse, from `/proc`) only when
     /// a check depends on them; use it before `req` is answered.
