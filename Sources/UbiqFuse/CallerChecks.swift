@@ -17,14 +17,6 @@ import UbiqFS
 ///   option (`fuse_change_attributes_common`), so the removal check is made here;
 /// - the read-and-write half of `fs.protected_hardlinks` (`permitLinking`).
 extension FuseServer {
-    /// The caller of `req`. Its supplementary groups are read (libfuse, from `/proc`) only when
-    /// a check depends on them; use it before `req` is answered.
-    func credentials(_ req: fuse_req_t?) -> Credentials {
-        let c = caller(req)
-        let pending = Unanswered(req: req)
-        return Credentials(uid: c.uid, gid: c.gid) { g in supplementaryGroups(pending.req).contains(g) }
-    }
-
     /// Whether the caller of `req` may `want` (`PermissionRules.read`, …) of `ino`: EACCES if
     /// not. The item's attributes when it was checked (nil: the kernel checks, or nobody).
     @discardableResult
@@ -164,6 +156,14 @@ extension FuseServer {
     }
 
     private static let epochUnknown = Atomic(false)
+}
+
+/// The caller of `req`. Its supplementary groups are read (libfuse, from `/proc`) only when a
+/// check depends on them; use it before `req` is answered.
+func credentials(_ req: fuse_req_t?) -> Credentials {
+    let c = caller(req)
+    let pending = Unanswered(req: req)
+    return Credentials(uid: c.uid, gid: c.gid) { g in supplementaryGroups(pending.req).contains(g) }
 }
 
 /// The supplementary groups of the caller of `req` (empty if they cannot be read).

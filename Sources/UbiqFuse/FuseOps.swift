@@ -18,13 +18,10 @@ enum FuseOps {
         ops.lookup = { req, parent, n in
             OpStats.measure("lookup") {
                 let s = FuseServer.from(req)
-                do {
+                s.replyEntry(req) {
                     let folder = try s.permit(req, parent, PermissionRules.exec)
-                    var e = s.entry(try s.fs.lookup(parent, name(n)), timeout: s.entryTimeout(in: folder, req))
-                    if fuse_reply_entry(req, &e) != 0 { s.fs.forget(e.ino, 1) }
-                } catch FSError.notFound {
-                    fuse_reply_err(req, ENOENT)
-                } catch { s.replyError(req, error) }
+                    return (try s.fs.lookup(parent, name(n)), s.entryTimeout(in: folder, req))
+                }
             }
         }
         ops.forget = { req, ino, count in
@@ -326,7 +323,7 @@ enum FuseOps {
         ops.access = { req, ino, mask in
             OpStats.measure("access") {
                 let s = FuseServer.from(req)
-                s.replyOK(req) { try s.fs.access(ino, mask: mask, who: s.credentials(req)) }
+                s.replyOK(req) { try s.fs.access(ino, mask: mask, who: credentials(req)) }
             }
         }
         ops.fallocate = { req, _, mode, off, len, fi in

@@ -373,11 +373,8 @@ func caller(_ req: fuse_req_t?) -> Caller {
 /// Call it on the thread that took `req`.
 func setIDClearing(_ req: fuse_req_t?, always: Bool = false) -> SetIDClearing? {
     guard always || cubiqfuse_request_kills_suidgid() != 0 else { return nil }
-    let who = caller(req)
-    let pending = Unanswered(req: req)
-    return SetIDClearing { gid in
-        who.uid == 0 || who.gid == gid || supplementaryGroups(pending.req).contains(gid)
-    }
+    let who = credentials(req)
+    return SetIDClearing { gid in who.uid == 0 || who.inGroup(gid) }
 }
 
 /// A request not answered yet, carried into a closure that runs before its answer.
