@@ -219,6 +219,18 @@ def run(s3, binary, objects, idle=30.0, poll=3.0, only=("ubiq", "ubiq-listing", 
             r["change_seen_s"] = seen
             if extra is not None:
                 subprocess.run([binary, "unmount", "--timeout", "120", mnt], env=s3.env, stdout=subprocess.DEVNULL)
+                # The same device mounted again (a reboot): until the mount answers, then until
+                # its first poll, which lists the bucket, is over (ubiq sync waits for it).
+                proxy.take()
+                t0 = time.perf_counter()
+                sh(f"{binary} mount --store s3://scale/bench --s3-endpoint {via} {extra} "
+                   f"--state {s3.base}/scale-{name}/state {mnt}")
+                r["again_s"] = time.perf_counter() - t0
+                r["again_requests"] = proxy.take()
+                sh(f"{binary} sync {mnt}")
+                r["again_synced_s"] = time.perf_counter() - t0
+                r["again_sync_requests"] = proxy.take()
+                subprocess.run([binary, "unmount", "--timeout", "120", mnt], env=s3.env, stdout=subprocess.DEVNULL)
             else:
                 subprocess.run(["fusermount3", "-u", mnt])
         results["renamed_files"] = renamed
@@ -295,6 +307,12 @@ def report(r):
     row("a file written on another device seen here, from the write (s)",
         lambda t: "not within 60 s" if t["change_seen_s"] is None else fmt(t["change_seen_s"]))
     row("of which the writer's ubiq sync (s)", lambda t: fmt(t["writer_sync_s"]))
+    again = [k for k in names if "again_s" in r[k]]
+    if again:
+        row("mount again, the same device (s)", lambda t: fmt(t["again_s"]) if "again_s" in t else "—")
+        row("requests during the mount again", lambda t: f"{total(t['again_requests']):,} ({shown(t['again_requests'])})" if "again_s" in t else "—")
+        row("mount again, until its first poll is over (ubiq sync; s)", lambda t: fmt(t["again_synced_s"]) if "again_s" in t else "—")
+        row("requests from the mount's answer to that", lambda t: f"{total(t['again_sync_requests']):,} ({shown(t['again_sync_requests'])})" if "again_s" in t else "—")
     row("RSS after mount (MiB)", lambda t: fmt(t["rss_mount_mib"], 0))
     row("RSS after ls -lR (MiB)", lambda t: fmt(t["rss_ls_mib"], 0))
     row("peak RSS during the mount (MiB)", lambda t: fmt(t["peak_mount_mib"], 0))

@@ -29,14 +29,19 @@ public final class FaultyStore: CloudStore, Sendable {
     /// (How tests of a mounted daemon take its store away: UBIQ_STORE_OFFLINE_FLAG.)
     public let offlineFlag: String?
 
+    /// While a file exists at this path, a listing of the whole store waits before it begins
+    /// (a store slow to list: UBIQ_STORE_LIST_GATE, the test that a mount again answers
+    /// meanwhile).
+    public let listGate: String?
+
     /// Random faults, drawn from a seeded generator (nil: none).
     public var chaos: Chaos? { chaosState.withLock { $0 } }
     private let chaosState: Mutex<Chaos?>
     private let rng: Mutex<UInt64>
     private let injected = Mutex<[String: Int]>([:])
 
-    public init(_ inner: any CloudStore, offlineFlag: String? = nil, chaos: Chaos? = nil) {
-        self.inner = inner; self.offlineFlag = offlineFlag
+    public init(_ inner: any CloudStore, offlineFlag: String? = nil, listGate: String? = nil, chaos: Chaos? = nil) {
+        self.inner = inner; self.offlineFlag = offlineFlag; self.listGate = listGate
         chaosState = Mutex(chaos)
         rng = Mutex(chaos?.seed ?? 0)
     }
@@ -201,6 +206,10 @@ public final class FaultyStore: CloudStore, Sendable {
 
     public func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
                      _ body: ([ObjectInfo]) throws -> Void) async throws {
+        if let gate = listGate, prefix.isEmpty, access(gate, F_OK) == 0 {
+            count("held")
+            while access(gate, F_OK) == 0 { try await Task.sleep(for: .milliseconds(20)) }
+        }
         try await check(.list)
         try await inner.list(prefix: prefix, pagesOf: size, wanted: wanted) { try body($0.map(lying)) }
     }

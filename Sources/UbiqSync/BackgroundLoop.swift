@@ -34,6 +34,9 @@ final class BackgroundLoop: @unchecked Sendable {
     /// Whether the loop waits with nothing to do now (a test that moves its clock waits for this).
     var isIdle: Bool { cond.lock(); defer { cond.unlock() }; return idle }
 
+    /// Whether `stop` was called and the thread has not yet ended (a long round asks, to end early).
+    var isStopping: Bool { cond.lock(); defer { cond.unlock() }; return !running && !stopped }
+
     /// Starts a thread named `name` that runs `round` until `stop`.
     func start(name: String, _ round: @escaping @Sendable () -> Pause) {
         cond.lock()

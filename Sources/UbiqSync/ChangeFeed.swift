@@ -52,6 +52,8 @@ public final class ChangeFeed: @unchecked Sendable {
     private var lastPoll: (at: Date, error: String?)?
     /// What was said of keys that could not be taken, so each is said once (under `pollLock`).
     private var warned = Set<KeyBytes>()
+    /// The listing the first poll brings in before it reads the changes (`importFirst`; under `pollLock`).
+    private var importer: Importer?
 
     public init(store: any CloudStore, state: LocalState, deviceID: String, logger: Logger, interval: TimeInterval = 3,
                 changes: any RemoteChangeSink, keyValues: (any KeyValueSink)? = nil) {
@@ -70,6 +72,15 @@ public final class ChangeFeed: @unchecked Sendable {
 
     public func start() {
         loop.start(name: "ubiq-changefeed") { [self] in round() }
+    }
+
+    /// The next poll first brings in what `importer`'s listing of the store holds that this
+    /// device has no record of (`Importer.runLive`), while the file system answers: a mount
+    /// again does not wait for a listing of the whole store (a million objects on S3: 25 s),
+    /// nor does a mount whose first listing failed go without one. A poll that fails part way
+    /// (the store down) brings it in again; `ubiq sync` waits for it. Call before `start`.
+    public func importFirst(_ importer: Importer) {
+        pollLock.withLock { self.importer = importer }
     }
 
     public func stop() { loop.stop() }
@@ -122,6 +133,23 @@ public final class ChangeFeed: @unchecked Sendable {
 
     private func pollLocked() throws -> Int {
         let store = self.store
+        if let importer {
+            // Before the cursor's changes: the cursor is from before this listing, so whatever
+            // changed meanwhile comes after what the listing showed (a delete after a put).
+            var retry: [String] = []
+            var handed = 0
+            try importer.runLive(stopping: { [loop] in loop.isStopping }) { [self] page in
+                var asked = Set(page.map { KeyBytes($0.key) })
+                let all = page + (try movedAway(page, asked: &asked))
+                handed += all.count
+                retry += all.isEmpty ? [] : self.changes.applyRemote(all)
+            }
+            self.importer = nil
+            if handed > 0 { logger.info("brought in \(handed) changes from the store's listing that this device had not heard of") }
+            if !retry.isEmpty {
+                try state.write { tx in try tx.setFeedPending(Set((try tx.feedPending() + retry).map(KeyBytes.init)).map(\.key)) }
+            }
+        }
         var cursor = try state.read { try $0.meta(Self.cursorKey) }
         let pending = try state.read { try $0.feedPending() }
         // Keys as bytes throughout: NFC and NFD spellings of one name are two keys.

@@ -29,6 +29,15 @@ public struct Importer {
     /// a million keys at once were the mount's peak (900 MB) and most of its time.
     static let pageSize = 10_000
 
+    /// Set in the state once a whole listing of the store was brought in: a mount again does
+    /// not wait for another (the feed's first poll takes it, `runLive`).
+    public static let doneKey = "store_imported"
+
+    /// Whether this state brought in a whole listing of the store before.
+    public static func importedBefore(_ state: LocalState) -> Bool {
+        (try? state.read { try $0.meta(doneKey) }) == "1"
+    }
+
     @discardableResult
     public func run() throws -> Report {
         let store = self.store
@@ -44,10 +53,56 @@ public struct Importer {
             try runBlocking { try await store.list(prefix: "", pagesOf: Self.pageSize, wanted: { try wanted.value($0) }) { try page.value($0) } }
         }
         let report = tally.value
+        try state.write { try $0.setMeta(Self.doneKey, "1") }
         if report.added > 0 || report.skipped > 0 {
             logger.info("imported \(report.added) items from the store, skipped \(report.skipped)")
         }
         return report
+    }
+
+    /// The same listing while the file system already answers (a mount again, or a mount whose
+    /// first listing failed: `ChangeFeed.importFirst`): each page's objects the device has no
+    /// record of are handed to `apply` as the feed's changes of another device are, rather than
+    /// written into the state behind the file system's back. An object this device wrote that
+    /// no item records (an upload whose answer never came) is not brought back: a tombstone for
+    /// an unrecorded upload deletes it, which looks again before it deletes (an upload
+    /// answered meanwhile is recorded by then, and stays). `stopping` is asked between pages
+    /// (an unmount does not wait for a million keys).
+    public func runLive(stopping: @escaping () -> Bool, _ apply: @escaping ([RemoteChange]) throws -> Void) throws {
+        let store = self.store
+        let page = UncheckedBox { (objects: [ObjectInfo]) in
+            if stopping() { throw CancellationError() }
+            try apply(try self.livePage(objects))
+        }
+        let wanted = UncheckedBox { (keys: [String]) in try self.unknown(keys) }
+        try runBlocking { try await store.list(prefix: "", pagesOf: Self.pageSize, wanted: { try wanted.value($0) }) { try page.value($0) } }
+        try state.write { try $0.setMeta(Self.doneKey, "1") }
+    }
+
+    /// Of a page of objects the device did not know when it was listed, the changes to hand on.
+    private func livePage(_ objects: [ObjectInfo]) throws -> [RemoteChange] {
+        var out: [RemoteChange] = []
+        for obj in objects where !ReservedKeys.isReserved(obj.key) {
+            do { try StoreKey.validate(obj.key) } catch {
+                logger.warning("skipping store key \(obj.key.debugDescription): \(error)")
+                continue
+            }
+            if let w = obj.inputWarning {
+                logger.warning("\(w.message)")
+                if w.leftOut { continue }
+            }
+            if let d = deviceID, let o = obj.metadata.origin, o.hasPrefix(d + ":") {
+                let parts = StoreKey.segments(obj.key).parts
+                try state.write { tx in
+                    guard try tx.entries(remoteKey: obj.key).isEmpty, try tx.entry(atPath: parts) == nil else { return }
+                    try tx.addTombstone(key: obj.key, version: StateTransaction.Tombstone.leftover)
+                    logger.info("\(obj.key) is an upload of this device's that its item no longer needs: deleting it")
+                }
+                continue
+            }
+            out.append(RemoteChange(key: obj.key, info: obj))
+        }
+        return out
     }
 
     /// Of a page's keys, those the device does not know: the store reads the

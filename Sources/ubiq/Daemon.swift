@@ -88,6 +88,7 @@ struct Daemon {
             // A store that goes away while a file exists (for tests of offline work: docs/testing.md).
             // And one with random faults (latency, failures, lost answers, cut reads, timeouts).
             let flag = env["UBIQ_STORE_OFFLINE_FLAG"].flatMap { $0.isEmpty ? nil : $0 }
+            let listGate = env["UBIQ_STORE_LIST_GATE"].flatMap { $0.isEmpty ? nil : $0 }
             var chaos: FaultyStore.Chaos?
             if let text = env["UBIQ_STORE_CHAOS"], !text.isEmpty {
                 guard let c = FaultyStore.Chaos.parse(text) else {
@@ -95,11 +96,12 @@ struct Daemon {
                 }
                 chaos = c
             }
-            if flag != nil || chaos != nil {
-                let f = FaultyStore(store, offlineFlag: flag, chaos: chaos)
+            if flag != nil || chaos != nil || listGate != nil {
+                let f = FaultyStore(store, offlineFlag: flag, listGate: listGate, chaos: chaos)
                 faulty = f
                 store = f
                 if let flag { logger.info("the store is unreachable while \(flag) exists (UBIQ_STORE_OFFLINE_FLAG)") }
+                if let listGate { logger.info("listings of the whole store wait while \(listGate) exists (UBIQ_STORE_LIST_GATE)") }
                 if let chaos { logger.info("the store injects random faults: \(chaos) (UBIQ_STORE_CHAOS)") }
             }
             state.reserve.restore()
@@ -128,11 +130,20 @@ struct Daemon {
                 return id
             }
         } catch { die("\(error)") }
+        // A device new to the store lists it before it mounts (its folders would be empty
+        // otherwise); a mount again shows what the device knew at once, and its feed's first
+        // poll lists the store in the background (`ChangeFeed.importFirst`), as does a mount
+        // whose listing failed here.
+        let importer = Importer(store: store, state: state, cache: cache, logger: logger, deviceID: deviceID)
+        var importedHere = false
         do {
             try ChangeFeed.prepare(store: store, state: state)
-            try Importer(store: store, state: state, cache: cache, logger: logger, deviceID: deviceID).run()
+            if !Importer.importedBefore(state) {
+                try importer.run()
+                importedHere = true
+            }
         } catch {
-            logger.warning("could not list the store (\(error)); showing what this device knew")
+            logger.warning("could not list the store (\(error)); showing what this device knew, and listing it again in the background")
         }
         // The name conflict copies of this device's versions carry: the host, and enough of
         // the device's id to tell two mounts on one host apart.
@@ -163,6 +174,7 @@ struct Daemon {
                                 keyValues: kv)
         } catch { die("\(error)") }
         let (fs, feed, uploader, materializer) = (engine.fs, engine.feed, engine.uploader, engine.materializer)
+        if !importedHere { feed.importFirst(importer) }
         if let depth = containerConfig?.maxFolderDepth {
             fs.folderLevels.withLock { $0 = FolderLevels(max: depth, under: plan.scope == "documents" ? nil : Containers.documents) }
         }

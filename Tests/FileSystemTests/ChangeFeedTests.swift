@@ -137,6 +137,43 @@ import Synchronization
         #expect(try b.names("") == ["g"])
     }
 
+    /// A device started again answers at once from what it knew; its feed's first poll lists
+    /// the store (as `ubiq mount` of a device that listed it before: a million objects on S3
+    /// took 25 s before the mount answered). What the store holds and the feed never told
+    /// (another tool's object in a bucket, which no log names) comes in then, and an upload of
+    /// this device's whose answer never came, of an item gone since, is deleted from the store,
+    /// not brought back. A listing that fails is taken again at the next poll.
+    @Test func aDeviceStartedAgainListsTheStoreInItsFirstPoll() async throws {
+        let store = try newStore()
+        let faulty = FaultyStore(Untold(store, keys: ["other", "leftover"]))
+        let a = try Device(store: store, remote: faulty)
+        try a.write("kept", "here")
+        a.sync()
+        _ = try await store.put("other", contentsOf: nil, metadata: ObjectMetadata(kind: .file, mtimeNs: 1), condition: .ifAbsent)
+        _ = try await store.put("leftover", contentsOf: nil,
+                                metadata: ObjectMetadata(kind: .file, mtimeNs: 1, origin: a.dir.lastPathComponent + ":999:1"),
+                                condition: .ifAbsent)
+        try a.open()
+        #expect(try a.names("") == ["kept"])
+        faulty.fail(.list)
+        #expect(throws: StoreError.self) { try a.feed.poll() }
+        #expect(try a.names("") == ["kept"])
+        faulty.heal()
+        a.pull()
+        #expect(try a.names("") == ["kept", "other"])
+        a.sync()
+        await #expect(throws: StoreError.self) { try await store.head("leftover") }
+        #expect(try await store.head("other").size == 0)
+        #expect(try a.read("kept") == "here")
+        // Listed once: the next poll lists nothing, and a device new to the store lists it first.
+        let listings = faulty.faultsInjected["fail", default: 0]
+        faulty.fail(.list)
+        a.pull()
+        #expect(faulty.faultsInjected["fail", default: 0] == listings)
+        faulty.heal()
+        #expect(try Device(store: store).names("") == ["kept", "other"])
+    }
+
     /// An upload the store carried out but whose answer never came, from an item then deleted
     /// here: it is deleted from the store at once (not at the next start), and does not come back
     /// as a file.
@@ -944,5 +981,17 @@ final class TellingStore: ForwardingStore, @unchecked Sendable {
         #expect(seen == seen.sorted(), "and never go back: \(seen)")
         #expect(try attr(d, ino, "percent-uploaded") == "100")
         #expect(try attr(d, ino, "status") == "current")
+    }
+}
+
+/// A store whose feed never tells of `keys` (as an S3 bucket's log never names another tool's
+/// objects); its listing has them.
+final class Untold: ForwardingStore, @unchecked Sendable {
+    let keys: Set<String>
+    init(_ inner: any CloudStore, keys: Set<String>) { self.keys = keys; super.init(inner) }
+    override func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+        var batch = try await inner.changes(since: cursor, limit: limit)
+        batch.changes.removeAll { keys.contains($0.key) }
+        return batch
     }
 }

@@ -71,7 +71,11 @@ final class Device: @unchecked Sendable {
                                time: time)
         let cache = try ContentCache(directory: dir.appendingPathComponent("cache"), reserve: state.reserve)
         try ChangeFeed.prepare(store: remote, state: state)
-        try Importer(store: remote, state: state, cache: cache, logger: logger, deviceID: dir.lastPathComponent).run()
+        // As the daemon does: a device new to the store lists it before it starts; started
+        // again, it lists it in its feed's first poll (`pull`).
+        let importer = Importer(store: remote, state: state, cache: cache, logger: logger, deviceID: dir.lastPathComponent)
+        let again = Importer.importedBefore(state)
+        if !again { try importer.run() }
         var options = Engine.Options(deviceName: name)
         options.completeInBackground = completeInBackground
         options.uploadDelay = uploadDelay
@@ -87,6 +91,7 @@ final class Device: @unchecked Sendable {
                                 options: options)
         (materializer, uploader, fs, feed) = (engine.materializer, engine.uploader, engine.fs, engine.feed)
         self.engine = engine
+        if again { feed.importFirst(importer) }
     }
 
     /// Brings in the store's changes (what the feed's thread does every few seconds). Over a

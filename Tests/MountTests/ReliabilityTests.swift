@@ -123,9 +123,11 @@ import TestSupport
         let unmounted = a.unmount()
         expectOK(unmounted)
         #expect(unmounted.out.contains("All changes are in the store"), "\(unmounted.out)")
-        // Once more: a mount finds this device's leftovers in the store (an upload whose answer
-        // was lost, of an item deleted since) and deletes them; the unmount sends that.
+        // Once more: a mount's listing of the store (its feed's first poll, which `ubiq sync`
+        // waits for) finds this device's leftovers in the store (an upload whose answer was
+        // lost, of an item deleted since) and deletes them; the unmount sends that.
         try a.mount()
+        expectOK(a.ubiq("sync \(a.mnt)"))
         let swept = a.unmount()
         expectOK(swept)
         #expect(swept.out.contains("All changes are in the store"), "\(swept.out)")

@@ -146,6 +146,34 @@ import Testing
         expectOK(b.sh("cmp remote.bin \(a.mnt)/remote.bin"), "the placeholder reads once the store is back")
     }
 
+    /// A mount again shows what the device knew at once: its listing of the store (1,000 LISTs
+    /// for a million objects on S3) comes after, in the feed's first poll, which `ubiq sync`
+    /// waits for. Here the listing is held until the test lets it go (before, `ubiq mount`
+    /// waited for it): the mount answers, reads what it had, writes; another device's file,
+    /// there before the mount, arrives once the listing goes, and the new file reaches it.
+    @Test func aMountAgainDoesNotWaitForTheStoresListing() throws {
+        let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1",
+                                 daemonEnv: ["UBIQ_STORE_LIST_GATE": FileManager.default.temporaryDirectory.path + "/list-gate-\(UUID())"])
+        defer { a.cleanup() }
+        let gate = try #require(a.env["UBIQ_STORE_LIST_GATE"])
+        defer { unlink(gate) }
+        expectOK(a.sh("mkdir d && echo mine > d/mine && \(ubiqBinary) sync ."))
+        expectOK(a.unmount())
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--upload-delay 0 --poll-interval 1")
+        defer { b.cleanup() }
+        expectOK(b.sh("echo theirs > d/theirs && \(ubiqBinary) sync ."))
+        #expect(FileManager.default.createFile(atPath: gate, contents: nil))
+        try a.mount()
+        expectOK(a.sh("[ \"$(cat d/mine)\" = mine ] && echo new > d/new && ls d"), "the mount answers while the store is listed")
+        #expect(!FileManager.default.fileExists(atPath: a.mnt + "/d/theirs"), "the listing is held, and the feed's first poll with it")
+        unlink(gate)
+        expectOK(a.ubiq("sync \(a.mnt)"))
+        expectOK(a.sh("[ \"$(cat d/theirs)\" = theirs ] && [ \"$(ls d | tr '\\n' ' ')\" = 'mine new theirs ' ]"), "after the listing: \(a.sh("ls -la d").out)")
+        expectOK(eventually(b, "[ \"$(cat d/new)\" = new ]"), "the new file reaches the other device")
+        let log = (try? String(contentsOfFile: a.state + "/ubiq.log", encoding: .utf8)) ?? ""
+        #expect(log.contains("listings of the whole store wait while"), "the gate was in place")
+    }
+
     /// SIGKILL while a file goes up (a new file, then an edit of it), then mount again: the
     /// upload starts over, nothing is lost, no false conflict copy is made, and the other
     /// device gets the bytes that were acknowledged.
