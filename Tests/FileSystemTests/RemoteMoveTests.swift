@@ -90,6 +90,39 @@ import UbiqStore
         try waitUntil(seconds: 20, every: 0.02) { try b.fs.getattr(new).blocks > 0 }
     }
 
+    /// A folder moved on another device while this one was stopped: at its next start, the
+    /// store's listing (its feed's first poll) finds the new keys before the feed tells of the
+    /// old ones' deletes, and pairs each with the item it moved from (a HEAD of the old key):
+    /// the files keep their items and bytes, nothing is downloaded again. (Before 2026-11-30
+    /// the listing came before the mount, wrote the new keys in as new placeholders, and the
+    /// feed's deletes then removed the downloaded files.)
+    @Test func aFolderMovedWhileTheDeviceWasStoppedIsAMoveAtItsNextStart() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("photos")
+        for i in 0 ..< 10 { try a.write("photos/p\(i).jpg", text(i)) }
+        a.sync()
+        let counting = CountingStore(store)
+        let b = try Device(store: store, remote: counting)
+        let inos = try (0 ..< 10).map { try b.ino("photos/p\($0).jpg") }
+        for i in 0 ..< 10 { #expect(try b.read("photos/p\(i).jpg") == text(i)) }
+        try waitUntil(seconds: 20, every: 0.02) { try inos.allSatisfy { try b.fs.getattr($0).blocks > 0 } }
+        let fetched = counting.bytesRead
+        try a.fs.rename(rootIno, n("photos"), rootIno, n("pictures"))
+        a.sync()
+        try b.open()
+        #expect(try b.names("") == ["photos"])
+        b.pull()
+        #expect(try b.names("") == ["pictures"])
+        for (i, ino) in inos.enumerated() {
+            #expect(try b.ino("pictures/p\(i).jpg") == ino)
+            #expect(try b.fs.getattr(ino).blocks > 0)
+            #expect(try b.read("pictures/p\(i).jpg") == text(i))
+        }
+        #expect(counting.bytesRead == fetched)
+        #expect(b.uploader.processRound(ignoringDelay: true) == 0)
+    }
+
     /// Files with the same bytes (many are: empty-ish files, copies): each keeps its own item
     /// through its folder's move, by its name, and the folder moves whole.
     @Test func filesWithTheSameBytesKeepTheirOwnItems() throws {
