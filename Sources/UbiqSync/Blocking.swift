@@ -33,6 +33,26 @@ public func runBlocking<T>(_ op: @escaping @Sendable () async throws -> T) throw
     }
 }
 
+/// `runBlocking`, with the work cancelled once `stopping` says so (asked every 50 ms): work that
+/// looks for cancellation (a listing of the whole bucket, between its requests) ends early with
+/// `CancellationError`, and an unmount does not wait for it.
+public func runBlocking<T>(stopping: () -> Bool, _ op: @escaping @Sendable () async throws -> T) throws -> T {
+    let box = UncheckedBox<Result<T, Error>?>(nil)
+    let done = DispatchSemaphore(value: 0)
+    let task = Task(executorPreference: StoreExecutor.shared) {
+        do { box.value = .success(try await op()) } catch { box.value = .failure(error) }
+        done.signal()
+    }
+    var cancelled = false
+    while done.wait(timeout: .now() + 0.05) == .timedOut {
+        if !cancelled && stopping() {
+            task.cancel()
+            cancelled = true
+        }
+    }
+    return try box.value!.get()
+}
+
 /// Starts work that answers through a callback (on this thread or any other, once) and waits
 /// on this thread for the answer. The callback only signals, so it may be called under a lock.
 public func waitForAnswer<T>(_ start: (@escaping @Sendable (Result<T, Error>) -> Void) -> Void) throws -> T {

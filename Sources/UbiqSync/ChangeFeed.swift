@@ -106,6 +106,8 @@ public final class ChangeFeed: @unchecked Sendable {
         do {
             try poll()
             failures = 0
+        } catch is CancellationError where loop.isStopping {
+            return .none  // an unmount ended the first poll's listing part way: the next mount takes it
         } catch {
             failures += 1
             if failures == 1 || failures % 20 == 0 { logger.warning("could not follow the store's changes: \(error)") }

@@ -75,7 +75,9 @@ public struct Importer {
             try apply(try self.livePage(objects))
         }
         let wanted = UncheckedBox { (keys: [String]) in try self.unknown(keys) }
-        try runBlocking { try await store.list(prefix: "", pagesOf: Self.pageSize, wanted: { try wanted.value($0) }) { try page.value($0) } }
+        try runBlocking(stopping: stopping) {
+            try await store.list(prefix: "", pagesOf: Self.pageSize, wanted: { try wanted.value($0) }) { try page.value($0) }
+        }
         try state.write { try $0.setMeta(Self.doneKey, "1") }
     }
 
