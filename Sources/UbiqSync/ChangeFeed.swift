@@ -175,7 +175,10 @@ public final class ChangeFeed: @unchecked Sendable {
         while !reconcile {
             let since = cursor
             let size = batchSize
-            let batch = try retryingTransient { try runBlocking { try await store.changes(since: since, limit: size) } }
+            // Ended by an unmount (a full listing of a million objects takes 1,000 requests).
+            let batch = try retryingTransient {
+                try runBlocking(stopping: { [loop] in loop.isStopping }) { try await store.changes(since: since, limit: size) }
+            }
             if batch.reset {
                 logger.notice("the store cannot answer from this device's place in its changes (restored from a backup, or its history cut short): comparing everything with it; changes of this device not yet uploaded are kept")
                 try holdRecordedVersions()
@@ -354,7 +357,9 @@ public final class ChangeFeed: @unchecked Sendable {
         try retryingTransient {
             found.value = []
             try state.write { try $0.unmarkListed() }
-            try runBlocking { try await store.list(prefix: "", pagesOf: comparisonPage) { try page.value($0) } }
+            try runBlocking(stopping: { [loop] in loop.isStopping }) {
+                try await store.list(prefix: "", pagesOf: comparisonPage) { try page.value($0) }
+            }
         }
         // Recorded before the listing began, and not in it: gone from the store.
         for (k, v) in try state.read({ try $0.heldUnlisted() }) {

@@ -174,6 +174,34 @@ import Synchronization
         #expect(try Device(store: store).names("") == ["kept", "other"])
     }
 
+    /// An unmount does not wait for a poll that waits on the store (a full listing of a
+    /// million objects on S3 is 1,000 requests; before, an unmount waited for all of it): the
+    /// feed's stop ends it, says nothing of it as a failure, and leaves the cursor where it was,
+    /// so the next start reads those changes.
+    @Test func stoppingTheFeedEndsAPollThatWaitsOnTheStore() throws {
+        let store = try newStore()
+        let slow = SlowFeed(store)
+        let a = try Device(store: store, remote: slow)
+        let b = try Device(store: store)
+        try b.write("f", "from b")
+        b.sync()
+        let cursor = try a.state.read { try $0.meta("feed_cursor") }
+        slow.held.withLock { $0 = true }
+        a.feed.start()
+        try waitUntil(seconds: 30, every: 0.01) { slow.waiting.withLock { $0 } }
+        let stopped = DispatchSemaphore(value: 0)
+        Thread.detachNewThread { a.feed.stop(); stopped.signal() }
+        let ended = stopped.wait(timeout: .now() + 60) == .success
+        slow.held.withLock { $0 = false }
+        #expect(ended, "the feed stopped while its poll waited on the store")
+        if !ended { _ = stopped.wait(timeout: .now() + 60) }
+        #expect(a.log.count("could not follow") == 0, "\(a.log.all)")
+        #expect(try a.state.read { try $0.meta("feed_cursor") } == cursor)
+        try a.open()
+        a.pull()
+        #expect(try a.read("f") == "from b")
+    }
+
     /// An upload the store carried out but whose answer never came, from an item then deleted
     /// here: it is deleted from the store at once (not at the next start), and does not come back
     /// as a file.
@@ -993,5 +1021,19 @@ final class Untold: ForwardingStore, @unchecked Sendable {
         var batch = try await inner.changes(since: cursor, limit: limit)
         batch.changes.removeAll { keys.contains($0.key) }
         return batch
+    }
+}
+
+/// A store whose feed, while `held`, waits (as a long listing does) until its task is cancelled
+/// or it is let go.
+final class SlowFeed: ForwardingStore, @unchecked Sendable {
+    let held = Mutex(false)
+    let waiting = Mutex(false)
+    override func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
+        while held.withLock({ $0 }) {
+            waiting.withLock { $0 = true }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        return try await inner.changes(since: cursor, limit: limit)
     }
 }
