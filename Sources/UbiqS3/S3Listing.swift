@@ -38,7 +38,8 @@ extension S3Objects {
         var token: String?
         var first = true
         repeat {
-            // A listing a mount's end stops (`runBlocking(stopping:)`): a million objects take 1,000 requests.
+            // An unmount ends a listing between two requests (`runBlocking(stopping:)`): a
+            // million objects take 1,000.
             try Task.checkCancellation()
             var query = [("list-type", "2"), ("prefix", prefix + under), ("encoding-type", "url"), ("max-keys", "\(pageSize)")]
             if let token { query.append(("continuation-token", token)) }

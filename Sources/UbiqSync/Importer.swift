@@ -84,15 +84,7 @@ public struct Importer {
     /// Of a page of objects the device did not know when it was listed, the changes to hand on.
     private func livePage(_ objects: [ObjectInfo]) throws -> [RemoteChange] {
         var out: [RemoteChange] = []
-        for obj in objects where !ReservedKeys.isReserved(obj.key) {
-            do { try StoreKey.validate(obj.key) } catch {
-                logger.warning("skipping store key \(obj.key.debugDescription): \(error)")
-                continue
-            }
-            if let w = obj.inputWarning {
-                logger.warning("\(w.message)")
-                if w.leftOut { continue }
-            }
+        for obj in objects where !ReservedKeys.isReserved(obj.key) && admitted(obj) {
             if let d = deviceID, let o = obj.metadata.origin, o.hasPrefix(d + ":") {
                 let parts = StoreKey.segments(obj.key).parts
                 try state.write { tx in
@@ -105,6 +97,20 @@ public struct Importer {
             out.append(RemoteChange(key: obj.key, info: obj))
         }
         return out
+    }
+
+    /// Whether `obj` can be brought in: a key that is a valid path, and metadata that are not
+    /// left out (what is wrong with either is said).
+    private func admitted(_ obj: ObjectInfo) -> Bool {
+        do { try StoreKey.validate(obj.key) } catch {
+            logger.warning("skipping store key \(obj.key.debugDescription): \(error)")
+            return false
+        }
+        if let w = obj.inputWarning {
+            logger.warning("\(w.message)")
+            if w.leftOut { return false }
+        }
+        return true
     }
 
     /// Of a page's keys, those the device does not know: the store reads the
@@ -139,14 +145,9 @@ public struct Importer {
             // a quarter of the import's time).
             var made: [UInt64: Set<[UInt8]>] = [:]
             for obj in sorted where !known.contains(KeyBytes(obj.key)) && !ReservedKeys.isReserved(obj.key) {
-                do { try StoreKey.validate(obj.key) } catch {
-                    logger.warning("skipping store key \(obj.key.debugDescription): \(error)")
+                guard admitted(obj) else {
                     report.skipped += 1
                     continue
-                }
-                if let w = obj.inputWarning {
-                    logger.warning("\(w.message)")
-                    if w.leftOut { report.skipped += 1; continue }
                 }
                 let (parts, isDir) = StoreKey.segments(obj.key)
                 if let d = deviceID, let o = obj.metadata.origin, o.hasPrefix(d + ":"), try tx.entry(atPath: parts) == nil {
