@@ -95,6 +95,19 @@ public final class ChangeFeed: @unchecked Sendable {
         cond.lock(); loop.kickLocked(wake: true); cond.unlock()
     }
 
+    /// Waits up to `seconds` (real time) for a poll to end, reaching the store or not; whether
+    /// one did. A mount again waits so for its first (`importFirst`): a store that answers in
+    /// time is shown as it is now, as before; a larger one (a million objects: 17 s) answers with
+    /// what the device knew, and the poll goes on.
+    public func waitForAPoll(seconds: TimeInterval) -> Bool {
+        let deadline = Date(timeIntervalSinceNow: seconds)
+        cond.lock(); defer { cond.unlock() }
+        while lastPoll == nil {
+            if !cond.wait(until: deadline) { return lastPoll != nil }
+        }
+        return true
+    }
+
     /// The time and outcome of the last poll.
     public var lastPollOutcome: (at: Date, error: String?)? {
         cond.lock(); defer { cond.unlock() }
@@ -125,10 +138,10 @@ public final class ChangeFeed: @unchecked Sendable {
         if everywhere { store.lookEverywhereNext() }
         do {
             let n = try pollLocked()
-            cond.lock(); lastPoll = (state.time.now, nil); cond.unlock()
+            cond.lock(); lastPoll = (state.time.now, nil); cond.broadcast(); cond.unlock()
             return n
         } catch {
-            cond.lock(); lastPoll = (state.time.now, "\(error)"); cond.unlock()
+            cond.lock(); lastPoll = (state.time.now, "\(error)"); cond.broadcast(); cond.unlock()
             throw error
         }
     }

@@ -199,6 +199,11 @@ struct Daemon {
         uploader.refreshUsage(force: true)
         uploader.start()
         feed.start()
+        // A mount again shows the store as it is now when its first look takes a moment, and
+        // what the device knew when it takes longer (docs/sync.md).
+        if !importedHere && !feed.waitForAPoll(seconds: Self.firstLookWait) {
+            logger.info("the first look at the store takes more than \(Int(Self.firstLookWait)) s: the mount shows what this device knew meanwhile")
+        }
         // The key-value store as the store holds it now (the feed brings later changes).
         if let kv { Thread.detachNewThread { [store] in
             guard let keys = try? runBlocking({ try await store.list(prefix: ReservedKeys.kv) }).map(\.key) else { return }
@@ -263,6 +268,9 @@ struct Daemon {
         logger.info("stopped")
         exit(0)
     }
+
+    /// How long a mount again waits for its first look at the store before it answers.
+    static let firstLookWait: TimeInterval = 2
 
     /// `<state>/control.sock`; where that is longer than a socket address may be (108 bytes),
     /// a private directory of the user's runtime directory (or /tmp) instead.
