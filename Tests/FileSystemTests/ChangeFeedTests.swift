@@ -189,6 +189,8 @@ import Synchronization
         slow.held.withLock { $0 = true }
         a.feed.start()
         try waitUntil(seconds: 30, every: 0.01) { slow.waiting.withLock { $0 } }
+        // A mount again waits for its first poll this way, a bounded time.
+        #expect(!a.feed.waitForAPoll(seconds: 0.2))
         let stopped = DispatchSemaphore(value: 0)
         Thread.detachNewThread { a.feed.stop(); stopped.signal() }
         let ended = stopped.wait(timeout: .now() + 60) == .success
@@ -199,6 +201,7 @@ import Synchronization
         #expect(try a.state.read { try $0.meta("feed_cursor") } == cursor)
         try a.open()
         a.pull()
+        #expect(a.feed.waitForAPoll(seconds: 0))
         #expect(try a.read("f") == "from b")
     }
 
