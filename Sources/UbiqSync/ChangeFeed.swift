@@ -76,8 +76,8 @@ public final class ChangeFeed: @unchecked Sendable {
 
     /// The next poll first brings in what `importer`'s listing of the store holds that this
     /// device has no record of (`Importer.runLive`), while the file system answers: a mount
-    /// again does not wait for a listing of the whole store (a million objects on S3: 25 s),
-    /// nor does a mount whose first listing failed go without one. A poll that fails part way
+    /// again waits for a listing of the whole store (a million objects on S3: 15 s) 2 s at most
+    /// (`waitForAPoll`), and a mount whose first listing failed does not go without one. A poll that fails part way
     /// (the store down) brings it in again; `ubiq sync` waits for it. Call before `start`.
     public func importFirst(_ importer: Importer) {
         pollLock.withLock { self.importer = importer }
@@ -120,7 +120,7 @@ public final class ChangeFeed: @unchecked Sendable {
             try poll()
             failures = 0
         } catch is CancellationError where loop.isStopping {
-            return .none  // an unmount ended the first poll's listing part way: the next mount takes it
+            return .none  // an unmount ended a poll that waited on the store: the next start reads it again
         } catch {
             failures += 1
             if failures == 1 || failures % 20 == 0 { logger.warning("could not follow the store's changes: \(error)") }

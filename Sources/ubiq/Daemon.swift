@@ -131,9 +131,8 @@ struct Daemon {
             }
         } catch { die("\(error)") }
         // A device new to the store lists it before it mounts (its folders would be empty
-        // otherwise); a mount again shows what the device knew at once, and its feed's first
-        // poll lists the store in the background (`ChangeFeed.importFirst`), as does a mount
-        // whose listing failed here.
+        // otherwise); at a mount again, and a mount whose listing failed here, the feed's first
+        // poll lists the store (`ChangeFeed.importFirst`), which the mount waits for 2 s at most.
         let importer = Importer(store: store, state: state, cache: cache, logger: logger, deviceID: deviceID)
         var importedHere = false
         do {
