@@ -29,8 +29,8 @@ public struct Importer {
     /// a million keys at once were the mount's peak (900 MB) and most of its time.
     static let pageSize = 10_000
 
-    /// Set in the state once a whole listing of the store was brought in: a mount again does
-    /// not wait for another (the feed's first poll takes it, `runLive`).
+    /// Set in the state once a whole listing of the store was brought in: a mount again takes
+    /// the next in its feed's first poll (`runLive`), which the mount waits for 2 s at most.
     public static let doneKey = "store_imported"
 
     /// Whether this state brought in a whole listing of the store before.
