@@ -245,16 +245,16 @@ final class S3ChangeLog: @unchecked Sendable {
         var out = Read()
         let start = (from ?? serverNow()) - Int64(Self.window * 1000)
         let listed = try await listNames(after: Self.timeText(start) + "-", into: &out)
-        let fresh: [(String, Int64)] = lock.withLock {
+        let fresh: [Listed] = lock.withLock {
             // Forget what fell out of the window: it will not be listed again.
             read = read.filter { $0.value >= start }
-            return listed.filter { read[$0.0] == nil }
+            return listed.filter { read[$0.name] == nil }
         }
         // Noted as read only once the caller has what the whole look found (`noteRead`): a
         // look that throws part way, or whose changes the caller could not take, leaves every
         // object to the next one.
         var done: [String: Int64] = [:]
-        for (name, time) in fresh {
+        for (name, time, size) in fresh {
             if markOnly {
                 done[name] = time
                 continue
@@ -262,9 +262,13 @@ final class S3ChangeLog: @unchecked Sendable {
             let data: Data
             do {
                 out.requests += 1
+                // Its length is known from the listing (a log object is never rewritten): a
+                // busy server's empty answer is asked again, never read as an empty object
+                // (its changes were lost until the next full listing).
                 data = try await objects.client.send(.GET, key: objects.prefix + Self.folder + name,
                                                      headers: ["Range": "bytes=0-\(Self.maxObjectBytes - 1)"],
-                                                     maxResponse: Self.maxObjectBytes + (64 << 10)).data
+                                                     maxResponse: Self.maxObjectBytes + (64 << 10),
+                                                     expectedLength: size.map { min($0, Self.maxObjectBytes) }).data
             } catch {
                 // Gone too (listed, then not there) counts as a failure: an object in the window
                 // is younger than any retention, so that is the server's hiccup, not a prune.
@@ -291,10 +295,13 @@ final class S3ChangeLog: @unchecked Sendable {
         lock.withLock { read.merge(look.logObjects) { a, _ in a } }
     }
 
+    /// A log object as a listing shows it: its name, its time, and its size where the listing says.
+    typealias Listed = (name: String, time: Int64, size: Int?)
+
     /// The log objects' names after `after` (their time), in order, up to `pages` thousands;
     /// the position is the server's time of the first answer.
-    private func listNames(after: String, pages: Int = .max, into out: inout Read) async throws -> [(String, Int64)] {
-        var names: [(String, Int64)] = []
+    private func listNames(after: String, pages: Int = .max, into out: inout Read) async throws -> [Listed] {
+        var names: [Listed] = []
         var token: String?
         let folder = objects.prefix + Self.folder
         repeat {
@@ -315,7 +322,7 @@ final class S3ChangeLog: @unchecked Sendable {
                 guard let key = S3Client.xmlValue("Key", in: block), key.hasPrefix(folder) else { continue }
                 let name = String(key.dropFirst(folder.count))
                 guard let time = Self.time(of: name) else { continue }  // not a log object: left alone
-                names.append((name, time))
+                names.append((name, time, S3Client.xmlValue("Size", in: block).flatMap { Int($0) }.flatMap { $0 >= 0 ? $0 : nil }))
             }
             token = S3Client.xmlValue("IsTruncated", in: r.text) == "true" ? S3Client.xmlValue("NextContinuationToken", in: r.text) : nil
         } while token != nil && out.requests < pages
@@ -356,7 +363,7 @@ final class S3ChangeLog: @unchecked Sendable {
         var out = Read()
         let cutoff = serverNow() - Int64(retention * 1000)
         let names = try await listNames(after: "", pages: 1, into: &out)
-        for (name, time) in names where time < cutoff {
+        for (name, time, _) in names where time < cutoff {
             try await objects.send(.DELETE, Self.folder + name, validate: false)
         }
     }

@@ -75,14 +75,25 @@ public final class S3Client: Sendable {
 
     /// Sends a request and returns the answer when its status is 2xx (or 304); maps the
     /// others to `StoreError`. `key` nil addresses the bucket.
+    /// `expectedLength`: how long a successful answer's body is (a GET of an object whose size
+    /// a listing gave, and that is never rewritten); an answer of another length is tried
+    /// again, as one that contradicts itself is (a busy SeaweedFS has answered 200 with an
+    /// empty body, with headers that agreed).
     @discardableResult
     public func send(_ method: HTTPMethod, key: String?, query: [(String, String)] = [], headers: [String: String] = [:],
-                     body: S3Body = .none, maxResponse: Int = 64 << 20) async throws -> S3Response {
+                     body: S3Body = .none, maxResponse: Int = 64 << 20, expectedLength: Int? = nil) async throws -> S3Response {
         try await retrying(method, key, query: query) {
             let r = try await once(method, key: key, query: query, headers: headers, body: body, maxResponse: maxResponse)
             let asked = headers["Range"].flatMap(Self.byteRange)
             if method == .GET, let wrong = Self.inconsistency(status: r.status, headers: r.headers, asked: asked, bodyLength: Int64(r.body.readableBytes)) {
                 return .again(wrong)
+            }
+            if let expectedLength, (200 ..< 300).contains(r.status), r.body.readableBytes != expectedLength {
+                return .again("\(r.status) with \(r.body.readableBytes) bytes where its listing says \(expectedLength)")
+            }
+            if (200 ..< 300).contains(r.status), let root = Self.answerRoot(method, key: key, query: query),
+               !Self.isWhole(r.body.readableBytesView, root: root) {
+                return .again("\(r.status) with \(r.body.readableBytes) bytes that are not a whole \(root)")
             }
             return (200 ..< 300).contains(r.status) || r.status == 304 ? .done(r) : .answered(r)
         }
@@ -95,6 +106,36 @@ public final class S3Client: Sendable {
         /// An answer that contradicts itself or the request (`why`): tried again, as a transient
         /// failure is.
         case again(String)
+    }
+
+    /// The XML document a successful answer to this request is (nil: not one this client reads
+    /// as a document): a listing of the bucket, of its versions, of its uploads or an upload's
+    /// parts, its versioning.
+    static func answerRoot(_ method: HTTPMethod, key: String?, query: [(String, String)]) -> String? {
+        guard method == .GET else { return nil }
+        let names = Set(query.map(\.0))
+        if key != nil { return names.contains("uploadId") ? "ListPartsResult" : nil }
+        if names.contains("list-type") { return "ListBucketResult" }
+        if names.contains("versions") { return "ListVersionsResult" }
+        if names.contains("uploads") { return "ListMultipartUploadsResult" }
+        if names.contains("versioning") { return "VersioningConfiguration" }
+        return nil
+    }
+
+    /// Whether `body` is a whole `root` document: the element opens within its first bytes
+    /// and is closed at its end. A busy SeaweedFS has answered 200 with an empty body; a
+    /// listing taken at its word is an empty bucket, and every object would read as deleted.
+    static func isWhole(_ body: some Collection<UInt8>, root: String) -> Bool {
+        let open = Array(("<" + root).utf8), close = Array(("</" + root + ">").utf8)
+        let space: [UInt8] = [0x20, 0x0A, 0x0D, 0x09]
+        let head = Array(body.prefix(1024))
+        guard let at = (0 ..< head.count).first(where: { head[$0...].starts(with: open) }) else { return false }
+        let rest = head[(at + open.count)...]
+        guard let first = rest.first, first == UInt8(ascii: ">") || first == UInt8(ascii: "/") || space.contains(first),
+              let gt = rest.firstIndex(of: UInt8(ascii: ">")) else { return false }
+        if head[gt - 1] == UInt8(ascii: "/") { return true }  // `<Root .../>`: nothing in it
+        let tail = body.suffix(close.count + 64).reversed().drop { space.contains($0) }
+        return tail.prefix(close.count).reversed().elementsEqual(close)
     }
 
     /// `bytes=FIRST-LAST` of a request's Range header (one range, both ends given).

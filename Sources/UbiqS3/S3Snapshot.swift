@@ -68,6 +68,8 @@ final class S3Snapshots: @unchecked Sendable {
         var time: Int64
         var parts: [String] = []
         var complete = false
+        /// Each of its objects' size ("done" and the parts), where the listing says.
+        var sizes: [String: Int] = [:]
     }
 
     /// What loading a snapshot did.
@@ -97,6 +99,7 @@ final class S3Snapshots: @unchecked Sendable {
                 guard rest.count == 2, let time = S3ChangeLog.time(of: String(rest[0])) else { continue }  // not ours: left alone
                 let name = String(rest[0])
                 var f = byName[name] ?? Found(name: name, time: time)
+                if let size = S3Client.xmlValue("Size", in: block).flatMap({ Int($0) }), size >= 0 { f.sizes[String(rest[1])] = size }
                 if rest[1] == "done" { f.complete = true } else if rest[1].utf8.count == 5, rest[1].utf8.allSatisfy({ (48 ... 57).contains($0) }) {
                     f.parts.append(String(rest[1]))
                 }
@@ -124,7 +127,8 @@ final class S3Snapshots: @unchecked Sendable {
         var done: Done?
         for _ in 0 ..< 2 where done == nil {
             out.requests += 1
-            answer = try await objects.send(.GET, base + "done", headers: ["Range": "bytes=0-4095"], validate: false)
+            answer = try await objects.send(.GET, base + "done", headers: ["Range": "bytes=0-4095"], validate: false,
+                                            expectedLength: snapshot.sizes["done"].map { min($0, 4096) })
             done = try? JSONDecoder().decode(Done.self, from: answer.data)
         }
         guard let done else {
@@ -139,9 +143,11 @@ final class S3Snapshots: @unchecked Sendable {
         let decoder = JSONDecoder()
         for part in parts {
             out.requests += 1
+            // Its length is known from the listing: a busy server's short answer is asked again.
             let data = try await objects.client.send(.GET, key: objects.prefix + base + part,
                                                      headers: ["Range": "bytes=0-\(Self.maxPartBytes - 1)"],
-                                                     maxResponse: Self.maxPartBytes + (64 << 10)).data
+                                                     maxResponse: Self.maxPartBytes + (64 << 10),
+                                                     expectedLength: snapshot.sizes[part].map { min($0, Self.maxPartBytes) }).data
             var good: [(stamp: String, info: ObjectInfo)] = []
             var line = 0
             let lines = data.withUnsafeBytes { raw in

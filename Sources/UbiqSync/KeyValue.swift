@@ -195,9 +195,15 @@ public struct KVStoreClient: Sendable {
     public func fetch(objectKey: String) async throws -> (entry: KVEntry, version: String)? {
         let info: ObjectInfo
         do { info = try await store.head(objectKey) } catch StoreError.notFound { return nil }
-        let data: Data
-        do { data = try await store.read(objectKey, version: info.version, range: 0 ..< max(1, info.size)) } catch StoreError.notFound {
-            return try await fetch(objectKey: objectKey)  // replaced meanwhile
+        var data = Data()
+        // A read of another length than the version's own is asked again (a busy server has
+        // answered with an empty body), then is the store's failure, not an unreadable entry.
+        for attempt in 0 ..< 2 {
+            do { data = try await store.read(objectKey, version: info.version, range: 0 ..< max(1, info.size)) } catch StoreError.notFound {
+                return try await fetch(objectKey: objectKey)  // replaced meanwhile
+            }
+            if data.count == info.size { break }
+            if attempt == 1 { throw StoreError.unavailable("\(objectKey): read \(data.count) of its \(info.size) bytes") }
         }
         guard let e = KVEntry.decode(data) else { throw KVError("the entry at \(objectKey) in the store is unreadable") }
         return (e, info.version)

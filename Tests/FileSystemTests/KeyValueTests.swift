@@ -97,6 +97,28 @@ import UbiqStore
         #expect(try await devices[2].get("k")?.value == .bool(false))
     }
 
+    /// An entry read short (a busy server's empty or cut answer) is read again; one that stays
+    /// short is the store's transient failure (tried again later), never "unreadable", which
+    /// says the entry itself is bad.
+    @Test func anEntryReadShortIsReadAgain() async throws {
+        let s = try store()
+        try await KVStoreClient(store: s, device: "a").write(KVEntry(key: "k", value: .string("a value long enough to cut"), timeNs: 1, device: "a"))
+        let faulty = FaultyStore(s)
+        let b = KVStoreClient(store: faulty, device: "b")
+        var chaos = FaultyStore.Chaos(seed: 1)
+        chaos.short = 1
+        faulty.setChaos(chaos)
+        do {
+            _ = try await b.get("k")
+            Issue.record("a short read was taken")
+        } catch let e as StoreError {
+            #expect(e.isTransient && "\(e)".contains("bytes"), "\(e)")
+        }
+        #expect(faulty.faultsInjected["short"] == 2)
+        faulty.setChaos(nil)
+        #expect(try await b.get("k")?.value == .string("a value long enough to cut"))
+    }
+
     /// The key-value store's objects are not files: a mount's import leaves them out.
     @Test func kvObjectsAreNotFiles() async throws {
         #expect(KVStoreClient.objectKey("a/b") == ".ubiquity/kv/612f62")

@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import Testing
 import TestSupport
 import UbiqStore
@@ -125,6 +126,42 @@ import UbiqStore
         }
         let again = try await b.changes(since: batch.cursor, limit: 1000)
         #expect(again.changes.isEmpty && again.unreadable.isEmpty, "\(again.changes) \(again.unreadable)")
+    }
+
+    /// A log object a busy server answers with an empty body (SeaweedFS did, with headers that
+    /// agreed: a 200 of no bytes) is asked for again, by its size in the listing, and its
+    /// changes are read. Taken at its word, the object read as empty and was noted as read: its
+    /// changes were lost until the next full listing. One that stays wrong is the store's
+    /// transient failure: the look throws and the next one reads it again.
+    @Test func aLogObjectABusyServerAnswersEmptyIsAskedAgain() async throws {
+        let body = Data((#"{"op":"put","key":"good"}"# + "\n").utf8)
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let listing = ScriptedHTTPServer.Answer(200, body: Data("""
+            <ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>drive/.ubiquity/s3/log/\(S3ChangeLog.timeText(now))-other-1</Key>\
+            <Size>\(body.count)</Size></Contents></ListBucketResult>
+            """.utf8))
+        let empty = ScriptedHTTPServer.Answer(200, body: Data())
+        let whole = ScriptedHTTPServer.Answer(206, headers: [("Content-Range", "bytes 0-\(body.count - 1)/\(body.count)")], body: body)
+        func log(_ server: ScriptedHTTPServer) -> S3ChangeLog {
+            let client = S3Client(endpoint: S3Endpoint(url: server.endpoint, region: "us-east-1", bucket: "b",
+                                                       credentials: S3Credentials(accessKey: "k", secretKey: "s")),
+                                  logger: Logger(label: "s3-test"), attempts: 4)
+            return S3ChangeLog(objects: S3Objects(client: client, prefix: "drive", versioned: false), device: "me")
+        }
+        let busy = try ScriptedHTTPServer([listing, empty, whole])
+        defer { busy.stop() }
+        let read = try await log(busy).look(from: now, markOnly: false)
+        #expect(read.changes.map(\.key) == ["good"] && read.unreadable.lines.isEmpty, "\(read.changes) \(read.unreadable.lines)")
+        #expect(busy.requests.count == 3)
+
+        let stubborn = try ScriptedHTTPServer([listing] + Array(repeating: empty, count: 4))
+        defer { stubborn.stop() }
+        do {
+            let read = try await log(stubborn).look(from: now, markOnly: false)
+            Issue.record("an empty answer was read: \(read.changes)")
+        } catch let e as StoreError {
+            #expect(e.isTransient && "\(e)".contains("200 with 0 bytes where its listing says \(body.count)"), "\(e)")
+        }
     }
 
     /// A log object of nothing but bad lines: its first few are said, the rest counted in one

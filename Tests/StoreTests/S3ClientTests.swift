@@ -249,6 +249,32 @@ import TestSupport
         #expect(file.requests.count == 2)
     }
 
+    /// A listing (or another answer this client reads as a document) that is not a whole one
+    /// is asked again: a busy SeaweedFS answered 200 with an empty body, which read as an empty
+    /// bucket, and a full listing that says so reads as every object deleted.
+    @Test func aListingThatIsNotAWholeDocumentIsAskedAgain() async throws {
+        let listing = #"<?xml version="1.0" encoding="UTF-8"?>"# + "\n" + #"<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">"#
+            + "<IsTruncated>false</IsTruncated><Contents><Key>drive/a</Key><ETag>&quot;e&quot;</ETag><Size>1</Size></Contents></ListBucketResult>\n"
+        #expect(S3Client.isWhole(Array(listing.utf8), root: "ListBucketResult"))
+        #expect(S3Client.isWhole(Array(#"<VersioningConfiguration xmlns="x"/>"#.utf8), root: "VersioningConfiguration"))
+        #expect(!S3Client.isWhole([UInt8](), root: "ListBucketResult"))
+        #expect(!S3Client.isWhole(Array(listing.utf8.prefix(160)), root: "ListBucketResult"))  // cut short
+        #expect(!S3Client.isWhole(Array("<ListBucketResults></ListBucketResults>".utf8), root: "ListBucketResult"))
+        #expect(!S3Client.isWhole(Array("<Error><Code>x</Code></Error>".utf8), root: "ListBucketResult"))
+        #expect(S3Client.answerRoot(.GET, key: nil, query: [("list-type", "2")]) == "ListBucketResult")
+        #expect(S3Client.answerRoot(.GET, key: "k", query: []) == nil && S3Client.answerRoot(.PUT, key: nil, query: []) == nil)
+
+        let server = try ScriptedHTTPServer([.init(200, body: Data()), .init(200, body: Data(listing.utf8.prefix(160))),
+                                             .init(200, body: Data(listing.utf8))])
+        defer { server.stop() }
+        let client = S3Client(endpoint: S3Endpoint(url: server.endpoint, region: "us-east-1", bucket: "b",
+                                                   credentials: S3Credentials(accessKey: "k", secretKey: "s")),
+                              logger: Logger(label: "s3-test"), attempts: 4)
+        let listed = try await S3Objects(client: client, prefix: "drive", versioned: false).listAll(under: "")
+        #expect(listed.objects.map(\.key) == ["a"])
+        #expect(server.requests.count == 3)
+    }
+
     @Test func contentRangesAreRead() {
         #expect(S3Client.byteRange("bytes=0-9") == 0 ... 9)
         #expect(S3Client.byteRange("bytes=5-") == nil)

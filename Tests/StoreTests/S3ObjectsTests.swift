@@ -37,6 +37,35 @@ import UbiqStore
     #expect(S3Objects.serves(versioned, etag: nil, versionID: nil))  // a server that says nothing is taken at its word
 }
 
+/// Metadata too large for a header is in a sidecar object named by its bytes' SHA-256: an
+/// answer that does not hash to its name (a busy server's empty body) is asked for again;
+/// a sidecar that stays wrong (rewritten by someone) is read as metadata that cannot be read,
+/// never as what it says.
+@Test func aSidecarThatDoesNotHashToItsNameIsAskedAgain() async throws {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = .sortedKeys
+    var meta = fileMeta
+    meta.xattrs["user.big"] = Data(repeating: 7, count: 3000)
+    let json = try encoder.encode(meta)
+    let ref = "ref:" + SigV4.sha256Hex(json)
+    func objects(_ server: ScriptedHTTPServer) -> S3Objects {
+        S3Objects(client: S3Client(endpoint: S3Endpoint(url: server.endpoint, region: "us-east-1", bucket: "b",
+                                                        credentials: S3Credentials(accessKey: "k", secretKey: "s")),
+                                   logger: Logger(label: "s3-test")), prefix: "drive", versioned: false)
+    }
+    let busy = try ScriptedHTTPServer([.init(200, body: Data()), .init(200, body: json)])
+    defer { busy.stop() }
+    #expect(try await objects(busy).decode(ref, of: "k") == meta)
+    #expect(busy.requests.count == 2)
+
+    var other = meta
+    other.mode = 0o777
+    let rewritten = try ScriptedHTTPServer(Array(repeating: .init(200, body: try encoder.encode(other)), count: 2))
+    defer { rewritten.stop() }
+    let read = try await objects(rewritten).decode(ref, of: "k")
+    #expect(read != other && read.issues.contains { $0.contains("does not hold what its name says") }, "\(read.issues)")
+}
+
 /// A "not satisfiable" that does not say the object's size is checked against the version's
 /// own size (a HEAD): for a range that starts inside the object it is asked again, never read
 /// as an empty range (SeaweedFS under load answered so, and the range read back empty); past

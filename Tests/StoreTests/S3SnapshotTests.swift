@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import Testing
 import TestSupport
 import UbiqStore
@@ -185,6 +186,27 @@ import UbiqStore
         let loaded = try await a.snapshots.load(try #require(try await a.snapshots.latest()), into: a.index)
         #expect(loaded.unreadable.count == 50_000 && loaded.unreadable.said.count == PassedOver.kept && loaded.entries == 0)
         #expect(loaded.unreadable.lines.last == "… and \(50_000 - PassedOver.kept) more like these")
+    }
+
+    /// A part a busy server answers with an empty body (SeaweedFS did, with headers that agreed)
+    /// is asked for again, by its size in the listing: its entries are read, not passed over.
+    @Test func aPartABusyServerAnswersEmptyIsAskedAgain() async throws {
+        let entry = S3Snapshots.Entry(key: "x", stamp: "\"abc\"|1700000000000|1", version: "\"abc\"", size: 1, tag: "\"abc\"", meta: fileMeta)
+        let part = try JSONEncoder().encode(entry) + Data("\n".utf8)
+        let done = try JSONEncoder().encode(S3Snapshots.Done(format: S3Snapshots.format, parts: 1, entries: 1))
+        let server = try ScriptedHTTPServer([.init(200, body: done), .init(200, body: Data()), .init(200, body: part)])
+        defer { server.stop() }
+        let client = S3Client(endpoint: S3Endpoint(url: server.endpoint, region: "us-east-1", bucket: "b",
+                                                   credentials: S3Credentials(accessKey: "k", secretKey: "s")),
+                              logger: Logger(label: "s3-test"), attempts: 4)
+        let snapshots = S3Snapshots(objects: S3Objects(client: client, prefix: "drive", versioned: false))
+        let found = S3Snapshots.Found(name: "1796000000000-dev-1", time: 1_796_000_000_000, parts: ["00000"], complete: true,
+                                      sizes: ["done": done.count, "00000": part.count])
+        let index = try S3Index(path: TempPaths.make("ubiq-s3-index").path)
+        let loaded = try await snapshots.load(found, into: index)
+        #expect(loaded.entries == 1, "\(loaded)")
+        #expect(loaded.unreadable.lines.isEmpty, "\(loaded.unreadable.lines)")
+        #expect(server.requests.count == 3)
     }
 
     /// A done object that is not one (another client's, a hostile one) is asked for once more,
