@@ -201,11 +201,12 @@ public struct S3Objects: Sendable {
     /// Bytes `range` of `version` (clamped to the object).
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
         let v = Version(version)
-        return try await pinned(key, version: version, range: range, empty: Data()) { query, headers in
+        return try await pinned(key, version: version, range: range, empty: Data(), length: { Int64($0.count) }) { query, headers, told in
             let r = try await send(.GET, key, query: query, headers: headers)
             guard Self.serves(v, etag: r.header("ETag"), versionID: r.header("x-amz-version-id")) else {
                 throw StoreError.preconditionFailed(key: key, current: nil)
             }
+            told.note(r.headers)
             // A 200 is the whole object (a server that ignored Range): the range is cut from it.
             if r.status == 200 {
                 let d = r.data
@@ -218,9 +219,11 @@ public struct S3Objects: Sendable {
     /// `read`, written into `fd` at `offset` as the bytes arrive.
     public func read(_ key: String, version: String, range: Range<Int64>, into fd: Int32, at offset: Int64) async throws -> Int64 {
         let v = Version(version)
-        return try await pinned(key, version: version, range: range, empty: 0) { query, headers in
-            try await client.download(key: prefix + key, query: query, headers: headers, into: fd, at: offset,
-                                      accept: { Self.serves(v, etag: $0.first(name: "ETag"), versionID: $0.first(name: "x-amz-version-id")) })
+        return try await pinned(key, version: version, range: range, empty: 0, length: { $0 }) { query, headers, told in
+            try await client.download(key: prefix + key, query: query, headers: headers, into: fd, at: offset, accept: {
+                told.note($0)
+                return Self.serves(v, etag: $0.first(name: "ETag"), versionID: $0.first(name: "x-amz-version-id"))
+            })
         }
     }
 
@@ -242,8 +245,12 @@ public struct S3Objects: Sendable {
     /// version's own size agrees: SeaweedFS under load has answered 416 for a range that starts
     /// inside the object, which taken at its word reads as an empty range. Such an answer is
     /// asked again (`rangeAttempts` in all), then is `unavailable`, never an empty read.
-    private func pinned<T>(_ key: String, version: String, range: Range<Int64>, empty: T,
-                           _ get: ([(String, String)], [String: String]) async throws -> T) async throws -> T {
+    /// So is an answer shorter than the range where the version's size says there is more:
+    /// SeaweedFS under load has answered 200 with no bytes, with headers that agreed (a read
+    /// into a file came back with nothing written). A read that reaches past the end costs a HEAD.
+    /// `length`: how many bytes a result holds.
+    private func pinned<T>(_ key: String, version: String, range: Range<Int64>, empty: T, length: (T) -> Int64,
+                           _ get: ([(String, String)], [String: String], Told) async throws -> T) async throws -> T {
         try StoreKey.validate(key)
         if key.hasPrefix(Self.reserved) { throw StoreError.invalidKey(key, reason: "reserved for the store's own use") }
         if range.isEmpty { return empty }
@@ -255,7 +262,17 @@ public struct S3Objects: Sendable {
         while true {
             tries += 1
             do {
-                return try await get(query, headers)
+                let told = Told()
+                let got = try await get(query, headers, told)
+                let n = length(got)
+                if n >= Int64(range.count) { return got }
+                let size: Int64
+                if let said = told.size { size = said } else { size = try await self.size(of: key, v) }
+                if n == max(0, min(range.upperBound, size) - range.lowerBound) { return got }  // the object ends there
+                let said = "the server answered \(n) of bytes \(range.lowerBound)-\(range.upperBound - 1) of a version of \(size) bytes"
+                guard tries < Self.rangeAttempts else { throw StoreError.unavailable("GET \(key): \(said)") }
+                client.logger.notice("S3 GET \(key): \(said); trying again")
+                try await Task.sleep(nanoseconds: UInt64(tries) * 100_000_000)
             } catch StoreError.preconditionFailed, StoreError.notFound {
                 throw StoreError.notFound(key: key)  // that version is gone
             } catch StoreError.failed(let why) where why.contains(" 416 ") || why.contains("InvalidRange") {
@@ -271,7 +288,20 @@ public struct S3Objects: Sendable {
         }
     }
 
-    /// Tries of a ranged GET whose "not satisfiable" contradicts the version's size.
+    /// The object's size as an answer's `Content-Range` says it (a 206's `bytes A-B/SIZE`):
+    /// a read it ends needs no HEAD to know it reached the end. A 200's body is not taken as
+    /// the size (the empty answers above were 200s).
+    final class Told: @unchecked Sendable {
+        private let lock = NSLock()
+        private var said: Int64?
+        var size: Int64? { lock.withLock { said } }
+        func note(_ headers: HTTPHeaders) {
+            guard let range = headers.first(name: "Content-Range"), let (_, _, size) = S3Client.contentRange(range), let size else { return }
+            lock.withLock { said = size }
+        }
+    }
+
+    /// Tries of a ranged GET whose answer contradicts the version's size.
     static let rangeAttempts = 4
 
     /// The size of version `v` of `key`, by a HEAD; `notFound` when that version is gone.
