@@ -50,6 +50,10 @@ public final class ChangeFeed: @unchecked Sendable {
     private let pollLock = NSLock()
     /// When the last poll reached the store (nil: never), and its error if it failed.
     private var lastPoll: (at: Date, error: String?)?
+    /// When a poll last reached the store and took its changes (under `cond`).
+    private var lastReached: Date?
+    /// The first poll's listing (`importFirst`) is not over yet (under `cond`).
+    private var listingPending = false
     /// What was said of keys that could not be taken, so each is said once (under `pollLock`).
     private var warned = Set<KeyBytes>()
     /// The listing the first poll brings in before it reads the changes (`importFirst`; under `pollLock`).
@@ -81,6 +85,27 @@ public final class ChangeFeed: @unchecked Sendable {
     /// (the store down) brings it in again; `ubiq sync` waits for it. Call before `start`.
     public func importFirst(_ importer: Importer) {
         pollLock.withLock { self.importer = importer }
+        cond.lock(); listingPending = true; cond.unlock()
+    }
+
+    /// What the feed last saw of the store, as the mount's root attributes say it
+    /// (`user.ubiq.store-reached`, `store-error`, `store-listing`; `ubiq status`).
+    public struct Look: Sendable, Equatable {
+        /// When a poll last reached the store and took its changes (nil: not since the mount).
+        public var reached: Date?
+        /// Why the last poll failed (nil: it did not, or none has ended).
+        public var error: String?
+        /// The listing of the whole store that a mount again's first poll takes is not over.
+        public var listing: Bool
+
+        public init(reached: Date? = nil, error: String? = nil, listing: Bool = false) {
+            self.reached = reached; self.error = error; self.listing = listing
+        }
+    }
+
+    public var look: Look {
+        cond.lock(); defer { cond.unlock() }
+        return Look(reached: lastReached, error: lastPoll?.error, listing: listingPending)
     }
 
     public func stop() { loop.stop() }
@@ -138,7 +163,7 @@ public final class ChangeFeed: @unchecked Sendable {
         if everywhere { store.lookEverywhereNext() }
         do {
             let n = try pollLocked()
-            cond.lock(); lastPoll = (state.time.now, nil); cond.broadcast(); cond.unlock()
+            cond.lock(); lastPoll = (state.time.now, nil); lastReached = lastPoll?.at; cond.broadcast(); cond.unlock()
             return n
         } catch {
             cond.lock(); lastPoll = (state.time.now, "\(error)"); cond.broadcast(); cond.unlock()
@@ -160,6 +185,7 @@ public final class ChangeFeed: @unchecked Sendable {
                 retry += all.isEmpty ? [] : self.changes.applyRemote(all)
             }
             self.importer = nil
+            cond.lock(); listingPending = false; cond.unlock()
             if handed > 0 { logger.info("brought in \(handed) changes from the store's listing that this device had not heard of") }
             if !retry.isEmpty {
                 try state.write { tx in try tx.setFeedPending(Set((try tx.feedPending() + retry).map(KeyBytes.init)).map(\.key)) }

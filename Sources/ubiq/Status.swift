@@ -15,10 +15,11 @@ struct Status: ParsableCommand {
             in docs/status.md.
 
             The same is in read-only extended attributes, answered by name and never listed (so
-            copies and backups do not carry them): getfattr -n user.ubiq.NAME PATH, where NAME is
+            copies and backups do not carry them): getfattr -n user.ubiq.NAME PATH, where NAME is, of
+            files, of folders, and also of the mount's root folder:
             \(attributeList("files:", FileSystem.statusAttributes))
             \(attributeList("folders:", FileSystem.folderAttributes))
-              the mount's root also: cache-bytes, cache-limit
+            \(attributeList("root:", ["cache-bytes", "cache-limit"] + FileSystem.storeAttributes))
 
             Examples:
               ubiq status ~/Ubiquity/report.pdf
@@ -59,6 +60,10 @@ struct Status: ParsableCommand {
             (mount: m, used: Int64(getAttribute(m, "user.ubiq.cache-bytes") ?? "") ?? 0,
              limit: Int64(getAttribute(m, "user.ubiq.cache-limit") ?? "") ?? 0)
         }
+        let stores = mounts.map { m in
+            (mount: m, reached: getAttribute(m, "user.ubiq.store-reached") ?? "", error: getAttribute(m, "user.ubiq.store-error") ?? "",
+             listing: getAttribute(m, "user.ubiq.store-listing") == "1")
+        }
         var counts: [String: Int] = [:]
         for i in items { counts[i.status, default: 0] += 1 }
         if json {
@@ -82,7 +87,9 @@ struct Status: ParsableCommand {
                 return o
             }
             let doc: [String: Any] = ["items": list, "summary": counts,
-                                      "caches": caches.map { ["mount": $0.mount, "usedBytes": $0.used, "limitBytes": $0.limit] }]
+                                      "caches": caches.map { ["mount": $0.mount, "usedBytes": $0.used, "limitBytes": $0.limit] },
+                                      "stores": stores.map { ["mount": $0.mount, "reached": $0.reached.isEmpty ? NSNull() : $0.reached,
+                                                              "error": $0.error.isEmpty ? NSNull() : $0.error, "listing": $0.listing] as [String: Any] }]
             let data = try JSONSerialization.data(withJSONObject: doc, options: [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes])
             print(String(decoding: data, as: UTF8.self))
             return
@@ -115,6 +122,17 @@ struct Status: ParsableCommand {
         print("\(items.count) items: \(summary)")
         for c in caches {
             print("cache of \(c.mount): \(humanBytes(c.used)) used" + (c.limit > 0 ? " of \(humanBytes(c.limit))" : ", no limit"))
+        }
+        for st in stores {
+            var said: [String] = []
+            if st.listing { said.append("listing it (the first look since the mount; what is shown is what this device knew)") }
+            if let at = ISO8601DateFormatter().date(from: st.reached) {
+                said.append("last reached \(max(0, Int(Date().timeIntervalSince(at)))) s ago (\(st.reached))")
+            } else {
+                said.append("not reached since the mount")
+            }
+            if !st.error.isEmpty { said.append("the last look failed: \(st.error)") }
+            print("store of \(st.mount): " + said.joined(separator: "; "))
         }
     }
 

@@ -21,10 +21,15 @@ import Testing
         expectOK(b.sh("printf 'from B\\n' > plan.txt && [ \"$(cat plan.txt)\" = 'from B' ]"), "B writes offline")
         expectOK(eventually(b, "[ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" = uploading ] && getfattr --only-values -n user.ubiq.uploading-error plan.txt | grep -q unavailable"),
                  "B shows the edit waiting: \(b.statusOf("plan.txt"))")
+        // Its root says the store cannot be reached, and when it last was.
+        expectOK(eventually(b, "getfattr --only-values -n user.ubiq.store-error . | grep -q unavailable && getfattr --only-values -n user.ubiq.store-reached . | grep -q T"),
+                 "B's root says why: \(b.sh("getfattr -d -m user.ubiq.store . 2>&1; getfattr -n user.ubiq.store-error . 2>&1").out)")
+        #expect(b.ubiq("status \(b.mnt)").out.contains("the last look failed: "))
         expectOK(a.sh("printf 'from A\\n' > plan.txt"))
         expectOK(eventually(a, "[ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" = current ]"))
         // B is back: its upload meets A's version, and both are kept.
         try FileManager.default.removeItem(atPath: offline)
+        expectOK(eventually(b, "[ -z \"$(getfattr --only-values -n user.ubiq.store-error .)\" ]"), "B reaches the store again")
         let settled = "ls | grep -q '^plan (conflict .*)\\.txt$' && [ \"$(cat plan.txt)\" = 'from B' ] && [ \"$(cat plan\\ \\(conflict*)\" = 'from A' ] && [ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" = conflict ]"
         expectOK(eventually(b, settled), "B keeps both: \(b.sh("ls -la").out + b.statusOf("plan.txt"))")
         expectOK(eventually(a, settled), "A keeps both: \(a.sh("ls -la").out)")
@@ -171,8 +176,19 @@ import Testing
         try a.mount()
         expectOK(a.sh("[ \"$(cat d/mine)\" = mine ] && echo new > d/new && ls d"), "the mount answers while the store is listed")
         #expect(!FileManager.default.fileExists(atPath: a.mnt + "/d/theirs"), "the listing is held, and the feed's first poll with it")
+        // The root says so, and `ubiq status` with it.
+        expectOK(a.sh("[ \"$(getfattr --only-values -n user.ubiq.store-listing .)\" = 1 ] && [ -z \"$(getfattr --only-values -n user.ubiq.store-reached .)\" ]"),
+                 "the listing under way, the store not reached yet")
+        let during = a.ubiq("status \(a.mnt)")
+        #expect(during.out.contains("store of \(a.mnt): listing it") && during.out.contains("not reached since the mount"), "\(during.out)")
         unlink(gate)
         expectOK(a.ubiq("sync \(a.mnt)"))
+        expectOK(a.sh("[ \"$(getfattr --only-values -n user.ubiq.store-listing .)\" = 0 ] && getfattr --only-values -n user.ubiq.store-reached . | grep -Eq '^20[0-9]{2}-[0-9]{2}-[0-9]{2}T' && [ -z \"$(getfattr --only-values -n user.ubiq.store-error .)\" ]"),
+                 "the listing over, the store reached")
+        let after = a.ubiq("status --json \(a.mnt)")
+        let doc = try JSONSerialization.jsonObject(with: Data(after.out.utf8)) as? [String: Any]
+        let store = (doc?["stores"] as? [[String: Any]])?.first
+        #expect(store?["listing"] as? Bool == false && store?["reached"] is String && store?["error"] is NSNull, "\(after.out)")
         expectOK(a.sh("[ \"$(cat d/theirs)\" = theirs ] && [ \"$(ls d | tr '\\n' ' ')\" = 'mine new theirs ' ]"), "after the listing: \(a.sh("ls -la d").out)")
         expectOK(eventually(b, "[ \"$(cat d/new)\" = new ]"), "the new file reaches the other device")
         let log = (try? String(contentsOfFile: a.state + "/ubiq.log", encoding: .utf8)) ?? ""

@@ -30,6 +30,8 @@ public protocol StoreFeed: AnyObject, Sendable {
     /// conflict copy that should arrive here (`everywhere`: as `poll`'s, a version read here
     /// is gone from the store).
     func kick(everywhere: Bool)
+    /// What it last saw of the store (the root's `store-*` attributes).
+    var look: ChangeFeed.Look { get }
 }
 
 extension ChangeFeed: StoreFeed {}

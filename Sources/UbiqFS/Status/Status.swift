@@ -42,6 +42,10 @@ extension FileSystem {
                                    "downloading-error", "uploading-error"]
     public static let folderAttributes = ["status", "pinned", "items", "items-not-downloaded", "items-uploading",
                                    "items-conflicts", "items-errors"]
+    /// The mount's root's, of its store: when a look at its changes last reached it (UTC, ISO
+    /// 8601; empty: not since the mount), why the last look failed (empty: it did not), and "1"
+    /// while a mount again's listing of the whole store is under way (docs/sync.md).
+    public static let storeAttributes = ["store-reached", "store-error", "store-listing"]
 
     /// The value of a read-only status attribute (`name` without "user.ubiq."); nil: not one.
     func statusAttribute(_ ino: UInt64, _ name: String) throws -> [UInt8]? {
@@ -51,6 +55,14 @@ extension FileSystem {
         }
         if ino == rootIno && name == "cache-bytes" { return Array(String(localContentBytes).utf8) }
         if ino == rootIno && name == "cache-limit" { return Array(String(cacheLimit ?? 0).utf8) }
+        if ino == rootIno && Self.storeAttributes.contains(name) {
+            let look = storeFeed?.look ?? ChangeFeed.Look()
+            switch name {
+            case "store-reached": return Array((look.reached.map { ISO8601DateFormatter().string(from: $0) } ?? "").utf8)
+            case "store-error": return Array((look.error ?? "").utf8)
+            default: return Array((look.listing ? "1" : "0").utf8)
+            }
+        }
         let known = Self.statusAttributes.contains(name) || Self.folderAttributes.contains(name)
         guard known else { return nil }
         let s = try itemStatus(ino, countingPlaceholders: name == "items-not-downloaded")
