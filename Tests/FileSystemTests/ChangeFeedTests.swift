@@ -49,6 +49,48 @@ import Synchronization
         #expect(try b.names("") == [])
     }
 
+    /// Many new items of one folder arrive together (`FileSystem.addFromRemote(run:)`: a run of
+    /// them in one transaction, where each was one, 600 a second): more than a run's worth, with
+    /// their sizes, modes, xattrs and sub-folders; an empty file is there at once; a name this
+    /// device already uses is left to the conflict path (its own bytes stay); a folder pinned
+    /// here fetches what arrives in it; and all of it is in the state as in memory (a restart
+    /// shows the same).
+    @Test func manyNewItemsOfAFolderArriveTogether() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        let count = FileSystem.runSize + 100
+        try a.mkdir("big")
+        try a.mkdir("big/sub")
+        for i in 0 ..< count { try a.write("big/f\(i)", i % 100 == 0 ? "" : "file \(i)") }
+        try a.write("big/sub/deep", "deep")
+        try a.fs.setxattr(try a.ino("big/f1"), n("user.color"), n("red"), mode: .any)
+        _ = try a.fs.setattr(try a.ino("big/f2"), AttributeChanges(mode: 0o600), caller: .root)
+        a.sync()
+        // B made "big" and a file of one of the names itself, and pinned the folder.
+        try b.mkdir("big")
+        try b.write("big/f7", "B's own")
+        try b.fs.setPinned(try b.ino("big"), true)
+        b.pull()
+        func check(_ d: Device) throws {
+            #expect(try d.names("big").count == count + 1)
+            #expect(try d.names("big/sub") == ["deep"])
+            for i in [1, 2, 3, 250, count - 1] { #expect(try d.fs.getattr(try d.ino("big/f\(i)")).size == Int64("file \(i)".utf8.count)) }
+            #expect(try d.fs.getattr(try d.ino("big/f100")).size == 0)
+            #expect(try d.fs.getxattr(try d.ino("big/f1"), n("user.color")) == n("red"))
+            #expect(try d.fs.getattr(try d.ino("big/f2")).mode & 0o777 == 0o600)
+            #expect(try d.read("big/f7") == "B's own")
+            #expect(try d.read("big/f250") == "file 250" && d.read("big/sub/deep") == "deep")
+        }
+        try check(b)
+        for i in [3, count - 1] {
+            let ino = try b.ino("big/f\(i)")
+            #expect(try waitUntil(seconds: 30, every: 0.01) { try b.state.read({ try $0.inode(ino)?.present }) == true }, "big/f\(i) fetched: the folder is pinned")
+        }
+        try b.open()
+        try check(b)
+    }
+
     /// A child can reach the store before its folder's own key (the folder's upload failed and
     /// was retried): the device makes the folder to hold the child, and once the folder's key
     /// arrives, the folder takes its mode and xattrs (it had none of its own).
