@@ -80,12 +80,16 @@ import Synchronization
             #expect(try d.fs.getxattr(try d.ino("big/f1"), n("user.color")) == n("red"))
             #expect(try d.fs.getattr(try d.ino("big/f2")).mode & 0o777 == 0o600)
             #expect(try d.read("big/f7") == "B's own")
-            #expect(try d.read("big/f250") == "file 250" && d.read("big/sub/deep") == "deep")
+            #expect(try d.read("big/f250") == "file 250")
+            #expect(try d.read("big/sub/deep") == "deep")
         }
         try check(b)
+        // Every download the pin started ends before the device starts again (two engines on
+        // one cache, the old one still fetching, is no restart a daemon makes).
+        #expect(waitUntil(seconds: 60, every: 0.02) { b.materializer.downloadsAndFailures().isEmpty }, "the pinned folder's downloads end")
         for i in [3, count - 1] {
             let ino = try b.ino("big/f\(i)")
-            #expect(try waitUntil(seconds: 30, every: 0.01) { try b.state.read({ try $0.inode(ino)?.present }) == true }, "big/f\(i) fetched: the folder is pinned")
+            #expect(try b.state.read({ try $0.inode(ino)?.present }) == true, "big/f\(i) fetched: the folder is pinned")
         }
         try b.open()
         try check(b)

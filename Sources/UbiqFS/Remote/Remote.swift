@@ -149,6 +149,14 @@ extension FileSystem {
                     next += 1
                     rows.append((rec, name, info, meta.localXattrs))
                 }
+                // Asked again here, under the folder's claim, as `applyRemotePut` asks each just
+                // before it makes it: a key this device recorded since the first read waits.
+                let still = try state.read { tx in
+                    Set(try rows.filter { try tx.entries(remoteKey: $0.info.key).isEmpty && !(try tx.hasTombstone(key: $0.info.key)) }
+                        .map { KeyBytes($0.info.key) })
+                }
+                retry += rows.filter { !still.contains(KeyBytes($0.info.key)) }.map(\.info.key)
+                rows.removeAll { !still.contains(KeyBytes($0.info.key)) }
                 for r in rows where r.rec.type == UInt32(S_IFREG) && r.rec.size == 0 { try cache.createEmpty(r.rec.ino) }
                 try persistNow { tx in
                     for r in rows {
