@@ -85,6 +85,19 @@ extension FileSystem {
     /// New items in one run of `addFromRemote(run:)` at most.
     public static let runSize = 500
 
+    /// The record of a new item of the store (a placeholder, for a file of bytes), as it is
+    /// uploaded: what one item's addition and a run of them both make.
+    static func remoteRecord(ino: UInt64, type: UInt32, meta: ObjectMetadata, size: Int64, now: Int64) -> InodeRecord {
+        let isFile = type == UInt32(S_IFREG)
+        var rec = InodeRecord(ino: ino, type: type, perm: meta.mode & 0o7777, uid: meta.uid, gid: meta.gid,
+                              size: isFile ? size : 0, atimeNs: meta.mtimeNs, mtimeNs: meta.mtimeNs, ctimeNs: now,
+                              rdev: meta.rdev, target: meta.target.map { [UInt8]($0) },
+                              present: !isFile || size == 0)
+        rec.contentGen = 1
+        rec.metaGen = 1
+        return rec
+    }
+
     /// The folder `key` is in, as a prefix: a folder's key ("a/b/") is in "a/", as a file's is.
     static func parentFolder(_ key: String) -> String {
         StoreKey.folder(of: key.hasSuffix("/") ? String(key.dropLast()) : key)
@@ -138,16 +151,9 @@ extension FileSystem {
                         continue
                     }
                     let type = (isDirKey ? ObjectKind.directory : info.metadata.kind).fileType
-                    let meta = info.metadata
-                    let isFile = type == UInt32(S_IFREG)
-                    var rec = InodeRecord(ino: next, type: type, perm: meta.mode & 0o7777, uid: meta.uid, gid: meta.gid,
-                                          size: isFile ? info.size : 0, atimeNs: meta.mtimeNs, mtimeNs: meta.mtimeNs, ctimeNs: now,
-                                          rdev: meta.rdev, target: meta.target.map { [UInt8]($0) },
-                                          present: !isFile || info.size == 0)
-                    rec.contentGen = 1
-                    rec.metaGen = 1
+                    rows.append((Self.remoteRecord(ino: next, type: type, meta: info.metadata, size: info.size, now: now),
+                                 name, info, info.metadata.localXattrs))
                     next += 1
-                    rows.append((rec, name, info, meta.localXattrs))
                 }
                 // Asked again here, under the folder's claim, as `applyRemotePut` asks each just
                 // before it makes it: a key this device recorded since the first read waits.
@@ -545,14 +551,8 @@ extension FileSystem {
             let dir = try t.directory(parent)
             if dir.children[name] != nil || dir.nlink == 0 { return nil }
             let ino = t.nextIno
-            let now = nowNanos()
             let isFile = type == UInt32(S_IFREG)
-            var rec = InodeRecord(ino: ino, type: type, perm: meta.mode & 0o7777, uid: meta.uid, gid: meta.gid,
-                                  size: isFile ? size : 0, atimeNs: meta.mtimeNs, mtimeNs: meta.mtimeNs, ctimeNs: now,
-                                  rdev: meta.rdev, target: meta.target.map { [UInt8]($0) },
-                                  present: !isFile || size == 0)
-            rec.contentGen = 1
-            rec.metaGen = 1
+            let rec = Self.remoteRecord(ino: ino, type: type, meta: meta, size: size, now: nowNanos())
             if isFile && size == 0 { try cache.createEmpty(ino) }
             let xattrs = meta.localXattrs
             try persistNow { tx in
