@@ -150,7 +150,9 @@ extension FuseServer {
         }
         let names = fs.heldNames(in: ino)
         guard !names.isEmpty else { return }
-        DispatchQueue.global().async { [self] in
+        // A thread of their own: each waits for the folder's lock, and Dispatch's shared
+        // threads run the store's work (`KernelNotices` in UbiqFS).
+        Thread.detachNewThread { [self] in
             for n in names { invalidateEntry(ino, n) }
         }
     }

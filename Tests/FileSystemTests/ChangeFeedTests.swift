@@ -49,6 +49,43 @@ import Synchronization
         #expect(try b.names("") == [])
     }
 
+    /// Another device's changes are told to the kernel in order, by a thread of their own
+    /// (`KernelNotices`), and a name only where the kernel may hold it: in the root, or in a
+    /// folder it looked up and has not forgotten. Sent from Dispatch's shared threads, 20,000
+    /// notices for new files in folders new here (which the kernel holds nothing of) took those
+    /// threads as each waited for a folder's lock, and the store's work waited with them.
+    @Test func theKernelIsToldOnlyOfNamesItMayHold() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        let kernel = RecordingKernel()
+        b.fs.attach(kernel: kernel)
+        for d in ["held", "unheld", "forgotten"] { try a.mkdir(d) }
+        a.sync()
+        b.pull()
+        #expect(waitUntil(seconds: 30) { Set(kernel.entries.filter { $0.parent == rootIno }.map(\.name)) == ["held", "unheld", "forgotten"] },
+                "the root's new names are told: \(kernel.entries)")
+        let held = try b.ino("held")  // a lookup: the kernel holds it
+        b.fs.forget(try b.ino("forgotten"), 1)  // looked up, then forgotten
+        try a.write("unheld/u", "u")
+        try a.write("forgotten/f", "f")
+        a.sync()
+        b.pull()
+        try a.write("held/h", "h")
+        a.sync()
+        b.pull()
+        #expect(waitUntil(seconds: 30) { kernel.entries.contains { $0.parent == held && $0.name == "h" } }, "\(kernel.entries)")
+        // In order: the notices of `u` and `f` came first, and were passed over.
+        #expect(!kernel.entries.contains { $0.name == "u" || $0.name == "f" }, "\(kernel.entries)")
+        // A file's content replaced: its pages are dropped.
+        let h = try b.ino("held/h")
+        #expect(try b.read("held/h") == "h")
+        try a.write("held/h", "h, edited")
+        a.sync()
+        b.pull()
+        #expect(waitUntil(seconds: 30) { kernel.inodes.contains { $0.ino == h && $0.pages } }, "\(kernel.inodes)")
+    }
+
     /// Many new items of one folder arrive together (`FileSystem.addFromRemote(run:)`: a run of
     /// them in one transaction, where each was one, 600 a second): more than a run's worth, with
     /// their sizes, modes, xattrs and sub-folders; an empty file is there at once; a name this
@@ -1085,4 +1122,15 @@ final class SlowFeed: ForwardingStore, @unchecked Sendable {
         }
         return try await inner.changes(since: cursor, limit: limit)
     }
+}
+
+/// A kernel that writes down what it is told (`FileSystem.attach(kernel:)`).
+final class RecordingKernel: KernelNotifier, @unchecked Sendable {
+    private let lock = NSLock()
+    private var names: [(parent: UInt64, name: String)] = []
+    private var dropped: [(ino: UInt64, pages: Bool)] = []
+    var entries: [(parent: UInt64, name: String)] { lock.withLock { names } }
+    var inodes: [(ino: UInt64, pages: Bool)] { lock.withLock { dropped } }
+    func invalidateEntry(_ parent: UInt64, _ name: [UInt8]) { lock.withLock { names.append((parent, String(decoding: name, as: UTF8.self))) } }
+    func invalidateInode(_ ino: UInt64, pages: Bool) { lock.withLock { dropped.append((ino, pages)) } }
 }

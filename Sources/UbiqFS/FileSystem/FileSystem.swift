@@ -60,9 +60,11 @@ public final class FileSystem: @unchecked Sendable {
 
     /// The kernel's caches of this file system (the FUSE binding: `attach(kernel:)`), held weakly.
     private weak var kernel: (any KernelNotifier)?
+    /// What is sent to `kernel`, in order, by threads of their own: names, and inodes.
+    private var notices: (names: KernelNotices<(UInt64, [UInt8])>, inodes: KernelNotices<(UInt64, Bool)>)?
     /// The store's changes (the change feed: `attach(feed:)`), held weakly (it holds this).
     private weak var feed: (any StoreFeed)?
-    /// Guards `kernel` and `feed`.
+    /// Guards `kernel`, `notices` and `feed`.
     private let channels = NSLock()
     /// Where the daemon's control socket is (answered as the root's unlisted
     /// `user.ubiq.control-socket`, so the CLI finds it from any path).
@@ -411,7 +413,20 @@ public final class FileSystem: @unchecked Sendable {
     /// The kernel whose caches of this file system are dropped when content or names change
     /// behind it: the FUSE binding, once it is mounted.
     public func attach(kernel: any KernelNotifier) {
-        channels.withLock { self.kernel = kernel }
+        // A name under a folder the kernel holds no reference to is none it holds (it looked
+        // the folder up to hold a name in it, and forgets the folder last): not sent, and
+        // 100,000 new files from another device in folders new here cost no notice each.
+        let names = KernelNotices<(UInt64, [UInt8])>(name: "ubiq kernel names") { [weak self, weak kernel] n in
+            guard let self, let kernel, n.0 == rootIno || self.inodes.locked({ $0.kernelHolds(n.0) }) else { return }
+            kernel.invalidateEntry(n.0, n.1)
+        }
+        let contents = KernelNotices<(UInt64, Bool)>(name: "ubiq kernel inodes") { [weak kernel] n in
+            kernel?.invalidateInode(n.0, pages: n.1)
+        }
+        channels.withLock {
+            self.kernel = kernel
+            notices = (names, contents)
+        }
     }
 
     /// The change feed that `ubiq sync` polls and that a waiting remote change asks to poll
@@ -422,24 +437,22 @@ public final class FileSystem: @unchecked Sendable {
 
     var storeFeed: (any StoreFeed)? { channels.withLock { feed } }
 
-    /// Asks the kernel to forget `name` in `parent` (added or removed by another device).
+    /// Asks the kernel to forget `name` in `parent` (added or removed by another device), off
+    /// the request path (`KernelNotices`).
     func invalidateKernelEntry(_ parent: UInt64, _ name: [UInt8]) {
-        guard let kernel = channels.withLock({ kernel }) else { return }
-        DispatchQueue.global().async { kernel.invalidateEntry(parent, name) }
+        channels.withLock({ notices })?.names.post((parent, name))
     }
 
     /// Asks the kernel to drop `ino`'s cached pages, off the request path (a handler that
     /// waits for the kernel while the kernel waits for it would deadlock).
     func invalidateKernelCache(_ ino: UInt64) {
-        guard let kernel = channels.withLock({ kernel }) else { return }
-        DispatchQueue.global().async { kernel.invalidateInode(ino, pages: true) }
+        channels.withLock({ notices })?.inodes.post((ino, true))
     }
 
     /// Asks the kernel to drop `ino`'s cached attributes (its blocks changed: a download
     /// finished), off the request path. The kernel keeps attributes for `attrTimeout`.
     func invalidateKernelAttributes(_ ino: UInt64) {
-        guard let kernel = channels.withLock({ kernel }) else { return }
-        DispatchQueue.global().async { kernel.invalidateInode(ino, pages: false) }
+        channels.withLock({ notices })?.inodes.post((ino, false))
     }
 
     /// Tells the kernel binding that folder `ino`'s mode or owner changed (`KernelNotifier.

@@ -118,6 +118,9 @@ final class Inodes {
     /// The node of `ino` if it is in memory (never reads the database).
     func resident(_ ino: UInt64) -> Node? { nodes[ino] }
 
+    /// Whether the kernel holds a reference to `ino` (it looked it up and has not forgotten it).
+    func kernelHolds(_ ino: UInt64) -> Bool { (nodes[ino]?.lookups ?? heldRefs[ino] ?? 0) > 0 }
+
     /// Whether `ino` is open. A node not in memory is not: an open one never leaves.
     func isOpen(_ ino: UInt64) -> Bool { (nodes[ino]?.opens ?? 0) > 0 }
 
