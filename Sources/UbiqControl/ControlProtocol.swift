@@ -8,8 +8,10 @@ import UbiqSync
 public enum ControlRequest: Sendable, Equatable {
     /// The mount's figures (`StatusReply`).
     case status
-    /// Look at the store's changes now, and start pending uploads without waiting.
-    case sync
+    /// Look at the store's changes now, and start pending uploads without waiting. `full`: also
+    /// list the whole store (S3: objects other tools put there); `wait`: first wait (a minute
+    /// at most) for the uploads pending to go, as `ubiq sync` does.
+    case sync(full: Bool, wait: Bool)
     /// The rows of `ubiq query` under the folder `scope` (`QueryReply`).
     case query(scope: String, spec: QuerySpec)
     /// What the store keeps of the file at `path` (`HistoryReply`).
@@ -49,7 +51,7 @@ public enum ControlRequest: Sendable, Equatable {
 }
 
 extension ControlRequest: Codable {
-    private enum Keys: String, CodingKey { case op, scope, spec, path, version, key, entry }
+    private enum Keys: String, CodingKey { case op, scope, spec, path, version, key, entry, full, wait }
 
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: Keys.self)
@@ -57,7 +59,9 @@ extension ControlRequest: Codable {
         func text(_ k: Keys) throws -> String { try c.decodeIfPresent(String.self, forKey: k) ?? "" }
         switch op {
         case "status": self = .status
-        case "sync": self = .sync
+        case "sync":
+            self = .sync(full: try c.decodeIfPresent(Bool.self, forKey: .full) ?? false,
+                         wait: try c.decodeIfPresent(Bool.self, forKey: .wait) ?? false)
         case "query": self = .query(scope: try text(.scope), spec: try c.decodeIfPresent(QuerySpec.self, forKey: .spec) ?? QuerySpec())
         case "history": self = .history(path: try text(.path))
         case "restore": self = .restore(path: try text(.path), version: try text(.version))
@@ -74,7 +78,10 @@ extension ControlRequest: Codable {
         var c = encoder.container(keyedBy: Keys.self)
         try c.encode(op, forKey: .op)
         switch self {
-        case .status, .sync, .kvList, .kvWatch: break
+        case .status, .kvList, .kvWatch: break
+        case .sync(let full, let wait):
+            if full { try c.encode(full, forKey: .full) }
+            if wait { try c.encode(wait, forKey: .wait) }
         case .query(let scope, let spec):
             try c.encode(scope, forKey: .scope)
             try c.encode(spec, forKey: .spec)

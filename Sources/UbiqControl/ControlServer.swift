@@ -135,10 +135,14 @@ public final class ControlServer: @unchecked Sendable {
                     cacheLimit: String(info.cacheLimit), pid: String(info.pid), items: fs.inodeCount,
                     cacheBytes: fs.localContentBytes, pendingUploads: engine.uploader.pendingCount,
                     lastPoll: poll.map { ISO8601DateFormatter().string(from: $0.at) }, lastPollError: poll?.error))
-            case .sync:
+            case .sync(let full, let wait):
                 try fs.commitPendingCreates()
-                try engine.feed.poll(everywhere: false)
-                engine.uploader.kick()
+                if wait {
+                    try fs.syncWithStore(everywhere: full)
+                } else {
+                    try engine.feed.poll(everywhere: full)
+                    engine.uploader.kick()
+                }
                 return conn.send(Done())
             case .query(let scope, let spec):
                 // Rows come inside the state database's read, which every request waits

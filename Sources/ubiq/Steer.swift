@@ -11,6 +11,20 @@ func pathsInMounts(_ paths: [String]) -> [String] {
     BytePath.inMounts(paths).map { String(decoding: $0.bytes, as: UTF8.self) }
 }
 
+/// Asks the daemon to send what waits and look at the store (`ubiq sync`; `full`: list it
+/// whole); nil, or why it could not. Through its control socket where that is reached: a
+/// `setfattr` of the path's `user.ubiq.action` (for whoever cannot reach the socket: another
+/// user, with allow_other) has the kernel hold the path's lock until the daemon answers, so
+/// while the store was listed no new name could be looked up or made in that folder.
+func askToSync(_ path: String, control: ControlClient?, full: Bool) -> String? {
+    if let control {
+        do { _ = try control.connection.request(.sync(full: full, wait: true), as: Done.self) } catch { return "\(error)" }
+        return nil
+    }
+    let e = setAttribute(path, "user.ubiq.action", full ? "sync-full" : "sync")
+    return e == 0 ? nil : e == EIO ? "the store could not be reached" : String(cString: strerror(e))
+}
+
 func setAttribute(_ path: String, _ name: String, _ value: String) -> Int32 {
     BytePath(bytes: Array(path.utf8)).setAttribute(name, value)
 }
@@ -213,18 +227,19 @@ struct Sync: ParsableCommand {
     func run() throws {
         guard let p = pathsInMounts([path]).first else { return }
         let mount = Mounts.ubiqMount(containing: p) ?? p
-        // Each action waits at most a minute for its uploads (it holds a request of the mount):
-        // asked again while fewer items wait than the time before, so a big move (10,000
-        // copies) is waited for to its end, and a store that takes nothing more is not.
+        let control = ControlClient.reach(mount: mount)
+        defer { control?.close() }
+        // Each sync waits at most a minute for its uploads (a request of the mount, or of the
+        // daemon): asked again while fewer items wait than the time before, so a big move
+        // (10,000 copies) is waited for to its end, and a store that takes nothing more is not.
         var waiting = Int.max
-        var action = full ? "sync-full" : "sync"
+        var full = self.full
         while true {
-            let e = setAttribute(p, "user.ubiq.action", action)
-            if e != 0 { fail("cannot sync \(path): \(e == EIO ? "the store could not be reached" : String(cString: strerror(e)))") }
+            if let why = askToSync(p, control: control, full: full) { fail("cannot sync \(path): \(why)") }
             let before = waiting
             waiting = Int(getAttribute(mount, "user.ubiq.items-uploading") ?? "0") ?? 0
             if waiting == 0 || waiting >= before { break }
-            action = "sync"  // the whole store was listed once already
+            full = false  // the whole store was listed once already
         }
         // Never "synced" while something is not in the store: name each, with why.
         let failed = Int(getAttribute(mount, "user.ubiq.items-errors") ?? "0") ?? 0
@@ -236,8 +251,7 @@ struct Sync: ParsableCommand {
             return
         }
         var lines: [String] = []
-        if let c = ControlClient.reach(mount: mount) {
-            defer { c.close() }
+        if let c = control {
             var spec = QuerySpec()
             spec.status = [.uploading, .error, .local]
             spec.limit = 50

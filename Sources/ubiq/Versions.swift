@@ -178,7 +178,9 @@ struct Resolve: ParsableCommand {
             print("deleted \(c.name)")
         }
         // The settlement goes to the store now, not after the delay that gathers saves.
-        _ = setAttribute(p, "user.ubiq.action", "sync")
+        let control = Mounts.ubiqMount(containing: p).flatMap(ControlClient.reach(mount:))
+        _ = askToSync(p, control: control, full: false)
+        control?.close()
     }
 }
 

@@ -43,7 +43,7 @@ import UbiqSync
         spec.status = [.uploading, .local]
         spec.limit = 5
         let all: [ControlRequest] = [
-            .status, .sync, .query(scope: "a/b", spec: spec), .history(path: "a/b.txt"),
+            .status, .sync(full: false, wait: false), .sync(full: true, wait: true), .query(scope: "a/b", spec: spec), .history(path: "a/b.txt"),
             .restore(path: "a/b.txt", version: "v1"), .watch(scope: ""), .kvGet(key: "k"), .kvList,
             .kvSet(entry: KVEntry(key: "k", value: .json("{\"a\":[true,null],\"b\":1.5}"), timeNs: 7, device: "d")),
             .kvSet(entry: KVEntry(key: "k", value: nil, timeNs: 8, device: "d")),
@@ -54,6 +54,8 @@ import UbiqSync
         // The forms docs/control.md shows (and `socat` users type) decode as these requests.
         let documented: [(String, ControlRequest)] = [
             (#"{"op":"status"}"#, .status),
+            (#"{"op":"sync"}"#, .sync(full: false, wait: false)),
+            (#"{"op":"sync","full":true,"wait":true}"#, .sync(full: true, wait: true)),
             (#"{"op":"query","scope":"a/b","spec":{"name":"*.txt","limit":5}}"#,
              .query(scope: "a/b", spec: { var s = QuerySpec(); s.name = "*.txt"; s.limit = 5; return s }())),
             (#"{"op":"restore","path":"a/b.txt","version":"v1"}"#, .restore(path: "a/b.txt", version: "v1")),
@@ -105,7 +107,8 @@ import UbiqSync
         let status = try c.request(.status, as: StatusReply.self)
         #expect(status.mount == "/mnt/test" && status.device == "dev-a" && status.pid == String(getpid()))
         #expect(status.items == a.fs.inodeCount && status.cacheLimit == String(1 << 30))
-        _ = try c.request(.sync, as: Done.self)
+        _ = try c.request(.sync(full: false, wait: false), as: Done.self)
+        _ = try c.request(.sync(full: true, wait: true), as: Done.self)
 
         var spec = QuerySpec()
         spec.type = "file"

@@ -181,7 +181,29 @@ import Testing
                  "the listing under way, the store not reached yet")
         let during = a.ubiq("status \(a.mnt)")
         #expect(during.out.contains("store of \(a.mnt): listing it") && during.out.contains("not reached since the mount"), "\(during.out)")
+        // `ubiq sync` waits for that listing, and meanwhile the mount's root takes new names: it
+        // asks through the control socket, where a `setfattr` of the root had the kernel hold
+        // the root's lock until it was answered (every new name there waited for the listing).
+        let syncOut = a.state + "-sync.out"
+        let syncing = Process()
+        syncing.executableURL = URL(fileURLWithPath: "/bin/bash")
+        syncing.arguments = ["-c", "cd \(a.mnt) && exec \(ubiqBinary) sync . > \(syncOut) 2>&1"]
+        syncing.environment = ProcessInfo.processInfo.environment.merging(a.env) { $1 }
+        try syncing.run()
+        defer { if syncing.isRunning { syncing.terminate(); syncing.waitUntilExit() } }
+        usleep(500_000)  // (the sync asked; were it not yet, this would pass without testing it)
+        // A name waiting for the root's lock cannot be stopped (`timeout` does not end it): the
+        // listing is let go after 30 s whatever happens, and the names must come before that.
+        let letGo = DispatchWorkItem { unlink(gate) }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 30, execute: letGo)
+        expectOK(a.sh("touch made-while-syncing && ls made-while-syncing not-there 2>/dev/null; [ $? = 2 ] && mkdir made-dir", timeout: 120),
+                 "new names in the root while `ubiq sync` waits")
+        #expect(FileManager.default.fileExists(atPath: gate) && syncing.isRunning,
+                "the root answered new names while the sync waited for the held listing, not once it was let go")
+        letGo.cancel()
         unlink(gate)
+        syncing.waitUntilExit()
+        #expect(syncing.terminationStatus == 0 && readWhole(syncOut).contains("synced"), "\(readWhole(syncOut))")
         expectOK(a.ubiq("sync \(a.mnt)"))
         expectOK(a.sh("[ \"$(getfattr --only-values -n user.ubiq.store-listing .)\" = 0 ] && getfattr --only-values -n user.ubiq.store-reached . | grep -Eq '^20[0-9]{2}-[0-9]{2}-[0-9]{2}T' && [ -z \"$(getfattr --only-values -n user.ubiq.store-error .)\" ]"),
                  "the listing over, the store reached")
@@ -190,7 +212,7 @@ import Testing
         let store = (doc?["stores"] as? [[String: Any]])?.first
         #expect(store?["listing"] as? Bool == false && store?["reached"] is String && store?["error"] is NSNull, "\(after.out)")
         expectOK(a.sh("[ \"$(cat d/theirs)\" = theirs ] && [ \"$(ls d | tr '\\n' ' ')\" = 'mine new theirs ' ]"), "after the listing: \(a.sh("ls -la d").out)")
-        expectOK(eventually(b, "[ \"$(cat d/new)\" = new ]"), "the new file reaches the other device")
+        expectOK(eventually(b, "[ \"$(cat d/new)\" = new ] && [ -f made-while-syncing ] && [ -d made-dir ]"), "the new files reach the other device")
         let log = (try? String(contentsOfFile: a.state + "/ubiq.log", encoding: .utf8)) ?? ""
         #expect(log.contains("listings of the whole store wait while"), "the gate was in place")
         #expect(log.contains("the first look at the store takes more than 2 s"), "the mount waited for it, and no longer")

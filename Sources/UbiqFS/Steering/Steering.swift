@@ -44,7 +44,7 @@ extension FileSystem {
     /// `syncWait`, a minute: `ubiq sync` asks again while fewer items wait each time), then looks for other devices' changes; `everywhere` (`ubiq sync --full`): also
     /// for what changed in the store without its feed knowing (another tool's objects in a
     /// bucket, found by listing it whole).
-    func syncWithStore(everywhere: Bool) throws {
+    public func syncWithStore(everywhere: Bool) throws {
         uploader?.flush(timeout: syncWait)
         guard let feed = storeFeed else { return }
         do { try feed.poll(everywhere: everywhere) } catch {
