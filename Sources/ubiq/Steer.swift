@@ -17,7 +17,9 @@ func pathsInMounts(_ paths: [String]) -> [String] {
 /// user, with allow_other) has the kernel hold the path's lock until the daemon answers, so
 /// while the store was listed no new name could be looked up or made in that folder.
 func askToSync(_ path: String, control: ControlClient?, full: Bool) -> String? {
-    if let control {
+    // (The daemon serves its own user only: root, say, syncs another user's mount by the attribute.)
+    var st = stat()
+    if let control, stat(control.socketPath, &st) == 0, st.st_uid == getuid() {
         do { _ = try control.connection.request(.sync(full: full, wait: true), as: Done.self) } catch { return "\(error)" }
         return nil
     }
