@@ -101,11 +101,22 @@ final class MountFixture: @unchecked Sendable {
 
     /// Runs a script inside the mount. Leave nothing running in the background (`cmd &`): it
     /// inherits the script's output, and Foundation's `Process` waits for that to close, so the
-    /// call hangs until its timeout. Run a long-lived process as a `Process` of its own (see
-    /// `KVTests` and the watcher in `LifecycleTests`).
+    /// call hangs until its timeout. Run a long-lived process as a `Process` of its own
+    /// (`start`).
     @discardableResult
     func sh(_ script: String, timeout: TimeInterval = 300) -> ShellResult {
         shell(script, cwd: mnt, env: env, timeout: timeout)
+    }
+
+    /// Starts `command` inside the mount as a process of its own, with the mount's
+    /// environment: one that runs while the test goes on (see `sh`). The caller ends it.
+    func start(_ command: String) throws -> Process {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/bin/bash")
+        p.arguments = ["-c", "cd \(mnt) && exec \(command)"]
+        p.environment = ProcessInfo.processInfo.environment.merging(env) { $1 }
+        try p.run()
+        return p
     }
 
     func unmount() -> ShellResult { ubiq("unmount \(mnt)") }

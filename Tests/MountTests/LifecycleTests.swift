@@ -406,11 +406,7 @@ import TestSupport
         #expect(listed.status == 0 && listed.out.contains("/caf\\xe9.txt\n"), "\(listed.out)\(listed.err)")
         // `ubiq watch` names such a file by its bytes too: rawPath, the mount's and the name's.
         let watchOut = m.base + "/watch.json"
-        let watcher = Process()
-        watcher.executableURL = URL(fileURLWithPath: "/bin/bash")
-        watcher.arguments = ["-c", "cd \(m.mnt) && exec \(ubiqBinary) watch . > \(watchOut) 2>&1"]
-        watcher.environment = ProcessInfo.processInfo.environment.merging(m.env) { $1 }
-        try watcher.run()
+        let watcher = try m.start("\(ubiqBinary) watch . > \(watchOut) 2>&1")
         defer { if watcher.isRunning { watcher.terminate(); watcher.waitUntilExit() } }
         // (A new name each try: the first may come before the watch has begun.)
         expectOK(eventually(m, "python3 -c \"open(b'na\\xefve-' + str(__import__('time').time()).encode(), 'wb').close()\" && grep -q rawPath \(watchOut)",

@@ -185,11 +185,7 @@ import Testing
         // asks through the control socket, where a `setfattr` of the root had the kernel hold
         // the root's lock until it was answered (every new name there waited for the listing).
         let syncOut = a.state + "-sync.out"
-        let syncing = Process()
-        syncing.executableURL = URL(fileURLWithPath: "/bin/bash")
-        syncing.arguments = ["-c", "cd \(a.mnt) && exec \(ubiqBinary) sync . > \(syncOut) 2>&1"]
-        syncing.environment = ProcessInfo.processInfo.environment.merging(a.env) { $1 }
-        try syncing.run()
+        let syncing = try a.start("\(ubiqBinary) sync . > \(syncOut) 2>&1")
         defer { if syncing.isRunning { syncing.terminate(); syncing.waitUntilExit() } }
         usleep(500_000)  // (the sync asked; were it not yet, this would pass without testing it)
         // A name waiting for the root's lock cannot be stopped (`timeout` does not end it): the
