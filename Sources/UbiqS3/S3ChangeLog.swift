@@ -238,8 +238,9 @@ final class S3ChangeLog: @unchecked Sendable {
     // MARK: - Reading
 
     /// The log objects after `from` (ms) less the window, each of them read unless `markOnly`
-    /// (a full listing is about to cover their changes: they are only noted as read).
-    func look(from: Int64?, markOnly: Bool) async throws -> Read {
+    /// (a full listing is about to cover their changes: they are only noted as read) or there
+    /// are more than `readingAtMost`.
+    func look(from: Int64?, markOnly: Bool, readingAtMost: Int = .max) async throws -> Read {
         // This device's own changes first: a look never misses what was done before it.
         if !markOnly { try await publish() }
         var out = Read()
@@ -250,6 +251,7 @@ final class S3ChangeLog: @unchecked Sendable {
             read = read.filter { $0.value >= start }
             return listed.filter { read[$0.name] == nil }
         }
+        let markOnly = markOnly || fresh.count > readingAtMost
         // Noted as read only once the caller has what the whole look found (`noteRead`): a
         // look that throws part way, or whose changes the caller could not take, leaves every
         // object to the next one.

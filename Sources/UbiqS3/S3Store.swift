@@ -199,7 +199,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         // the log's objects are marked first, as a full listing's are, so that the feed's first
         // one can be this (a mount again listed the bucket twice, the second time at once).
         if prefix.isEmpty, lock.withLock({ lastFullListing == nil && premarked == nil }) {
-            let marked = try await log.look(from: nil, markOnly: true)
+            let marked = try await lookSinceLastRun()
             let listing = try await objects.listAll(under: "", pageSize: listingPageSize)
             warn(listing.skipped)
             let at = Date()
@@ -251,9 +251,17 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         var upcoming = try nextPage()
         while let (chunk, lookup) = upcoming {
             var found = try await lookup.value
+            var learned: [(stamp: String, info: ObjectInfo)] = []
+            // What the log said another device's put wrote, where the listing bears it out
+            // (settled: as `tellKnown` takes it), is that object: no HEAD.
+            let claims = try index.claims(chunk.lazy.filter { found[KeyBytes($0.key)] == nil }.map(\.key))
+            for o in chunk where found[KeyBytes(o.key)] == nil {
+                guard let (claim, at) = claims[KeyBytes(o.key)], Self.bearsOut(o, claim, at: at), Self.settled(o, claim, in: listing) else { continue }
+                found[KeyBytes(o.key)] = claim
+                learned.append((o.stamp, claim))
+            }
             let need = chunk.filter { found[KeyBytes($0.key)] == nil }
             heads += need.count
-            var learned: [(stamp: String, info: ObjectInfo)] = []
             try await withThrowingTaskGroup(of: (ListedObject, ObjectInfo?).self) { group in
                 var next = 0
                 func add() {
@@ -464,6 +472,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         guard let next = try index.nextGeneration(since: since, told: read.changes.filter { $0.kind == .put }.map(\.key))
         else { return reset }
         log.noteRead(read)  // a cursor older than `next` is a reset from now on: nothing is missed
+        noteLogPosition(read.position)
         var notes: [KeyBytes: S3ChangeLog.Note] = [:]
         for (c, n) in zip(read.changes, read.notes) { notes[KeyBytes(c.key)] = n }
         // What other devices' entries say their puts wrote, for the next full listing (this
@@ -584,6 +593,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         // A first listing's changes are every object: the feed takes its cursor only.
         if since != nil { try tellKnown(&changes, in: listing) }
         log.noteRead(marked)
+        noteLogPosition(marked.position)
         listed(requests: marked.requests + listing.requests)
         try? await log.prune(olderThan: logRetention)
         if (try? await snapshotDue()) == true { await writeSnapshot(listing) }
@@ -593,6 +603,33 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         lock.withLock { recentListing = (listing, at) }
         later(10) { if $0.recentListing?.at == at { $0.recentListing = nil } }
         return ChangeBatch(changes: changes, cursor: next + "@\(marked.position)", reset: false)
+    }
+
+    /// The index's setting of the server's time (ms) of this device's last look at the log.
+    static let logPositionSetting = "log-position"
+
+    private func noteLogPosition(_ position: Int64) {
+        if position > 0 { try? index.setSetting(Self.logPositionSetting, String(position)) }
+    }
+
+    /// Log objects the first listing of a run reads, at most: past that, HEADs are cheaper.
+    static let logObjectsReadAtAMountAgain = 500
+
+    /// At the run's first listing (a mount again), the log since this device last looked at it
+    /// (up to `logObjectsReadAtAMountAgain` objects, else only marked, as a full listing
+    /// marks them): what other devices' entries say their puts wrote is kept (`index.claim`), so
+    /// that `describe` takes each new object the listing bears out from its entry, not a HEAD.
+    /// A device back after another added 10,000 files sent 10,000 HEADs; now a GET per upload
+    /// round of the writer's.
+    private func lookSinceLastRun() async throws -> S3ChangeLog.Read {
+        guard let from = (try? index.setting(Self.logPositionSetting)).flatMap({ $0.flatMap(Int64.init) }) else {
+            return try await log.look(from: nil, markOnly: true)
+        }
+        let read = try await log.look(from: from, markOnly: false, readingAtMost: Self.logObjectsReadAtAMountAgain)
+        try? index.claim(zip(read.changes, read.notes).filter { !$0.1.mine }.map { c, n in
+            (c.key, c.kind == .put ? c.claimed : nil, n.at)
+        })
+        return read
     }
 
     /// A put the index knows at its listed stamp (what a HEAD said, or a listing confirmed of

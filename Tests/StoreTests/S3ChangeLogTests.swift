@@ -458,6 +458,49 @@ import UbiqStore
         #expect(again.lastLook.full && full.changes.contains { $0.key == "docs/foreign" }, "\(full.changes)")
     }
 
+    /// A mount again after another device wrote files while this one was away takes them from
+    /// the log's entries, borne out by the listing, not a HEAD each (10,000 files added: 10,000
+    /// HEADs before): the first listing of a run reads the log from where this device last
+    /// looked. An object the log does not tell of (another tool's) still gets its HEAD, and a
+    /// device with no look saved (or a log of more objects than are worth reading) gets HEADs
+    /// as before.
+    @Test func aMountAgainTakesWhatTheLogToldWithoutAHeadEach() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        let bucket = a.objects.client.endpoint.bucket
+        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        defer { cleanB() }
+        let start = try await b.currentCursor()
+        _ = try await a.put("docs/before", contentsOf: try tempFile([0]), metadata: meta, condition: .ifAbsent)
+        try await a.publishChanges()
+        _ = try await look(b, from: start)
+        // While B is away: 30 files in two rounds, and another tool's object.
+        var made: [ObjectInfo] = []
+        for i in 0 ..< 30 {
+            var m = meta
+            m.mode = 0o600 + UInt32(i % 8)
+            made.append(try await a.put("docs/f\(i)", contentsOf: try tempFile(Array("file \(i)".utf8)), metadata: m, condition: .ifAbsent))
+            if i == 14 { try await a.publishChanges() }
+        }
+        try await a.publishChanges()
+        try await a.objects.send(.PUT, "docs/foreign", body: .data(Data("x".utf8)), validate: false)
+        try await Task.sleep(nanoseconds: 2_500_000_000)  // settled (S3 times are in seconds)
+        let (again, cleanAgain) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        defer { cleanAgain() }
+        var listed: [ObjectInfo] = []
+        try await again.list(prefix: "", pagesOf: 100) { listed += $0 }
+        #expect(listed.count == 32, "\(listed.map(\.key))")
+        for info in made { #expect(listed.first { $0.key == info.key } == info, "\(info.key)") }
+        #expect(again.headsForLastListing == 1, "only another tool's object is asked for: \(again.headsForLastListing) HEADs")
+        // Without a look saved (an index from before), a HEAD each, as before.
+        let (fresh, cleanFresh) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400)
+        defer { cleanFresh() }
+        var seen: [ObjectInfo] = []
+        try await fresh.list(prefix: "", pagesOf: 100) { seen += $0 }
+        #expect(seen == listed && fresh.headsForLastListing == 32, "\(fresh.headsForLastListing) HEADs")
+    }
+
     /// Two devices' stores on one new bucket, with no full listing by itself (a day apart,
     /// however slow the machine), and what removes them.
     func twoDevices() async throws -> (S3Store, S3Store, () -> Void) {
