@@ -104,6 +104,9 @@ final class S3ChangeLog: @unchecked Sendable {
         var requests = 0
         /// The log objects read (or passed over), by their time: noted as read by `noteRead`.
         var logObjects: [String: Int64] = [:]
+        /// Whether every log object after `from` was listed and read (not cut short by
+        /// `namePages`, nor only marked: `look`).
+        var whole = true
     }
 
     let objects: S3Objects
@@ -239,19 +242,20 @@ final class S3ChangeLog: @unchecked Sendable {
 
     /// The log objects after `from` (ms) less the window, each of them read unless `markOnly`
     /// (a full listing is about to cover their changes: they are only noted as read) or there
-    /// are more than `readingAtMost`.
-    func look(from: Int64?, markOnly: Bool, readingAtMost: Int = .max) async throws -> Read {
+    /// are more than `readingAtMost`; their names listed in `namePages` requests at most.
+    func look(from: Int64?, markOnly: Bool, readingAtMost: Int = .max, namePages: Int = .max) async throws -> Read {
         // This device's own changes first: a look never misses what was done before it.
         if !markOnly { try await publish() }
         var out = Read()
         let start = (from ?? serverNow()) - Int64(Self.window * 1000)
-        let listed = try await listNames(after: Self.timeText(start) + "-", into: &out)
+        let listed = try await listNames(after: Self.timeText(start) + "-", pages: namePages, into: &out)
         let fresh: [Listed] = lock.withLock {
             // Forget what fell out of the window: it will not be listed again.
             read = read.filter { $0.value >= start }
             return listed.filter { read[$0.name] == nil }
         }
         let markOnly = markOnly || fresh.count > readingAtMost
+        if markOnly { out.whole = false }
         // Noted as read only once the caller has what the whole look found (`noteRead`): a
         // look that throws part way, or whose changes the caller could not take, leaves every
         // object to the next one.
@@ -328,6 +332,7 @@ final class S3ChangeLog: @unchecked Sendable {
             }
             token = S3Client.xmlValue("IsTruncated", in: r.text) == "true" ? S3Client.xmlValue("NextContinuationToken", in: r.text) : nil
         } while token != nil && out.requests < pages
+        if token != nil { out.whole = false }
         return names
     }
 

@@ -612,8 +612,9 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         if position > 0 { try? index.setSetting(Self.logPositionSetting, String(position)) }
     }
 
-    /// Log objects the first listing of a run reads, at most: past that, HEADs are cheaper.
-    static let logObjectsReadAtAMountAgain = 500
+    /// Log objects the first listing of a run reads, at most: past that, HEADs are cheaper
+    /// (tests set fewer).
+    var logObjectsReadAtAMountAgain = 500
 
     /// At the run's first listing (a mount again), the log since this device last looked at it
     /// (up to `logObjectsReadAtAMountAgain` objects, else only marked, as a full listing
@@ -621,15 +622,18 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// that `describe` takes each new object the listing bears out from its entry, not a HEAD.
     /// A device back after another added 10,000 files sent 10,000 HEADs; now a GET per upload
     /// round of the writer's.
+    /// (One page of names at most: more log objects than that are not worth reading, and a
+    /// look that fails is only the HEADs it would have saved.)
     private func lookSinceLastRun() async throws -> S3ChangeLog.Read {
-        guard let from = (try? index.setting(Self.logPositionSetting)).flatMap({ $0.flatMap(Int64.init) }) else {
-            return try await log.look(from: nil, markOnly: true)
+        if let from = (try? index.setting(Self.logPositionSetting)).flatMap({ $0.flatMap(Int64.init) }),
+           let read = try? await log.look(from: from, markOnly: false, readingAtMost: logObjectsReadAtAMountAgain, namePages: 1),
+           read.whole {
+            try? index.claim(zip(read.changes, read.notes).filter { !$0.1.mine }.map { c, n in
+                (c.key, c.kind == .put ? c.claimed : nil, n.at)
+            })
+            return read
         }
-        let read = try await log.look(from: from, markOnly: false, readingAtMost: Self.logObjectsReadAtAMountAgain)
-        try? index.claim(zip(read.changes, read.notes).filter { !$0.1.mine }.map { c, n in
-            (c.key, c.kind == .put ? c.claimed : nil, n.at)
-        })
-        return read
+        return try await log.look(from: nil, markOnly: true)
     }
 
     /// A put the index knows at its listed stamp (what a HEAD said, or a listing confirmed of

@@ -462,8 +462,8 @@ import UbiqStore
     /// the log's entries, borne out by the listing, not a HEAD each (10,000 files added: 10,000
     /// HEADs before): the first listing of a run reads the log from where this device last
     /// looked. An object the log does not tell of (another tool's) still gets its HEAD, and a
-    /// device with no look saved (or a log of more objects than are worth reading) gets HEADs
-    /// as before.
+    /// device with no look saved, or more log objects since than are worth reading, gets
+    /// HEADs as before.
     @Test func aMountAgainTakesWhatTheLogToldWithoutAHeadEach() async throws {
         let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
         defer { cleanA() }
@@ -499,6 +499,24 @@ import UbiqStore
         var seen: [ObjectInfo] = []
         try await fresh.list(prefix: "", pagesOf: 100) { seen += $0 }
         #expect(seen == listed && fresh.headsForLastListing == 32, "\(fresh.headsForLastListing) HEADs")
+        // More log objects since the last look than are worth reading: a HEAD each, as before.
+        let index2 = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
+        let (c, cleanC) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index2)
+        defer { cleanC() }
+        let cStart = try await c.currentCursor()
+        _ = try await c.list(prefix: "")  // (its import: what is there now, known)
+        _ = try await look(c, from: cStart)
+        for round in 0 ..< 2 {
+            _ = try await a.put("more/r\(round)", contentsOf: try tempFile([UInt8(round)]), metadata: meta, condition: .ifAbsent)
+            try await a.publishChanges()
+        }
+        try await Task.sleep(nanoseconds: 2_500_000_000)
+        let (cAgain, cleanCAgain) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index2)
+        defer { cleanCAgain() }
+        cAgain.logObjectsReadAtAMountAgain = 1
+        var cListed = 0
+        try await cAgain.list(prefix: "", pagesOf: 100) { cListed += $0.count }
+        #expect(cListed == 34 && cAgain.headsForLastListing == 2, "\(cListed) objects, \(cAgain.headsForLastListing) HEADs")
     }
 
     /// Two devices' stores on one new bucket, with no full listing by itself (a day apart,
