@@ -420,12 +420,8 @@ import UbiqStore
     /// and another tool's object by the next full listing, which lists anew. (The feed listed
     /// the bucket again: 1,000 LISTs at a million objects.)
     @Test func aMountAgainListsTheBucketOnce() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
-        defer { cleanA() }
-        let bucket = a.objects.client.endpoint.bucket
-        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
-        defer { cleanB() }
+        let (a, b, comeBack, clean) = try await twoDevicesOneComingBack()
+        defer { clean() }
         let start = try await b.currentCursor()
         for key in ["docs/x", "docs/y"] {
             _ = try await a.put(key, contentsOf: try tempFile(Array(key.utf8)), metadata: meta, condition: .ifAbsent)
@@ -438,7 +434,7 @@ import UbiqStore
         _ = try await a.put("docs/z", contentsOf: try tempFile([1]), metadata: meta, condition: .ifAbsent)
         try await a.publishChanges()
         // B again (the same index): its importer lists the bucket.
-        let (again, _) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        let (again, _) = try await comeBack()
         var listed: [String] = []
         try await again.list(prefix: "", pagesOf: 100) { listed += $0.map(\.key) }
         #expect(listed == ["docs/y", "docs/z"], "\(listed)")
@@ -465,12 +461,9 @@ import UbiqStore
     /// device with no look saved, or more log objects since than are worth reading, gets
     /// HEADs as before.
     @Test func aMountAgainTakesWhatTheLogToldWithoutAHeadEach() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
-        defer { cleanA() }
+        let (a, b, comeBack, clean) = try await twoDevicesOneComingBack()
+        defer { clean() }
         let bucket = a.objects.client.endpoint.bucket
-        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
-        defer { cleanB() }
         let start = try await b.currentCursor()
         _ = try await a.put("docs/before", contentsOf: try tempFile([0]), metadata: meta, condition: .ifAbsent)
         try await a.publishChanges()
@@ -486,7 +479,7 @@ import UbiqStore
         try await a.publishChanges()
         try await a.objects.send(.PUT, "docs/foreign", body: .data(Data("x".utf8)), validate: false)
         try await Task.sleep(nanoseconds: 2_500_000_000)  // settled (S3 times are in seconds)
-        let (again, cleanAgain) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        let (again, cleanAgain) = try await comeBack()
         defer { cleanAgain() }
         var listed: [ObjectInfo] = []
         try await again.list(prefix: "", pagesOf: 100) { listed += $0 }
@@ -517,6 +510,23 @@ import UbiqStore
         var cListed = 0
         try await cAgain.list(prefix: "", pagesOf: 100) { cListed += $0.count }
         #expect(cListed == 34 && cAgain.headsForLastListing == 2, "\(cListed) objects, \(cAgain.headsForLastListing) HEADs")
+    }
+
+    /// Two devices' stores on one new bucket, as `twoDevices`; B's index stays on disk, so
+    /// that B comes back (`comeBack`: its store opened again on that index, as a mount again
+    /// does; the caller cleans up after that one).
+    func twoDevicesOneComingBack() async throws -> (S3Store, S3Store, () async throws -> (S3Store, () -> Void), () -> Void) {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        let bucket = a.objects.client.endpoint.bucket
+        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
+        do {
+            let (b, cleanB) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+            let comeBack = { try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index) }
+            return (a, b, comeBack, { cleanB(); cleanA() })
+        } catch {
+            cleanA()
+            throw error
+        }
     }
 
     /// Two devices' stores on one new bucket, with no full listing by itself (a day apart,
