@@ -251,15 +251,10 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         var upcoming = try nextPage()
         while let (chunk, lookup) = upcoming {
             var found = try await lookup.value
-            var learned: [(stamp: String, info: ObjectInfo)] = []
-            // What the log said another device's put wrote, where the listing bears it out
-            // (settled: as `tellKnown` takes it), is that object: no HEAD.
-            let claims = try index.claims(chunk.lazy.filter { found[KeyBytes($0.key)] == nil }.map(\.key))
-            for o in chunk where found[KeyBytes(o.key)] == nil {
-                guard let (claim, at) = claims[KeyBytes(o.key)], Self.bearsOut(o, claim, at: at), Self.settled(o, claim, in: listing) else { continue }
-                found[KeyBytes(o.key)] = claim
-                learned.append((o.stamp, claim))
-            }
+            // What the log said another device's put wrote, where the listing bears it out, is
+            // that object: no HEAD.
+            var learned = try claimsBorneOut(chunk, known: found, in: listing)
+            for (_, claim) in learned { found[KeyBytes(claim.key)] = claim }
             let need = chunk.filter { found[KeyBytes($0.key)] == nil }
             heads += need.count
             try await withThrowingTaskGroup(of: (ListedObject, ObjectInfo?).self) { group in
@@ -475,11 +470,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         noteLogPosition(read.position)
         var notes: [KeyBytes: S3ChangeLog.Note] = [:]
         for (c, n) in zip(read.changes, read.notes) { notes[KeyBytes(c.key)] = n }
-        // What other devices' entries say their puts wrote, for the next full listing (this
-        // device's own are kept as they are logged).
-        try? index.claim(zip(read.changes, read.notes).filter { !$0.1.mine }.map { c, n in
-            (c.key, c.kind == .put ? c.claimed : nil, n.at)
-        })
+        claimOthers(read)
         lock.withLock { lastLook = (read.requests, false); lastNotes = notes }
         return ChangeBatch(changes: read.changes, cursor: next + "@\(read.position)", reset: false, unreadable: read.unreadable.lines)
     }
@@ -608,9 +599,21 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// The index's setting of the server's time (ms) of this device's last look at the log.
     static let logPositionSetting = "log-position"
 
+    /// Written when it moved a minute or more since last written (a write each poll was a
+    /// SQLite commit every 3 s for nothing): a mount again reads the log from up to a minute
+    /// earlier than it could, which its entries' claims make no worse than a few more GETs.
     private func noteLogPosition(_ position: Int64) {
-        if position > 0 { try? index.setSetting(Self.logPositionSetting, String(position)) }
+        guard position > 0, lock.withLock({ () -> Bool in
+            guard position - logPositionWritten >= Self.logPositionEvery else { return false }
+            logPositionWritten = position
+            return true
+        }) else { return }
+        try? index.setSetting(Self.logPositionSetting, String(position))
     }
+
+    /// How far (ms) the log position moves before it is written again.
+    static let logPositionEvery: Int64 = 60_000
+    private var logPositionWritten: Int64 = 0
 
     /// Log objects the first listing of a run reads, at most: past that, HEADs are cheaper
     /// (tests set fewer).
@@ -628,12 +631,34 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         if let from = (try? index.setting(Self.logPositionSetting)).flatMap({ $0.flatMap(Int64.init) }),
            let read = try? await log.look(from: from, markOnly: false, readingAtMost: logObjectsReadAtAMountAgain, namePages: 1),
            read.whole {
-            try? index.claim(zip(read.changes, read.notes).filter { !$0.1.mine }.map { c, n in
-                (c.key, c.kind == .put ? c.claimed : nil, n.at)
-            })
+            claimOthers(read)
             return read
         }
         return try await log.look(from: nil, markOnly: true)
+    }
+
+    /// Keeps what other devices' entries in `read` say their puts wrote (a delete: that the key
+    /// holds nothing), for the next listing to bear out (`claimsBorneOut`); this device's own are
+    /// kept as they are logged.
+    private func claimOthers(_ read: S3ChangeLog.Read) {
+        try? index.claim(zip(read.changes, read.notes).filter { !$0.1.mine }.map { c, n in
+            (c.key, c.kind == .put ? c.claimed : nil, n.at)
+        })
+    }
+
+    /// Of the `listed` objects not in `known`, those the log's entries say what they hold
+    /// (`claimOthers`, and this device's own puts), where the listing bears the entry out (the
+    /// same ETag and size, modified no more than a second after the write was answered) and
+    /// the object is settled: each with what its entry says, to be remembered at its stamp.
+    private func claimsBorneOut(_ listed: [ListedObject], known: [KeyBytes: ObjectInfo],
+                                in listing: Listing) throws -> [(stamp: String, info: ObjectInfo)] {
+        let unknown = listed.filter { known[KeyBytes($0.key)] == nil }
+        let claims = try index.claims(unknown.map(\.key))
+        return unknown.compactMap { o in
+            guard let (claim, at) = claims[KeyBytes(o.key)], Self.bearsOut(o, claim, at: at),
+                  Self.settled(o, claim, in: listing) else { return nil }
+            return (o.stamp, claim)
+        }
     }
 
     /// A put the index knows at its listed stamp (what a HEAD said, or a listing confirmed of
@@ -646,18 +671,11 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         var at: [KeyBytes: Int] = [:]
         for (i, c) in changes.enumerated() where c.kind == .put { at[KeyBytes(c.key)] = i }
         let listed = at.isEmpty ? [] : listing.objects.filter { at[KeyBytes($0.key)] != nil }
-        let known = try index.known(listed)
-        let claims = try index.claims(listed.lazy.filter { known[KeyBytes($0.key)] == nil }.map(\.key))
-        var learned: [(stamp: String, info: ObjectInfo)] = []
-        for o in listed {
-            let k = KeyBytes(o.key)
+        var known = try index.known(listed)
+        let learned = try claimsBorneOut(listed, known: known, in: listing)
+        for (_, claim) in learned { known[KeyBytes(claim.key)] = claim }
+        for (k, told) in known {
             guard let i = at[k] else { continue }
-            var told = known[k]
-            if told == nil, let (claim, when) = claims[k], Self.bearsOut(o, claim, at: when), Self.settled(o, claim, in: listing) {
-                told = claim
-                learned.append((o.stamp, claim))
-            }
-            guard let told else { continue }
             changes[i].version = told.version
             changes[i].current = .object(told)
         }
