@@ -137,11 +137,17 @@ public final class ControlServer: @unchecked Sendable {
                     lastPoll: poll.map { ISO8601DateFormatter().string(from: $0.at) }, lastPollError: poll?.error))
             case .sync(let full, let wait):
                 try fs.commitPendingCreates()
-                if wait {
-                    try fs.syncWithStore(everywhere: full)
-                } else {
-                    try engine.feed.poll(everywhere: full)
-                    engine.uploader.kick()
+                // What failed, said as the attribute's EIO is (`ubiq sync`: "cannot sync
+                // PATH: the store could not be reached: …"), not as an I/O error of the mount.
+                do {
+                    if wait {
+                        try fs.syncWithStore(everywhere: full)
+                    } else {
+                        do { try engine.feed.poll(everywhere: full) } catch { throw FSError.io("the store could not be reached: \(error)") }
+                        engine.uploader.kick()
+                    }
+                } catch FSError.io(let why) {
+                    return conn.send(Refusal(error: why))
                 }
                 return conn.send(Done())
             case .query(let scope, let spec):

@@ -144,6 +144,11 @@ import Testing
         try b.mount()
         expectOK(b.sh("[ \"$(cat work/f1)\" = 'line 1' ] && [ \"$(cat shared/moved)\" = 'line 5' ] && [ ! -e work/f4 ]"), "after the restart")
         expectOK(b.sh("[ \"$(getfattr --only-values -n user.ubiq.status work/f2)\" = uploading ]"))
+        // `ubiq sync` says so in one line (it asks through the control socket), not as an I/O
+        // error of the mount.
+        let sync = b.ubiq("sync \(b.mnt)")
+        #expect(sync.status != 0 && sync.err.contains("cannot sync \(b.mnt): the store could not be reached")
+                    && !sync.err.contains("I/O error"), "\(sync.err)")
         // Back online: it all goes up, and reaches A.
         try FileManager.default.removeItem(atPath: offline)
         expectOK(eventually(a, "[ \"$(cat work/f1)\" = 'line 1' ] && [ \"$(cat work/f3)\" = 'line 3' ] && [ \"$(cat shared/moved)\" = 'line 5' ] && [ ! -e work/f4 ] && [ ! -e work/f5 ]", seconds: 40),

@@ -49,7 +49,7 @@ extension FileSystem {
         guard let feed = storeFeed else { return }
         do { try feed.poll(everywhere: everywhere) } catch {
             logger.warning("sync with the store failed: \(error)")
-            throw FSError.io("sync failed: \(error)")
+            throw FSError.io("the store could not be reached: \(error)")
         }
     }
 
