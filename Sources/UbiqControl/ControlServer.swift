@@ -129,12 +129,12 @@ public final class ControlServer: @unchecked Sendable {
             switch req {
             case .status:
                 try fs.commitPendingCreates()  // (so that pendingUploads counts new files)
-                let poll = engine.feed.lastPollOutcome
+                let look = engine.feed.look
                 return conn.send(StatusReply(
                     mount: info.mount, store: info.store, device: info.device, deviceName: info.deviceName, state: info.state,
                     cacheLimit: String(info.cacheLimit), pid: String(info.pid), items: fs.inodeCount,
                     cacheBytes: fs.localContentBytes, pendingUploads: engine.uploader.pendingCount,
-                    lastPoll: poll.map { ISO8601DateFormatter().string(from: $0.at) }, lastPollError: poll?.error))
+                    lastPoll: look.polled.map { ISO8601DateFormatter().string(from: $0) }, lastPollError: look.error))
             case .sync(let full, let wait):
                 try fs.commitPendingCreates()
                 // What failed, said as the attribute's EIO is (`ubiq sync`: "cannot sync

@@ -97,15 +97,17 @@ public final class ChangeFeed: @unchecked Sendable {
         public var error: String?
         /// The listing of the whole store that a mount again's first poll takes is not over.
         public var listing: Bool
+        /// When the last poll ended, whether it reached the store or not (nil: none has).
+        public var polled: Date?
 
-        public init(reached: Date? = nil, error: String? = nil, listing: Bool = false) {
-            self.reached = reached; self.error = error; self.listing = listing
+        public init(reached: Date? = nil, error: String? = nil, listing: Bool = false, polled: Date? = nil) {
+            self.reached = reached; self.error = error; self.listing = listing; self.polled = polled
         }
     }
 
     public var look: Look {
         cond.lock(); defer { cond.unlock() }
-        return Look(reached: lastReached, error: lastPoll?.error, listing: listingPending)
+        return Look(reached: lastReached, error: lastPoll?.error, listing: listingPending, polled: lastPoll?.at)
     }
 
     public func stop() { loop.stop() }
@@ -131,12 +133,6 @@ public final class ChangeFeed: @unchecked Sendable {
             if !cond.wait(until: deadline) { return lastPoll != nil }
         }
         return true
-    }
-
-    /// The time and outcome of the last poll.
-    public var lastPollOutcome: (at: Date, error: String?)? {
-        cond.lock(); defer { cond.unlock() }
-        return lastPoll
     }
 
     /// One turn of the polling thread: a poll, then a wait for the next (or a kick).

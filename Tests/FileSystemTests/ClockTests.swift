@@ -65,7 +65,7 @@ import UbiqStore
         b.feed.start()
         defer { b.feed.stop() }
         #expect(waitUntil { b.feed.isIdle }, "the first poll never ended")
-        #expect(b.feed.lastPollOutcome?.at == time.now, "the poll's time is the clock's")
+        #expect(b.feed.look.polled == time.now, "the poll's time is the clock's")
         try a.write("news.txt", "from a")
         a.sync()
         time.advance(by: 2.9)
