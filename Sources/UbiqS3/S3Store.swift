@@ -637,9 +637,9 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         return try await log.look(from: nil, markOnly: true)
     }
 
-    /// Keeps what other devices' entries in `read` say their puts wrote (a delete: that the key
-    /// holds nothing), for the next listing to bear out (`claimsBorneOut`); this device's own are
-    /// kept as they are logged.
+    /// Keeps what other devices' entries in `read` say their puts wrote (a delete, or a put
+    /// that does not say, drops what was kept of its key), for the next listing to bear out
+    /// (`claimsBorneOut`); this device's own are kept as they are logged.
     private func claimOthers(_ read: S3ChangeLog.Read) {
         try? index.claim(zip(read.changes, read.notes).filter { !$0.1.mine }.map { c, n in
             (c.key, c.kind == .put ? c.claimed : nil, n.at)
