@@ -1,4 +1,6 @@
 import Foundation
+import UbiqState
+import UbiqStore
 import UbiqSync
 
 /// One end of a control socket connection: JSON lines in both directions. The daemon's server
@@ -9,6 +11,8 @@ public final class ControlConnection: @unchecked Sendable {
     private var start = 0
     /// Where the search for the next newline goes on (what is before it has none).
     private var scanned = 0
+    /// What a read takes (one for the connection: a query's rows are a line each).
+    private var chunk = [UInt8](repeating: 0, count: 1 << 16)
 
     public init(fd: Int32) { self.fd = fd }
 
@@ -43,6 +47,35 @@ public final class ControlConnection: @unchecked Sendable {
         guard send(request) else { throw ControlError("the daemon closed the connection") }
         return try answer(T.self)
     }
+
+    /// The rows of a query under the folder `scope`, handed to `each` as they come (a row a
+    /// line: neither end holds them all; a million rows were hundreds of MB in the CLI, and
+    /// decoding them in one JSON answer two thirds of its time). A daemon from before rows
+    /// came as lines answers with all of them at once, which is taken as well.
+    public func query(scope: String, spec: QuerySpec, each: (QueryRow) throws -> Void) throws {
+        guard send(ControlRequest.query(scope: scope, spec: spec, lines: true)) else {
+            throw ControlError("the daemon closed the connection")
+        }
+        if let all = try answer(QueryHead.self).items {
+            try all.forEach(each)
+            return
+        }
+        while true {
+            guard var line = nextLine(limit: 1 << 24) else { throw ControlError("the daemon closed the connection before the query's last row") }
+            let object = line.withUTF8 { PlainJSON.parse($0) }?.object
+            if let object, let row = QueryRow.plain(object) {
+                try each(row)
+            } else if object?["end"] == .bool(true) {
+                return
+            } else {
+                try each(Self.decode(QueryRow.self, line))
+            }
+        }
+    }
+
+    /// The first line of a query's answer: `{"ok":true}` before rows that come as lines; all
+    /// of them in `items` from a daemon that does not send lines.
+    private struct QueryHead: Decodable { var items: [QueryRow]? }
 
     /// Reads the next line as `T` (an answer, or a line of a stream); nil when the daemon
     /// closed the connection.
@@ -123,7 +156,6 @@ public final class ControlConnection: @unchecked Sendable {
 
     /// The next line, without its newline (nil at the end, or past `limit` bytes).
     public func nextLine(limit: Int) -> String? {
-        var chunk = [UInt8](repeating: 0, count: 1 << 16)
         while true {
             if let nl = buffer[max(start, scanned)...].firstIndex(of: UInt8(ascii: "\n")) {
                 let line = String(decoding: buffer[start ..< nl], as: UTF8.self)
@@ -134,7 +166,7 @@ public final class ControlConnection: @unchecked Sendable {
             }
             scanned = buffer.count
             if buffer.count - start > limit { return nil }
-            let n = read(fd, &chunk, chunk.count)
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
             if n < 0 && errno == EINTR { continue }
             if n <= 0 {
                 if buffer.count > start {

@@ -150,11 +150,11 @@ public final class ControlServer: @unchecked Sendable {
                     return conn.send(Refusal(error: why))
                 }
                 return conn.send(Done())
-            case .query(let scope, let spec):
+            case .query(let scope, let spec, let lines):
                 // Rows come inside the state database's read, which every request waits
                 // for: the text goes out as the socket takes it, never waiting for the reader.
                 // (Once part of it went, a failure can only close the connection.)
-                var reply = QueryText()
+                var reply = QueryText(lines: lines)
                 var sent = false, gone = false
                 do {
                     try fs.query(scope: scope, spec) { r in
@@ -237,22 +237,30 @@ public final class ControlServer: @unchecked Sendable {
 /// The answer to a query (`QueryReply`) as text, a row at a time: written by hand, as
 /// JSONEncoder takes a second for 100,000 rows, and as the rows come (no array of them).
 struct QueryText {
+    /// A row a line (`{"ok":true}` first, `QueryEnd` last), or all in one answer (`QueryReply`).
+    let lines: Bool
     /// What is written and not sent yet.
-    var text = Array("{\"ok\":true,\"items\":[".utf8)
-    private var first = true
+    var text: [UInt8]
+    private var count = 0
+
+    init(lines: Bool) {
+        self.lines = lines
+        text = Array((lines ? "{\"ok\":true}\n" : "{\"ok\":true,\"items\":[").utf8)
+    }
 
     mutating func append(_ r: QueryRow) {
-        var o = first ? "" : ","
-        first = false
+        var o = lines || count == 0 ? "" : ","
+        count += 1
         o += "{\"ino\":\(r.ino),\"path\":" + jsonString(r.path) + ",\"name\":" + jsonString(r.name)
         if let raw = r.rawPath { o += ",\"rawPath\":[" + raw.map(String.init).joined(separator: ",") + "]" }
         o += ",\"depth\":\(r.depth),\"type\":\"\(r.type)\",\"size\":\(r.size),\"mtimeNs\":\(r.mtimeNs)"
         o += ",\"status\":\"\(r.status.rawValue)\",\"pinned\":\(r.pinned)}"
+        if lines { o += "\n" }
         text.append(contentsOf: o.utf8)
     }
 
     mutating func finished() -> [UInt8] {
-        text.append(contentsOf: "]}\n".utf8)
+        text.append(contentsOf: (lines ? "{\"count\":\(count),\"end\":true}\n" : "]}\n").utf8)
         return text
     }
 }

@@ -41,6 +41,12 @@ public struct QueryRow: Sendable, Codable, Equatable {
     /// As in docs/status.md, except `downloading`, which only the daemon knows (it adjusts).
     public var status: SyncStatus
     public var pinned: Bool
+
+    public init(ino: UInt64, path: String, rawPath: [UInt8]?, name: String, depth: Int, type: String, size: Int64,
+                mtimeNs: Int64, status: SyncStatus, pinned: Bool) {
+        self.ino = ino; self.path = path; self.rawPath = rawPath; self.name = name; self.depth = depth
+        self.type = type; self.size = size; self.mtimeNs = mtimeNs; self.status = status; self.pinned = pinned
+    }
 }
 
 extension StateTransaction {

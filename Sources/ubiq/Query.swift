@@ -128,27 +128,36 @@ struct Query: ParsableCommand {
         var isDir: ObjCBool = false
         guard FileManager.default.fileExists(atPath: abs, isDirectory: &isDir), isDir.boolValue else { fail("\(path) is not a folder") }
         let scope = client.relative(abs)
-        func fetch(_ c: ControlClient) throws -> [QueryRow] {
-            c.request(.query(scope: scope, spec: q), as: QueryReply.self).items
-        }
-        let rows = try fetch(client)
-        if !watch {
-            var out = ""
-            out.reserveCapacity(rows.count * 200)
-            if json {
-                out += "["
-                for (i, r) in rows.enumerated() { out += (i == 0 ? "\n  " : ",\n  ") + itemJSON(r, abs, change: nil) }
-                out += rows.isEmpty ? "]\n" : "\n]\n"
-            } else {
-                for r in rows {
-                    let size = r.type == "file" ? humanBytes(r.size) : "-"
-                    out += pad(r.status.rawValue, 11) + " " + pad(size, 9) + " " + timeText(r.mtimeNs, minutes: true) + "  "
-                        + join(abs, r.rawPath.map { BytePath(bytes: $0).display } ?? r.path) + "\n"  // \xNN for bytes not UTF-8
-                }
+        func fetch(_ c: ControlClient, _ each: (QueryRow) throws -> Void) {
+            do { try c.connection.query(scope: scope, spec: q, each: each) } catch {
+                fail(error is ControlError ? "\(error)" : "the daemon of \(c.mount): \(error)")
             }
-            FileHandle.standardOutput.write(Data(out.utf8))
+        }
+        if !watch {
+            // Each row printed as it comes (written out 64 KiB at a time).
+            var out: [UInt8] = []
+            var rows = 0
+            func put(_ s: String) {
+                out.append(contentsOf: s.utf8)
+                if out.count >= 1 << 16 { writeOut(&out) }
+            }
+            if json { put("[") }
+            fetch(client) { r in
+                if json {
+                    put((rows == 0 ? "\n  " : ",\n  ") + itemJSON(r, abs, change: nil))
+                } else {
+                    let size = r.type == "file" ? humanBytes(r.size) : "-"
+                    put(pad(r.status.rawValue, 11) + " " + pad(size, 9) + " " + timeText(r.mtimeNs, minutes: true) + "  "
+                        + join(abs, r.rawPath.map { BytePath(bytes: $0).display } ?? r.path) + "\n")  // \xNN for bytes not UTF-8
+                }
+                rows += 1
+            }
+            if json { put(rows == 0 ? "]\n" : "\n]\n") }
+            writeOut(&out)
             return
         }
+        var rows: [QueryRow] = []
+        fetch(client) { rows.append($0) }
         // --watch: the results, then their changes, gathered over --interval.
         var current = Dictionary(rows.map { ($0.path, $0) }, uniquingKeysWith: { a, _ in a })
         for r in rows { emit("added", r, abs) }
@@ -160,7 +169,9 @@ struct Query: ParsableCommand {
             // Something changed: wait out the interval (more may come), then compare.
             let until = Date(timeIntervalSinceNow: interval)
             while Date() < until { usleep(20_000) }
-            let fresh = Dictionary(try fetch(queries).map { ($0.path, $0) }, uniquingKeysWith: { a, _ in a })
+            var now: [QueryRow] = []
+            fetch(queries) { now.append($0) }
+            let fresh = Dictionary(now.map { ($0.path, $0) }, uniquingKeysWith: { a, _ in a })
             for (p, r) in fresh.sorted(by: { $0.key < $1.key }) {
                 if let old = current[p] {
                     if old != r { emit("changed", r, abs) }
@@ -175,6 +186,18 @@ struct Query: ParsableCommand {
     }
 
     private func join(_ base: String, _ rel: String) -> String { rel.isEmpty ? base : base + "/" + rel }
+
+    /// Writes `out` to standard output and empties it; a reader gone (`| head`) ends the command.
+    private func writeOut(_ out: inout [UInt8]) {
+        var done = 0
+        while done < out.count {
+            let n = out.withUnsafeBytes { Glibc.write(1, $0.baseAddress! + done, $0.count - done) }
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { Glibc.exit(errno == EPIPE ? 0 : 1) }
+            done += n
+        }
+        out.removeAll(keepingCapacity: true)
+    }
 
     private func pad(_ s: String, _ n: Int) -> String { s.count >= n ? s : s + String(repeating: " ", count: n - s.count) }
 

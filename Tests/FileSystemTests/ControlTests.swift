@@ -43,7 +43,8 @@ import UbiqSync
         spec.status = [.uploading, .local]
         spec.limit = 5
         let all: [ControlRequest] = [
-            .status, .sync(full: false, wait: false), .sync(full: true, wait: true), .query(scope: "a/b", spec: spec), .history(path: "a/b.txt"),
+            .status, .sync(full: false, wait: false), .sync(full: true, wait: true), .query(scope: "a/b", spec: spec),
+            .query(scope: "a/b", spec: spec, lines: true), .history(path: "a/b.txt"),
             .restore(path: "a/b.txt", version: "v1"), .watch(scope: ""), .kvGet(key: "k"), .kvList,
             .kvSet(entry: KVEntry(key: "k", value: .json("{\"a\":[true,null],\"b\":1.5}"), timeNs: 7, device: "d")),
             .kvSet(entry: KVEntry(key: "k", value: nil, timeNs: 8, device: "d")),
@@ -58,6 +59,7 @@ import UbiqSync
             (#"{"op":"sync","full":true,"wait":true}"#, .sync(full: true, wait: true)),
             (#"{"op":"query","scope":"a/b","spec":{"name":"*.txt","limit":5}}"#,
              .query(scope: "a/b", spec: { var s = QuerySpec(); s.name = "*.txt"; s.limit = 5; return s }())),
+            (#"{"op":"query","scope":"","spec":{},"lines":true}"#, .query(scope: "", spec: QuerySpec(), lines: true)),
             (#"{"op":"restore","path":"a/b.txt","version":"v1"}"#, .restore(path: "a/b.txt", version: "v1")),
             (#"{"op":"kv-set","entry":{"key":"k","timeNs":3,"value":{"type":"number","value":2}}}"#,
              .kvSet(entry: KVEntry(key: "k", value: .number(2), timeNs: 3, device: ""))),
@@ -85,6 +87,55 @@ import UbiqSync
         #expect(rows.map(\.name) == (0 ..< 12_000).map { "\(long)-\($0)" }.sorted())
         spec.limit = 7
         #expect(try c.request(.query(scope: "many", spec: spec), as: QueryReply.self).items.map(\.name) == Array(rows.prefix(7).map(\.name)))
+        // The same rows as lines (what `ubiq query` asks), in pieces as well; and the
+        // connection goes on after them.
+        var lines: [QueryRow] = []
+        spec.limit = nil
+        try c.query(scope: "many", spec: spec) { lines.append($0) }
+        #expect(lines == rows)
+        lines = []
+        spec.limit = 7
+        try c.query(scope: "many", spec: spec) { lines.append($0) }
+        #expect(lines == Array(rows.prefix(7)))
+        #expect(try c.request(.status, as: StatusReply.self).items == a.fs.inodeCount)
+    }
+
+    /// Rows as lines are read plainly where they are as the daemon writes them, by JSONDecoder
+    /// where not (a row this version does not read is a clear error, not a crash); an answer
+    /// from a daemon that sends all rows at once is taken too.
+    @Test func queryRowsAsLinesFromAnyDaemon() throws {
+        let row = QueryRow(ino: 7, path: "a/b", rawPath: nil, name: "b", depth: 2, type: "file", size: 5, mtimeNs: 9,
+                           status: .current, pinned: true)
+        func answered(_ text: String) throws -> [QueryRow] {
+            var fds: [Int32] = [0, 0]
+            #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
+            let daemon = ControlConnection(fd: fds[1])
+            defer { close(fds[0]); close(fds[1]) }
+            #expect(daemon.sendRaw(text))
+            shutdown(fds[1], Int32(SHUT_WR))  // all it says
+            var rows: [QueryRow] = []
+            try ControlConnection(fd: fds[0]).query(scope: "", spec: QuerySpec()) { rows.append($0) }
+            #expect(daemon.nextLine(limit: 4096) == #"{"lines":true,"op":"query","scope":"","spec":{}}"#)
+            return rows
+        }
+        let line = #"{"ino":7,"path":"a/b","name":"b","depth":2,"type":"file","size":5,"mtimeNs":9,"status":"current","pinned":true}"#
+        #expect(try answered("{\"ok\":true}\n\(line)\n\(line)\n{\"count\":2,\"end\":true}\n") == [row, row])
+        // Another order of its fields, spaces, and a field this version does not know: read all the same.
+        let odd = #"{ "pinned": true, "status": "current", "mtimeNs": 9, "size": 5, "type": "file", "depth": 2, "name": "b", "path": "a/b", "ino": 7, "new": [1] }"#
+        #expect(try answered("{\"ok\":true}\n\(odd)\n{\"count\":1,\"end\":true}\n") == [row])
+        // A path's bytes that are not UTF-8.
+        var raw = row
+        raw.rawPath = [0x61, 0x2f, 0xff]
+        let rawLine = #"{"ino":7,"path":"a/b","name":"b","rawPath":[97,47,255],"depth":2,"type":"file","size":5,"mtimeNs":9,"status":"current","pinned":true}"#
+        #expect(try answered("{\"ok\":true}\n\(rawLine)\n{\"count\":1,\"end\":true}\n") == [raw])
+        // All rows in one answer (a daemon from before lines).
+        #expect(try answered("{\"ok\":true,\"items\":[\(line),\(rawLine)]}\n") == [row, raw])
+        // A refusal; a row that is not one; a daemon gone before the last row.
+        #expect(throws: ControlError("no such folder")) { try answered("{\"ok\":false,\"error\":\"no such folder\"}\n") }
+        #expect(throws: ControlError.self) { try answered("{\"ok\":true}\n{\"ino\":1.5}\n") }
+        #expect(throws: ControlError("the daemon closed the connection before the query's last row")) {
+            try answered("{\"ok\":true}\n\(line)\n")
+        }
     }
 
     @Test func statusSyncQueryAndRefusalsOverTheSocket() throws {
@@ -118,6 +169,10 @@ import UbiqSync
         let oddRow = try #require(rows.first { $0.rawPath != nil })
         #expect(oddRow.rawPath == odd, "the bytes of a name that is not UTF-8 come through whole")
         #expect(oddRow.status == .local)
+        var lines: [QueryRow] = []
+        try c.query(scope: "docs", spec: spec) { lines.append($0) }
+        #expect(lines == rows, "as lines, the same rows")
+        #expect(throws: ControlError.self) { try c.query(scope: "nothing", spec: spec) { _ in } }
 
         // Refusals are the daemon's words, and the connection goes on after them.
         try a.write("docs/new.txt", "not uploaded yet")
