@@ -64,6 +64,15 @@ import Testing
         expectOK(q)
         #expect(q.out.contains("other.bin") && !q.out.contains("from-a.txt"), "\(q.out)")
         #expect(b.ubiq("query --sort nonsense \(b.mnt)").status != 0)
+        // Sizes for people, as printf's %.1f and %.0f round them (half to even).
+        let sizes: [(Int, String)] = [(1000, "1000 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"), (1587, "1.5 KiB"),
+                                      (1588, "1.6 KiB"), (10188, "9.9 KiB"), (10189, "10.0 KiB"), (10240, "10 KiB"),
+                                      (11776, "12 KiB"), (12800, "12 KiB"), (3 << 20, "3.0 MiB")]
+        expectOK(b.sh("mkdir sizes && cd sizes && " + sizes.map { "truncate -s \($0.0) s\($0.0)" }.joined(separator: " && ")))
+        let listed = b.ubiq("query --type file \(b.mnt)/sizes")
+        for (n, shown) in sizes {
+            #expect(listed.out.split(separator: "\n").contains { $0.contains(" \(shown) ") && $0.hasSuffix("/s\(n)") }, "\(n): \(listed.out)")
+        }
     }
 
     @Test func syncOutsideAMountIsAClearError() throws {
