@@ -53,12 +53,17 @@ extension StateTransaction {
     public static let sortKeys = ["path", "name", "size", "time"]
 
     /// Items under folder `scope` that match `q`, sorted, one row at a time until `each` says
-    /// false (status filtering is left to the caller, which knows what is downloading). Read
-    /// from a cursor, so that a query that matches a million items holds no row but the one
-    /// at hand.
-    public func query(scope: UInt64, _ q: QuerySpec, each: (QueryRow) throws -> Bool) throws {
+    /// false. Status filtering is left to the caller, which knows what is downloading and
+    /// what has a conflict copy; `among`, where given, are the only statuses the database's
+    /// own may have (rows of other ones are not read: a query for the few items not synced
+    /// among a million read them all). Read from a cursor, so that a query that matches a
+    /// million items holds no row but the one at hand.
+    public func query(scope: UInt64, _ q: QuerySpec, among: Set<SyncStatus>? = nil, each: (QueryRow) throws -> Bool) throws {
         var filters: [String] = []
         var args: [DatabaseValueConvertible?] = [Int64(bitPattern: scope), q.maxDepth]
+        if let among {
+            filters.append("status IN (\(among.map { "'\($0.rawValue)'" }.sorted().joined(separator: ",")))")
+        }
         if let g = q.name { filters.append("name GLOB ?"); args.append(g) }
         if let d = q.minDepth { filters.append("depth >= ?"); args.append(d) }
         if let t = q.type {

@@ -10,6 +10,8 @@ public final class FaultyStore: CloudStore, Sendable {
     public let inner: any CloudStore
     public var keepsPriorVersions: Bool { inner.keepsPriorVersions }
     private let failing = Mutex<[Operation: StoreError]>([:])
+    /// Operations that fail the next so many times, then go through.
+    private let failingTimes = Mutex<[Operation: Int]>([:])
     private let losing = Mutex<Set<Operation>>([])
     private let held = Mutex<[Int64: Gate]>([:])
 
@@ -147,6 +149,11 @@ public final class FaultyStore: CloudStore, Sendable {
         failing.withLock { $0[op] = error }
     }
 
+    /// The next `times` calls of `op` fail (the store unavailable for a moment); the ones after go through.
+    public func fail(_ op: Operation, times: Int) {
+        failingTimes.withLock { $0[op] = times }
+    }
+
     /// From now on `op` is carried out by the store but its answer never comes back: the
     /// caller sees the store unavailable (a reply lost, or a daemon killed just after the write).
     public func loseAnswers(_ op: Operation) {
@@ -185,6 +192,14 @@ public final class FaultyStore: CloudStore, Sendable {
             throw StoreError.unavailable("offline (\(flag) exists)")
         }
         if let e = failing.withLock({ $0[op] }) { count("fail"); throw e }
+        if failingTimes.withLock({ f -> Bool in
+            guard let n = f[op], n > 0 else { return false }
+            f[op] = n - 1
+            return true
+        }) {
+            count("fail")
+            throw StoreError.unavailable("injected fault: \(op) failed for a moment")
+        }
         try await chaosBefore(op)
     }
 

@@ -172,6 +172,25 @@ import Synchronization
         #expect(faults["fail", default: 0] > 10 && faults["short", default: 0] > 5, "\(faults)")
     }
 
+    /// `ubiq sync` tries a look at the store that failed for a moment twice more before it says
+    /// the store could not be reached (a poll retries each request a little already; a
+    /// crash test's sync failed on a listing that did not).
+    @Test func aSyncRidesOutAStoreDownForAMoment() throws {
+        let store = try newStore()
+        let faulty = FaultyStore(store)
+        let a = try Device(store: store)
+        let b = try Device(store: store, remote: faulty)
+        try a.write("news", "x")
+        a.sync()
+        faulty.fail(.changes, times: 3)  // one poll's every try
+        try b.fs.syncWithStore(everywhere: false)
+        #expect(try b.read("news") == "x")
+        #expect(faulty.faultsInjected["fail"] == 3)
+        faulty.fail(.changes, times: 9)  // three polls'
+        #expect(throws: FSError.self) { try b.fs.syncWithStore(everywhere: false) }
+        #expect(faulty.faultsInjected["fail"] == 12)
+    }
+
     /// The feed asks the store about a key, hears it is gone, and before it applies that, this
     /// device's uploader writes the key anew (a rename onto it, an edit sent over a delete):
     /// the delete is not applied to what was just uploaded (a crash test lost files this way).

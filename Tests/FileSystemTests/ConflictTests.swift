@@ -74,6 +74,12 @@ import UbiqStore
             #expect(s.status == .conflict && s.conflict && s.uploadError.isEmpty)
             #expect(try status(d, "docs/" + copy[0]).status != .conflict)
             #expect(try d.fs.itemStatus(rootIno).itemsConflicts == 1)
+            // `ubiq query --status conflict` finds it (the database does not say so: memory does).
+            var q = QuerySpec()
+            q.status = [.conflict]
+            #expect(try d.fs.query(scope: "", q).map(\.path) == ["docs/plan.txt"])
+            q.status = [.current, .placeholder, .uploading]
+            #expect(try !d.fs.query(scope: "", q).map(\.path).contains("docs/plan.txt"))
         }
         // Nothing else happens: no more uploads, no more copies.
         #expect(a.uploader.processRound(ignoringDelay: true) == 0)

@@ -647,12 +647,15 @@ import TestSupport
             setfattr -n user.ubiq.action -v download big
             for i in $(seq 100); do
               echo "$(getfattr -n user.ubiq.status --only-values big) $(getfattr -n user.ubiq.percent-downloaded --only-values big)"
+              \(ubiqBinary) query --status downloading . | grep -q '/big$' && queried=1
               [ "$(getfattr -n user.ubiq.downloading-status --only-values big)" = current ] && break
               sleep 0.2
             done
             echo "$(getfattr -n user.ubiq.status --only-values big) $(getfattr -n user.ubiq.percent-downloaded --only-values big)"
+            [ -n "$queried" ] || echo "ubiq query --status downloading never found it" >&2
             """)
         expectOK(r)
+        #expect(!r.err.contains("never found"), "\(r.err)")
         let samples = r.out.split(separator: "\n").map { $0.split(separator: " ") }
         let percents = samples.compactMap { $0.count == 2 ? Int($0[1]) : nil }
         #expect(samples.last.map { $0 == ["current", "100"] } ?? false, "\(r.out)")

@@ -256,8 +256,13 @@ extension FileSystem {
         let downloading = Set(materializer.downloadedSoFar().map(\.ino))
         var left = spec.limit.map { max(0, $0) } ?? Int.max
         guard left > 0 else { return }
+        // What the database says may be asked of it, unless a conflict is wanted (any status
+        // there may be one here); a placeholder may be downloading.
+        var among = spec.status.map(Set.init)
+        if among?.contains(.conflict) == true { among = nil }
+        if among?.contains(.downloading) == true { among?.insert(.placeholder) }
         try readState { tx in
-            try tx.query(scope: start, spec) { r in
+            try tx.query(scope: start, spec, among: among) { r in
                 var r = r
                 if withCopies.contains(r.ino) { r.status = .conflict }
                 if r.status == .placeholder && downloading.contains(r.ino) { r.status = .downloading }

@@ -1,6 +1,7 @@
 import Foundation
 import UbiqCoordinator
 import UbiqState
+import UbiqStore
 
 /// Steering sync from the mount: download, evict, pin — through the
 /// `user.ubiq.action` and `user.ubiq.pinned` attributes (so plain `setfattr`
@@ -44,12 +45,25 @@ extension FileSystem {
     /// `syncWait`, a minute: `ubiq sync` asks again while fewer items wait each time), then looks for other devices' changes; `everywhere` (`ubiq sync --full`): also
     /// for what changed in the store without its feed knowing (another tool's objects in a
     /// bucket, found by listing it whole).
+    /// A look that fails for a moment (the store unavailable: a timeout, a 503) is tried again
+    /// twice, 0.2 s and 0.4 s later, before `ubiq sync` says the store could not be reached:
+    /// the feed's own polls ride such hiccups out, and a user's sync failed on a single one.
     public func syncWithStore(everywhere: Bool) throws {
         uploader?.flush(timeout: syncWait)
         guard let feed = storeFeed else { return }
-        do { try feed.poll(everywhere: everywhere) } catch {
-            logger.warning("sync with the store failed: \(error)")
-            throw FSError.io("the store could not be reached: \(error)")
+        var tries = 0
+        while true {
+            tries += 1
+            do {
+                try feed.poll(everywhere: everywhere)
+                return
+            } catch let e as StoreError where e.isTransient && tries < 3 {
+                logger.info("sync with the store: \(e); trying again")
+                usleep(UInt32(200_000 << (tries - 1)))
+            } catch {
+                logger.warning("sync with the store failed: \(error)")
+                throw FSError.io("the store could not be reached: \(error)")
+            }
         }
     }
 
