@@ -196,18 +196,25 @@ public final class ControlConnection: @unchecked Sendable {
 
 /// A JSON string literal for `s`.
 public func jsonString(_ s: String) -> String {
-    var out = "\""
-    for u in s.unicodeScalars {
-        switch u {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
-        case "\n": out += "\\n"
-        case "\r": out += "\\r"
-        case "\t": out += "\\t"
-        default:
-            if u.value < 0x20 { out += String(format: "\\u%04x", u.value) } else { out.unicodeScalars.append(u) }
+    var out: [UInt8] = []
+    appendJSONString(s, to: &out)
+    return String(decoding: out, as: UTF8.self)
+}
+
+/// `jsonString(s)`'s bytes, added to `out` (a query's million rows are written so, byte by byte).
+public func appendJSONString(_ s: String, to out: inout [UInt8]) {
+    let hex = Array("0123456789abcdef".utf8)
+    out.append(UInt8(ascii: "\""))
+    for b in s.utf8 {
+        switch b {
+        case UInt8(ascii: "\""), UInt8(ascii: "\\"): out.append(UInt8(ascii: "\\")); out.append(b)
+        case 0x0A: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "n"))
+        case 0x0D: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "r"))
+        case 0x09: out.append(UInt8(ascii: "\\")); out.append(UInt8(ascii: "t"))
+        case ..<0x20: out.append(contentsOf: Array("\\u00".utf8) + [hex[Int(b >> 4)], hex[Int(b & 15)]])
+        default: out.append(b)
         }
     }
-    return out + "\""
+    out.append(UInt8(ascii: "\""))
 }
 

@@ -248,15 +248,37 @@ struct QueryText {
         text = Array((lines ? "{\"ok\":true}\n" : "{\"ok\":true,\"items\":[").utf8)
     }
 
+    /// Written byte by byte into `text` (built as strings first, the rows' text was 40% of the
+    /// daemon's time for a query of a million items).
     mutating func append(_ r: QueryRow) {
-        var o = lines || count == 0 ? "" : ","
+        if !lines && count > 0 { text.append(UInt8(ascii: ",")) }
         count += 1
-        o += "{\"ino\":\(r.ino),\"path\":" + jsonString(r.path) + ",\"name\":" + jsonString(r.name)
-        if let raw = r.rawPath { o += ",\"rawPath\":[" + raw.map(String.init).joined(separator: ",") + "]" }
-        o += ",\"depth\":\(r.depth),\"type\":\"\(r.type)\",\"size\":\(r.size),\"mtimeNs\":\(r.mtimeNs)"
-        o += ",\"status\":\"\(r.status.rawValue)\",\"pinned\":\(r.pinned)}"
-        if lines { o += "\n" }
-        text.append(contentsOf: o.utf8)
+        put("{\"ino\":"); put(r.ino)
+        put(",\"path\":"); appendJSONString(r.path, to: &text)
+        put(",\"name\":"); appendJSONString(r.name, to: &text)
+        if let raw = r.rawPath {
+            put(",\"rawPath\":[")
+            for (i, b) in raw.enumerated() {
+                if i > 0 { text.append(UInt8(ascii: ",")) }
+                put(b)
+            }
+            put("]")
+        }
+        put(",\"depth\":"); put(r.depth)
+        put(",\"type\":"); appendJSONString(r.type, to: &text)
+        put(",\"size\":"); put(r.size)
+        put(",\"mtimeNs\":"); put(r.mtimeNs)
+        put(",\"status\":\""); text.append(contentsOf: r.status.rawValue.utf8)
+        put(r.pinned ? "\",\"pinned\":true}" : "\",\"pinned\":false}")
+        if lines { text.append(UInt8(ascii: "\n")) }
+    }
+
+    private mutating func put(_ s: StaticString) {
+        s.withUTF8Buffer { text.append(contentsOf: $0) }
+    }
+
+    private mutating func put(_ n: some BinaryInteger) {
+        text.append(contentsOf: String(n).utf8)
     }
 
     mutating func finished() -> [UInt8] {

@@ -100,6 +100,19 @@ import UbiqSync
         #expect(try c.request(.status, as: StatusReply.self).items == a.fs.inodeCount)
     }
 
+    /// Names as JSON strings: every byte a name may hold comes back as it was (quotes,
+    /// backslashes, control characters, any script).
+    @Test func namesAsJSONStringsComeBackWhole() throws {
+        var names = ["plain", "a \"quoted\" \\ name", "tab\tnew\nline\rret", "\u{01}\u{1f}\u{7f}", "été 日本 🎉", ""]
+        names.append(String(decoding: (1 ... 127).map { UInt8($0) }, as: UTF8.self))
+        for n in names {
+            let text = jsonString(n)
+            #expect(try JSONDecoder().decode(String.self, from: Data(text.utf8)) == n, "\(n.debugDescription) as \(text)")
+            #expect(!text.utf8.dropFirst().dropLast().contains { $0 < 0x20 }, "no raw control character in \(text.debugDescription)")
+        }
+        #expect(jsonString("\u{01}\"\n") == #""\u0001\"\n""#)
+    }
+
     /// Rows as lines are read plainly where they are as the daemon writes them, by JSONDecoder
     /// where not (a row this version does not read is a clear error, not a crash); an answer
     /// from a daemon that sends all rows at once is taken too.
