@@ -14,7 +14,8 @@ public enum ControlRequest: Sendable, Equatable {
     /// at most) for the uploads pending to go, as `ubiq sync` does.
     case sync(full: Bool, wait: Bool)
     /// The rows of `ubiq query` under the folder `scope`: in one answer (`QueryReply`), or
-    /// (`lines`) `{"ok":true}`, then a row a line, then `QueryEnd` (`ControlConnection.query`).
+    /// (`lines`) `{"ok":true}`, then a row a line, then `{"count":N,"end":true}`
+    /// (`ControlConnection.query`).
     case query(scope: String, spec: QuerySpec, lines: Bool = false)
     /// What the store keeps of the file at `path` (`HistoryReply`).
     case history(path: String)
@@ -157,12 +158,6 @@ public struct Done: Codable, Sendable, Equatable {
 public struct QueryReply: Codable, Sendable, Equatable {
     public var ok = true
     public var items: [QueryRow]
-}
-
-/// The last line of a query's rows sent as lines: how many there were.
-public struct QueryEnd: Codable, Sendable, Equatable {
-    public var end = true
-    public var count: Int
 }
 
 extension QueryRow {

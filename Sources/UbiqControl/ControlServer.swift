@@ -237,7 +237,8 @@ public final class ControlServer: @unchecked Sendable {
 /// The answer to a query (`QueryReply`) as text, a row at a time: written by hand, as
 /// JSONEncoder takes a second for 100,000 rows, and as the rows come (no array of them).
 struct QueryText {
-    /// A row a line (`{"ok":true}` first, `QueryEnd` last), or all in one answer (`QueryReply`).
+    /// A row a line (`{"ok":true}` first, `{"count":N,"end":true}` last), or all in one answer
+    /// (`QueryReply`).
     let lines: Bool
     /// What is written and not sent yet.
     var text: [UInt8]

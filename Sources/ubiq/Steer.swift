@@ -268,15 +268,15 @@ struct Sync: ParsableCommand {
             var spec = QuerySpec()
             spec.status = [.uploading, .error, .local]
             spec.limit = 50
-            if let reply = c.ask(.query(scope: "", spec: spec), as: QueryReply.self) {
-                for item in reply.items where item.type != "folder" {
-                    // The path's own bytes: a name that is not UTF-8 is found, and shown as \xNN.
-                    let full = BytePath(bytes: Array(mount.utf8) + [UInt8(ascii: "/")] + (item.rawPath ?? Array(item.path.utf8)))
-                    let why = full.attribute("user.ubiq.uploading-error").flatMap { $0.isEmpty ? nil : $0 }
-                        ?? full.attribute("user.ubiq.downloading-error").flatMap { $0.isEmpty ? nil : $0 }
-                    let rel = item.rawPath.map { BytePath(bytes: $0).display } ?? item.path
-                    lines.append("  \(item.status.rawValue) \(rel)\(why.map { ": " + $0 } ?? "")")
-                }
+            var items: [QueryRow] = []
+            try? c.connection.query(scope: "", spec: spec) { items.append($0) }
+            for item in items where item.type != "folder" {
+                // The path's own bytes: a name that is not UTF-8 is found, and shown as \xNN.
+                let full = BytePath(bytes: Array(mount.utf8) + [UInt8(ascii: "/")] + (item.rawPath ?? Array(item.path.utf8)))
+                let why = full.attribute("user.ubiq.uploading-error").flatMap { $0.isEmpty ? nil : $0 }
+                    ?? full.attribute("user.ubiq.downloading-error").flatMap { $0.isEmpty ? nil : $0 }
+                let rel = item.rawPath.map { BytePath(bytes: $0).display } ?? item.path
+                lines.append("  \(item.status.rawValue) \(rel)\(why.map { ": " + $0 } ?? "")")
             }
         }
         let localOnly = lines.filter { $0.hasPrefix("  local ") }.count
