@@ -140,12 +140,7 @@ public final class ControlServer: @unchecked Sendable {
                 // What failed, said as the attribute's EIO is (`ubiq sync`: "cannot sync
                 // PATH: the store could not be reached: …"), not as an I/O error of the mount.
                 do {
-                    if wait {
-                        try fs.syncWithStore(everywhere: full)
-                    } else {
-                        do { try engine.feed.poll(everywhere: full) } catch { throw FSError.io("the store could not be reached: \(error)") }
-                        engine.uploader.kick()
-                    }
+                    try fs.syncWithStore(everywhere: full, flushing: wait)
                 } catch FSError.io(let why) {
                     return conn.send(Refusal(error: why))
                 }

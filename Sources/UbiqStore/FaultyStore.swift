@@ -9,9 +9,8 @@ public final class FaultyStore: CloudStore, Sendable {
 
     public let inner: any CloudStore
     public var keepsPriorVersions: Bool { inner.keepsPriorVersions }
-    private let failing = Mutex<[Operation: StoreError]>([:])
-    /// Operations that fail the next so many times, then go through.
-    private let failingTimes = Mutex<[Operation: Int]>([:])
+    /// Operations that fail, with what, and how many more times (nil: until healed).
+    private let failing = Mutex<[Operation: (error: StoreError, times: Int?)]>([:])
     private let losing = Mutex<Set<Operation>>([])
     private let held = Mutex<[Int64: Gate]>([:])
 
@@ -146,12 +145,12 @@ public final class FaultyStore: CloudStore, Sendable {
 
     /// From now on `op` fails with `error` (default: the store is unavailable).
     public func fail(_ op: Operation, with error: StoreError = .unavailable("injected fault")) {
-        failing.withLock { $0[op] = error }
+        failing.withLock { $0[op] = (error, nil) }
     }
 
     /// The next `times` calls of `op` fail (the store unavailable for a moment); the ones after go through.
     public func fail(_ op: Operation, times: Int) {
-        failingTimes.withLock { $0[op] = times }
+        failing.withLock { $0[op] = times > 0 ? (.unavailable("injected fault: \(op) failed for a moment"), times) : nil }
     }
 
     /// From now on `op` is carried out by the store but its answer never comes back: the
@@ -191,14 +190,13 @@ public final class FaultyStore: CloudStore, Sendable {
             count("offline")
             throw StoreError.unavailable("offline (\(flag) exists)")
         }
-        if let e = failing.withLock({ $0[op] }) { count("fail"); throw e }
-        if failingTimes.withLock({ f -> Bool in
-            guard let n = f[op], n > 0 else { return false }
-            f[op] = n - 1
-            return true
+        if let e = failing.withLock({ f -> StoreError? in
+            guard let (error, times) = f[op] else { return nil }
+            if let times { f[op] = times > 1 ? (error, times - 1) : nil }
+            return error
         }) {
             count("fail")
-            throw StoreError.unavailable("injected fault: \(op) failed for a moment")
+            throw e
         }
         try await chaosBefore(op)
     }

@@ -68,7 +68,7 @@ public func waitForAnswer<T>(_ start: (@escaping @Sendable (Result<T, Error>) ->
 
 /// `body`, tried up to `attempts` times while the store fails transiently, waiting `pause`
 /// microseconds before the second try and twice as long before each one after.
-func retryingTransient<T>(attempts: Int = 3, pause: UInt32 = 50_000, _ body: () throws -> T) throws -> T {
+public func retryingTransient<T>(attempts: Int = 3, pause: UInt32 = 50_000, _ body: () throws -> T) throws -> T {
     for attempt in 0 ..< attempts - 1 {
         do { return try body() } catch let e as StoreError where e.isTransient {
             usleep(pause << UInt32(attempt))

@@ -75,8 +75,13 @@ public struct Importer {
             try apply(try self.livePage(objects))
         }
         let wanted = UncheckedBox { (keys: [String]) in try self.unknown(keys) }
-        try runBlocking(stopping: stopping) {
-            try await store.list(prefix: "", pagesOf: Self.pageSize, wanted: { try wanted.value($0) }) { try page.value($0) }
+        // Asked again a moment later when the store fails transiently, as `run` is (the pages
+        // handed on by then are known, and not handed again): a failed LIST failed a mount
+        // again's first poll, and a user's `ubiq sync` with it.
+        try retryingTransient(attempts: 4, pause: 200_000) {
+            try runBlocking(stopping: stopping) {
+                try await store.list(prefix: "", pagesOf: Self.pageSize, wanted: { try wanted.value($0) }) { try page.value($0) }
+            }
         }
         try state.write { try $0.setMeta(Self.doneKey, "1") }
     }

@@ -191,6 +191,24 @@ import Synchronization
         #expect(faulty.faultsInjected["fail"] == 12)
     }
 
+    /// A mount again's first poll lists the whole store (`Importer.runLive`): a LIST that fails
+    /// for a moment is asked again, as the feed's other requests are, rather than failing the
+    /// poll (and a `ubiq sync` with it: a crash test's did).
+    @Test func aMountAgainsListingRidesOutAFailedList() throws {
+        let store = try newStore()
+        let faulty = FaultyStore(store)
+        let a = try Device(store: store)
+        let b = try Device(store: store, remote: faulty)
+        try a.write("news", "x")
+        a.sync()
+        try b.open()  // started again: its next poll lists the store first
+        faulty.fail(.list, times: 3)
+        try b.feed.poll()
+        #expect(faulty.faultsInjected["fail"] == 3)
+        #expect(!b.feed.look.listing)
+        #expect(try b.read("news") == "x")
+    }
+
     /// The feed asks the store about a key, hears it is gone, and before it applies that, this
     /// device's uploader writes the key anew (a rename onto it, an edit sent over a delete):
     /// the delete is not applied to what was just uploaded (a crash test lost files this way).

@@ -2,6 +2,7 @@ import Foundation
 import UbiqCoordinator
 import UbiqState
 import UbiqStore
+import UbiqSync
 
 /// Steering sync from the mount: download, evict, pin — through the
 /// `user.ubiq.action` and `user.ubiq.pinned` attributes (so plain `setfattr`
@@ -42,28 +43,22 @@ extension FileSystem {
     }
 
     /// `ubiq sync`: sends what is queued (waiting while that makes progress, at most
-    /// `syncWait`, a minute: `ubiq sync` asks again while fewer items wait each time), then looks for other devices' changes; `everywhere` (`ubiq sync --full`): also
-    /// for what changed in the store without its feed knowing (another tool's objects in a
-    /// bucket, found by listing it whole).
+    /// `syncWait`, a minute: `ubiq sync` asks again while fewer items wait each time; not
+    /// `flushing`: only starts it), then looks for other devices' changes; `everywhere` (`ubiq
+    /// sync --full`): also for what changed in the store without its feed knowing (another
+    /// tool's objects in a bucket, found by listing it whole).
     /// A look that fails for a moment (the store unavailable: a timeout, a 503) is tried again
-    /// twice, 0.2 s and 0.4 s later, before `ubiq sync` says the store could not be reached:
-    /// the feed's own polls ride such hiccups out, and a user's sync failed on a single one.
-    public func syncWithStore(everywhere: Bool) throws {
-        uploader?.flush(timeout: syncWait)
+    /// twice, 0.2 s and 0.4 s later, before it says the store could not be reached (each of a
+    /// look's requests is retried a little already; this rides out a store down a little longer).
+    public func syncWithStore(everywhere: Bool, flushing: Bool = true) throws {
+        if flushing { uploader?.flush(timeout: syncWait) }
+        defer { if !flushing { uploader?.kick() } }
         guard let feed = storeFeed else { return }
-        var tries = 0
-        while true {
-            tries += 1
-            do {
-                try feed.poll(everywhere: everywhere)
-                return
-            } catch let e as StoreError where e.isTransient && tries < 3 {
-                logger.info("sync with the store: \(e); trying again")
-                usleep(UInt32(200_000 << (tries - 1)))
-            } catch {
-                logger.warning("sync with the store failed: \(error)")
-                throw FSError.io("the store could not be reached: \(error)")
-            }
+        do {
+            try retryingTransient(pause: 200_000) { _ = try feed.poll(everywhere: everywhere) }
+        } catch {
+            logger.warning("sync with the store failed: \(error)")
+            throw FSError.io("the store could not be reached: \(error)")
         }
     }
 
