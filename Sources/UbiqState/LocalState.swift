@@ -220,7 +220,19 @@ public final class LocalState: Sendable {
     public func read<T>(_ body: (StateTransaction) throws -> T) throws -> T {
         try applyRecordedNow()
         do {
-            return try dbQueue.read { db in try body(StateTransaction(db: db, now: time.now)) }
+            // A transaction of its own, not GRDB's `read`: that one sets `PRAGMA query_only` on
+            // and off around each read, and SQLite expires every prepared statement when a flag
+            // pragma changes, so each cached statement was compiled again after every read
+            // (a third of a large listing's import went to it). This connection is the only
+            // one, and what reads here does not write.
+            var result: T?
+            try dbQueue.unsafeRead { db in
+                try db.inTransaction(.deferred) {
+                    result = try body(StateTransaction(db: db, now: time.now))
+                    return .commit
+                }
+            }
+            return result!
         } catch let e as DatabaseError {
             throw StateError.database("\(e)")
         }
