@@ -15,19 +15,35 @@ public struct Importer {
     let logger: Logger
     /// This device's id: an object it wrote that no item here records is not imported (below).
     let deviceID: String?
+    /// Objects taken from the store's listing at a time (`defaultPageSize`; a test's smaller).
+    let pageSize: Int
 
-    public init(store: any CloudStore, state: LocalState, cache: ContentCache, logger: Logger, deviceID: String? = nil) {
+    public init(store: any CloudStore, state: LocalState, cache: ContentCache, logger: Logger, deviceID: String? = nil,
+                pageSize: Int = Importer.defaultPageSize) {
         self.store = store; self.state = state; self.cache = cache; self.logger = logger; self.deviceID = deviceID
+        self.pageSize = pageSize
     }
 
     public struct Report: Sendable, Equatable {
         public var added = 0
         public var skipped = 0
+        /// The whole listing was brought in (not: `run` stopped at its bound, and the feed's
+        /// first poll brings in the rest while the file system answers).
+        public var complete = true
     }
+
+    /// Objects of the store's listing a device new to it brings in before its mount answers:
+    /// a larger store's rest comes in through the feed's first poll (`ChangeFeed.importFirst`),
+    /// while the mount answers. (A million objects on the embedded store kept a mount from
+    /// answering for 22.5 s; 100,000, 1.8 s.)
+    public static let beforeMount = 100_000
+
+    /// `run` stopped at its bound.
+    private struct Bounded: Error {}
 
     /// Objects taken from the store's listing at a time, each page in a transaction of its own:
     /// a million keys at once were the mount's peak (900 MB) and most of its time.
-    static let pageSize = 10_000
+    public static let defaultPageSize = 10_000
 
     /// Set in the state once a whole listing of the store was brought in: a mount again takes
     /// the next in its feed's first poll (`runLive`), which the mount waits for 2 s at most.
@@ -38,24 +54,36 @@ public struct Importer {
         (try? state.read { try $0.meta(doneKey) }) == "1"
     }
 
+    /// Brings the store's listing in, a page at a time; stops after the page that reaches
+    /// `limit` objects handed on (`Report.complete` false), and then does not mark
+    /// the store imported: the feed's first poll lists it again and brings in the rest.
     @discardableResult
-    public func run() throws -> Report {
-        let store = self.store
+    public func run(upTo limit: Int? = nil) throws -> Report {
+        let (store, pageSize) = (self.store, self.pageSize)
         // What the pages counted, and their handling, cross into the store's task (which runs
         // one page after another while this thread waits).
         let tally = UncheckedBox(Report())
-        let page = UncheckedBox { (objects: [ObjectInfo]) in try self.importPage(objects, tally) }
+        let listed = UncheckedBox(0)
+        let page = UncheckedBox { (objects: [ObjectInfo]) in
+            try self.importPage(objects, tally)
+            listed.value += objects.count
+            if let limit, listed.value >= limit { throw Bounded() }
+        }
         let wanted = UncheckedBox { (keys: [String]) in try self.unknown(keys) }
         // Asked again a moment later when the store fails transiently (the pages brought in
         // by then are known, and left alone): besides the placeholders, this listing is where
         // leftovers of this device's unanswered uploads are found (below).
-        try retryingTransient(attempts: 4, pause: 200_000) {
-            try runBlocking { try await store.list(prefix: "", pagesOf: Self.pageSize, wanted: { try wanted.value($0) }) { try page.value($0) } }
+        do {
+            try retryingTransient(attempts: 4, pause: 200_000) {
+                try runBlocking { try await store.list(prefix: "", pagesOf: pageSize, wanted: { try wanted.value($0) }) { try page.value($0) } }
+            }
+        } catch is Bounded {
+            tally.value.complete = false
         }
         let report = tally.value
-        try state.write { try $0.setMeta(Self.doneKey, "1") }
+        if report.complete { try state.write { try $0.setMeta(Self.doneKey, "1") } }
         if report.added > 0 || report.skipped > 0 {
-            logger.info("imported \(report.added) items from the store, skipped \(report.skipped)")
+            logger.info("imported \(report.added) items from the store, skipped \(report.skipped)\(report.complete ? "" : "; the rest comes in while the mount answers")")
         }
         return report
     }
@@ -69,7 +97,7 @@ public struct Importer {
     /// answered meanwhile is recorded by then, and stays). `stopping` is asked between pages
     /// (an unmount does not wait for a million keys).
     public func runLive(stopping: @escaping () -> Bool, _ apply: @escaping ([RemoteChange]) throws -> Void) throws {
-        let store = self.store
+        let (store, pageSize) = (self.store, self.pageSize)
         let page = UncheckedBox { (objects: [ObjectInfo]) in
             if stopping() { throw CancellationError() }
             try apply(try self.livePage(objects))
@@ -80,7 +108,7 @@ public struct Importer {
         // again's first poll, and a user's `ubiq sync` with it.
         try retryingTransient(attempts: 4, pause: 200_000) {
             try runBlocking(stopping: stopping) {
-                try await store.list(prefix: "", pagesOf: Self.pageSize, wanted: { try wanted.value($0) }) { try page.value($0) }
+                try await store.list(prefix: "", pagesOf: pageSize, wanted: { try wanted.value($0) }) { try page.value($0) }
             }
         }
         try state.write { try $0.setMeta(Self.doneKey, "1") }

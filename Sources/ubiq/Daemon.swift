@@ -131,15 +131,16 @@ struct Daemon {
             }
         } catch { die("\(error)") }
         // A device new to the store lists it before it mounts (its folders would be empty
-        // otherwise); at a mount again, and a mount whose listing failed here, the feed's first
-        // poll lists the store (`ChangeFeed.importFirst`), which the mount waits for 2 s at most.
+        // otherwise), up to `Importer.beforeMount` objects; at a mount again, and a mount whose
+        // listing failed here, the feed's first poll lists the store (`ChangeFeed.importFirst`),
+        // which the mount waits for 2 s at most; so does a larger store's rest, which it does not wait for.
         let importer = Importer(store: store, state: state, cache: cache, logger: logger, deviceID: deviceID)
-        var importedHere = false
+        var importedHere = false, importedPart = false
         do {
             try ChangeFeed.prepare(store: store, state: state)
             if !Importer.importedBefore(state) {
-                try importer.run()
-                importedHere = true
+                importedHere = try importer.run(upTo: Importer.beforeMount).complete
+                importedPart = !importedHere
             }
         } catch {
             logger.warning("could not list the store (\(error)); showing what this device knew, and listing it again in the background")
@@ -200,7 +201,7 @@ struct Daemon {
         feed.start()
         // A mount again shows the store as it is now when its first look takes a moment, and
         // what the device knew when it takes longer (docs/sync.md).
-        if !importedHere && !feed.waitForAPoll(seconds: Self.firstLookWait) {
+        if !importedHere && !importedPart && !feed.waitForAPoll(seconds: Self.firstLookWait) {
             logger.info("the first look at the store takes more than \(Int(Self.firstLookWait)) s: the mount shows what this device knew meanwhile")
         }
         // The key-value store as the store holds it now (the feed brings later changes).

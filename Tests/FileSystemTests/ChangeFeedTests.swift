@@ -209,6 +209,41 @@ import Synchronization
         #expect(try b.read("news") == "x")
     }
 
+    /// A device new to a store larger than `Importer.beforeMount` brings that many objects in
+    /// before its file system answers, and the rest through its feed's first poll, as another
+    /// device's changes, while it answers (here a bound of 20 objects, in pages of 10). What
+    /// happens here meanwhile is kept: a new file, and a file of the store's not listed yet made
+    /// here under the same name (a conflict, both kept).
+    @Test func aLargeStoresRestComesInWhileTheMountAnswers() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("d")
+        for i in 0 ..< 50 { try a.write("d/f\(i)", "\(i)") }
+        a.sync()
+        let b = try Device(store: store, importBound: (objects: 20, pageSize: 10))
+        let early = try b.names("d")
+        #expect(early.count >= 10 && early.count < 50, "\(early.count) of 50 before the feed's first poll")
+        #expect(b.feed.look.listing)
+        #expect(!Importer.importedBefore(b.state))
+        try b.write("d/mine", "here")
+        #expect(!early.contains("f9"))
+        try b.write("d/f9", "made here")
+        b.pull()
+        #expect(!b.feed.look.listing)
+        #expect(Importer.importedBefore(b.state))
+        for i in 0 ..< 50 where i != 9 { #expect(try b.read("d/f\(i)") == "\(i)") }
+        b.sync()
+        b.pull()
+        let names = try b.names("d")
+        #expect(names.count == 52, "\(names.sorted())")
+        let nine = names.filter { $0.hasPrefix("f9") && $0 != "f9" }
+        #expect(nine.count == 1, "\(names.sorted())")
+        #expect(Set(try [b.read("d/f9")] + nine.map { try b.read("d/" + $0) }) == ["9", "made here"])
+        a.pull()
+        #expect(try a.names("d").sorted() == names.sorted())
+        #expect(try a.read("d/mine") == "here")
+    }
+
     /// The feed asks the store about a key, hears it is gone, and before it applies that, this
     /// device's uploader writes the key anew (a rename onto it, an edit sent over a delete):
     /// the delete is not applied to what was just uploaded (a crash test lost files this way).

@@ -32,6 +32,9 @@ final class Device: @unchecked Sendable {
     let transfers: Int
     /// How long `pull` waits out a real server's faults (0: none: a fault fails the test).
     let serverFaultsWait: TimeInterval
+    /// What a device new to the store brings in before its file system answers, and the pages
+    /// its listing comes in (nil: the daemon's, `Importer.beforeMount` in pages of 10,000).
+    let importBound: (objects: Int, pageSize: Int)?
     var state: LocalState!
     var fs: FileSystem!
     var uploader: Uploader!
@@ -47,8 +50,10 @@ final class Device: @unchecked Sendable {
     init(store: DirectoryStore, dir: URL? = nil, remote: (any CloudStore)? = nil, completeInBackground: Bool = true,
          hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil, syncOnClose: Bool = false,
          freeBytes: (@Sendable (String) -> Int64?)? = nil, time: any TimeSource = SystemTime(),
-         uploadDelay: TimeInterval = 0, residentNodes: Int? = nil, transfers: Int = 4, serverFaultsWait: TimeInterval = 0) throws {
+         uploadDelay: TimeInterval = 0, residentNodes: Int? = nil, transfers: Int = 4, serverFaultsWait: TimeInterval = 0,
+         importBound: (objects: Int, pageSize: Int)? = nil) throws {
         self.store = store
+        self.importBound = importBound
         self.transfers = transfers
         self.serverFaultsWait = serverFaultsWait
         self.residentNodes = residentNodes
@@ -71,11 +76,13 @@ final class Device: @unchecked Sendable {
                                time: time)
         let cache = try ContentCache(directory: dir.appendingPathComponent("cache"), reserve: state.reserve)
         try ChangeFeed.prepare(store: remote, state: state)
-        // As the daemon does: a device new to the store lists it before it starts; started
-        // again, it lists it in its feed's first poll (`pull`).
-        let importer = Importer(store: remote, state: state, cache: cache, logger: logger, deviceID: dir.lastPathComponent)
-        let again = Importer.importedBefore(state)
-        if !again { try importer.run() }
+        // As the daemon does: a device new to the store lists it before it starts (up to a
+        // bound: a larger store's rest comes through its feed's first poll, `pull`, as does the
+        // listing of a device started again).
+        let importer = Importer(store: remote, state: state, cache: cache, logger: logger, deviceID: dir.lastPathComponent,
+                                pageSize: importBound?.pageSize ?? Importer.defaultPageSize)
+        var listInFeed = Importer.importedBefore(state)
+        if !listInFeed { listInFeed = !(try importer.run(upTo: importBound?.objects ?? Importer.beforeMount).complete) }
         var options = Engine.Options(deviceName: name)
         options.completeInBackground = completeInBackground
         options.uploadDelay = uploadDelay
@@ -91,7 +98,7 @@ final class Device: @unchecked Sendable {
                                 options: options)
         (materializer, uploader, fs, feed) = (engine.materializer, engine.uploader, engine.fs, engine.feed)
         self.engine = engine
-        if again { feed.importFirst(importer) }
+        if listInFeed { feed.importFirst(importer) }
     }
 
     /// Brings in the store's changes (what the feed's thread does every few seconds). Over a
@@ -145,10 +152,10 @@ final class Device: @unchecked Sendable {
         fs.release(fh)
     }
 
-    /// Over a real server (`serverFaultsWait` > 0), a read the server failed (SeaweedFS on a
-    /// loaded machine answered GETs of a version with no bytes for five seconds, in several
-    /// suites at once) is tried again for up to that long, as a person would; a fault that lasts
-    /// longer, or any other failure, is thrown.
+    /// Over a real server (`serverFaultsWait` > 0), a read the server failed (SeaweedFS, beside
+    /// the whole suite, answered GETs of one version with no bytes for five seconds) is tried
+    /// again for up to that long, as a person would; a fault that lasts longer, or any other
+    /// failure, is thrown.
     func read(_ path: String) throws -> String {
         let deadline = Date(timeIntervalSinceNow: serverFaultsWait)
         while true {
