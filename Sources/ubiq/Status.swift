@@ -125,7 +125,7 @@ struct Status: ParsableCommand {
         }
         for st in stores {
             var said: [String] = []
-            if st.listing { said.append("listing it (the first look since the mount; what is shown is what this device knew)") }
+            if st.listing { said.append("listing it (the first look since the mount; what is shown is what this device has brought in so far)") }
             if let at = ISO8601DateFormatter().date(from: st.reached) {
                 said.append("last reached \(max(0, Int(Date().timeIntervalSince(at)))) s ago (\(st.reached))")
             } else {
