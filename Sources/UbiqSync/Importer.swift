@@ -59,23 +59,17 @@ public struct Importer {
     /// the store imported: the feed's first poll lists it again and brings in the rest.
     @discardableResult
     public func run(upTo limit: Int? = nil) throws -> Report {
-        let (store, pageSize) = (self.store, self.pageSize)
-        // What the pages counted, and their handling, cross into the store's task (which runs
-        // one page after another while this thread waits).
+        // What the pages counted crosses into the store's task (which runs one page after
+        // another while this thread waits).
         let tally = UncheckedBox(Report())
         let listed = UncheckedBox(0)
-        let page = UncheckedBox { (objects: [ObjectInfo]) in
-            try self.importPage(objects, tally)
-            listed.value += objects.count
-            if let limit, listed.value >= limit { throw Bounded() }
-        }
-        let wanted = UncheckedBox { (keys: [String]) in try self.unknown(keys) }
-        // Asked again a moment later when the store fails transiently (the pages brought in
-        // by then are known, and left alone): besides the placeholders, this listing is where
-        // leftovers of this device's unanswered uploads are found (below).
+        // Besides the placeholders, this listing is where leftovers of this device's
+        // unanswered uploads are found (below).
         do {
-            try retryingTransient(attempts: 4, pause: 200_000) {
-                try runBlocking { try await store.list(prefix: "", pagesOf: pageSize, wanted: { try wanted.value($0) }) { try page.value($0) } }
+            try listUnknown(stopping: { false }) { objects in
+                try self.importPage(objects, tally)
+                listed.value += objects.count
+                if let limit, listed.value >= limit { throw Bounded() }
             }
         } catch is Bounded {
             tally.value.complete = false
@@ -97,21 +91,27 @@ public struct Importer {
     /// answered meanwhile is recorded by then, and stays). `stopping` is asked between pages
     /// (an unmount does not wait for a million keys).
     public func runLive(stopping: @escaping () -> Bool, _ apply: @escaping ([RemoteChange]) throws -> Void) throws {
-        let (store, pageSize) = (self.store, self.pageSize)
-        let page = UncheckedBox { (objects: [ObjectInfo]) in
+        try listUnknown(stopping: stopping) { objects in
             if stopping() { throw CancellationError() }
             try apply(try self.livePage(objects))
         }
+        try state.write { try $0.setMeta(Self.doneKey, "1") }
+    }
+
+    /// The store's whole listing, a page at a time, each page's objects this device does not
+    /// know to `page` (in the store's task, while this thread waits; `stopping` ends a wait on
+    /// the store). Asked again a moment later when the store fails transiently (the pages
+    /// handed on by then are known, and not handed again): a failed LIST failed a mount
+    /// again's first poll, and a user's `ubiq sync` with it.
+    private func listUnknown(stopping: () -> Bool, _ page: @escaping ([ObjectInfo]) throws -> Void) throws {
+        let (store, pageSize) = (self.store, self.pageSize)
+        let page = UncheckedBox(page)
         let wanted = UncheckedBox { (keys: [String]) in try self.unknown(keys) }
-        // Asked again a moment later when the store fails transiently, as `run` is (the pages
-        // handed on by then are known, and not handed again): a failed LIST failed a mount
-        // again's first poll, and a user's `ubiq sync` with it.
         try retryingTransient(attempts: 4, pause: 200_000) {
             try runBlocking(stopping: stopping) {
                 try await store.list(prefix: "", pagesOf: pageSize, wanted: { try wanted.value($0) }) { try page.value($0) }
             }
         }
-        try state.write { try $0.setMeta(Self.doneKey, "1") }
     }
 
     /// Of a page of objects the device did not know when it was listed, the changes to hand on.
