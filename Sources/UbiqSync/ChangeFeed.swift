@@ -418,9 +418,10 @@ public final class ChangeFeed: @unchecked Sendable {
         // One read for all of them (a listing's page is 10,000 objects: a read each was a tenth
         // of a large import).
         let holding = try state.read { tx in
-            try files.map { c -> [EntryRecord] in
+            let recorded = Set(try tx.recordedKeys(among: files.map(\.key)).map(KeyBytes.init))
+            return try files.map { c -> [EntryRecord] in
                 let info = c.info!
-                guard try tx.entries(remoteKey: c.key).isEmpty else { return [] }
+                guard !recorded.contains(KeyBytes(c.key)) else { return [] }
                 // By bytes too when no item here records the id (uploaded before items had one).
                 if let id = info.metadata.fileID, case let found = try tx.entries(fileID: id, limit: 8), !found.isEmpty { return found }
                 guard info.isFileWithBytes else { return [] }

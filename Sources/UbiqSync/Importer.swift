@@ -150,9 +150,7 @@ public struct Importer {
     /// metadata of these alone (a mount again knows nearly all, and reading every object's was
     /// half its time).
     private func unknown(_ keys: [String]) throws -> [Bool] {
-        let byBytes = { (a: String, b: String) in a.utf8.lexicographicallyPrecedes(b.utf8) }
-        guard let low = keys.min(by: byBytes), let high = keys.max(by: byBytes) else { return [] }
-        let known = try state.read { tx in Set(try tx.recordedKeys(from: low, through: high).map(KeyBytes.init)) }
+        let known = try state.read { tx in Set(try tx.recordedKeys(among: keys).map(KeyBytes.init)) }
         return keys.map { !known.contains(KeyBytes($0)) && !ReservedKeys.isReserved($0) }
     }
 
@@ -162,12 +160,12 @@ public struct Importer {
     /// so each page goes as the listing gives it (sorted again, for a store that would not).
     private func importPage(_ objects: [ObjectInfo], _ tally: UncheckedBox<Report>) throws {
         let sorted = objects.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
-        guard let low = sorted.first?.key, let high = sorted.last?.key else { return }
+        guard !sorted.isEmpty else { return }
         try state.write { tx in
             var report = tally.value
             defer { tally.value = report }
             // Keys the device knows (as a name's remote key, or as a pending delete) are left alone.
-            let known = Set(try tx.recordedKeys(from: low, through: high).map(KeyBytes.init))
+            let known = Set(try tx.recordedKeys(among: sorted.map(\.key)).map(KeyBytes.init))
             var nextIno = max(UInt64(try tx.maxInode()) + 1, 2)
             let now = nowNanos()
             // The folder each path of folders came to in this page (a folder's files come one

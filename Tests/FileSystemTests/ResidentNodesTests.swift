@@ -71,6 +71,30 @@ import UbiqState
         #expect(afterRestart == before.enumerated().filter { paths[$0.offset] != "dir/f9" }.map(\.element))
     }
 
+    /// The nodes that leave memory are the least recently reached: files reached between the
+    /// writes of many others stay, whatever their number.
+    @Test func theLeastRecentlySeenLeaveFirst() throws {
+        let d = try Device(store: try newStore(), residentNodes: 20)
+        try d.mkdir("dir")
+        try d.fs.syncState()
+        var kept: [UInt64] = []
+        for i in 0 ..< 5 {
+            try d.write("dir/kept\(i)", "kept \(i)")
+            kept.append(try d.ino("dir/kept\(i)"))
+        }
+        try d.fs.syncState()
+        for i in 0 ..< 200 {
+            try d.write("dir/f\(i)", "content \(i)")
+            if i % 3 == 0 { for k in kept { _ = try d.fs.getattr(k) } }
+            if i % 20 == 19 { try d.fs.syncState() }
+        }
+        try d.fs.syncState()
+        let resident = d.fs.residentNodes
+        #expect(resident.evicted > 100, "nodes in memory: \(resident)")
+        let stayed = d.fs.inodes.locked { t in kept.filter { t.resident($0) != nil } }
+        #expect(stayed == kept, "of the files reached all along, these stayed: \(stayed) of \(kept)")
+    }
+
     /// Writing over a placeholder (open with O_TRUNC: no download) and over a file downloaded
     /// first, with no node kept past those that must be: each step's change reaches the rows
     /// before the node may leave (a placeholder marked present only in memory came back a

@@ -32,4 +32,31 @@ import Testing
         let after = try reprepared()
         #expect(after == before, "compiled again \(after - before) times in five reads")
     }
+
+    /// Of a set of keys, those recorded (an entry's key, or a tombstone's) come out alike
+    /// whether their range is read at once (few others between them) or each is looked up
+    /// (a range that holds many others); NFC and NFD spellings of a name are two keys.
+    @Test func recordedKeysAmongOthers() throws {
+        let state = try LocalState()
+        let nfc = "caf\u{E9}", nfd = "cafe\u{301}"
+        try state.write { tx in
+            for i in 0 ..< 500 {
+                try tx.insertEntry(parent: 1, name: Array("f\(i)".utf8), ino: UInt64(10 + i), remoteKey: String(format: "d/f%04d", i))
+            }
+            _ = try tx.addTombstone(key: "d/f0500", version: "v")
+            try tx.insertEntry(parent: 1, name: Array(nfc.utf8), ino: 9, remoteKey: "e/" + nfc)
+        }
+        func recorded(_ keys: [String]) throws -> Set<[UInt8]> {
+            let among = try state.read { try $0.recordedKeys(among: keys) }
+            let asked = Set(keys.map { Array($0.utf8) })
+            return Set(among.map { Array($0.utf8) }).intersection(asked)
+        }
+        let dense = (490 ..< 510).map { String(format: "d/f%04d", $0) }
+        #expect(try recorded(dense) == Set((490 ... 500).map { Array(String(format: "d/f%04d", $0).utf8) }))
+        // Two keys far apart, 499 recorded keys between them: each is looked up.
+        let sparse = ["d/f0000", "d/f0499x", "d/f0500", "e/" + nfd]
+        #expect(try recorded(sparse) == Set(["d/f0000", "d/f0500"].map { Array($0.utf8) }))
+        #expect(try recorded(["e/" + nfd, "e/" + nfc]) == [Array(("e/" + nfc).utf8)])
+        #expect(try recorded([]).isEmpty)
+    }
 }

@@ -113,10 +113,9 @@ extension FileSystem {
                 && (try? StoreKey.validate($0.key)) != nil
         }
         guard candidates.count > 1 else { return [] }
-        return (try? state.read { tx in
-            Set(try candidates.filter { try tx.entries(remoteKey: $0.key).isEmpty && !(try tx.hasTombstone(key: $0.key)) }
-                .map { KeyBytes($0.key) })
-        }) ?? []
+        guard let recorded = try? state.read({ tx in Set(try tx.recordedKeys(among: candidates.map(\.key)).map(KeyBytes.init)) })
+        else { return [] }
+        return Set(candidates.lazy.map { KeyBytes($0.key) }.filter { !recorded.contains($0) })
     }
 
     /// Makes the items of `run` (new here, all in one folder: `plainAdditions`) in one
@@ -157,21 +156,17 @@ extension FileSystem {
                 }
                 // Asked again here, under the folder's claim, as `applyRemotePut` asks each just
                 // before it makes it: a key this device recorded since the first read waits.
-                let still = try state.read { tx in
-                    Set(try rows.filter { try tx.entries(remoteKey: $0.info.key).isEmpty && !(try tx.hasTombstone(key: $0.info.key)) }
-                        .map { KeyBytes($0.info.key) })
-                }
-                retry += rows.filter { !still.contains(KeyBytes($0.info.key)) }.map(\.info.key)
-                rows.removeAll { !still.contains(KeyBytes($0.info.key)) }
+                let since = try state.read { tx in Set(try tx.recordedKeys(among: rows.map(\.info.key)).map(KeyBytes.init)) }
+                retry += rows.filter { since.contains(KeyBytes($0.info.key)) }.map(\.info.key)
+                rows.removeAll { since.contains(KeyBytes($0.info.key)) }
                 for r in rows where r.rec.type == UInt32(S_IFREG) && r.rec.size == 0 { try cache.createEmpty(r.rec.ino) }
                 try persistNow { tx in
                     for r in rows {
-                        try tx.upsert(r.rec)
-                        try tx.markUploaded(r.rec.ino, contentGen: 1, metaGen: 1)
+                        try tx.insertUploaded(r.rec)
                         try tx.insertEntry(parent: dir, name: r.name, ino: r.rec.ino, remoteKey: r.info.key,
                                            remoteVersion: r.info.version, remoteTag: r.info.contentTag,
                                            remoteDigest: r.info.metadata.sha256, remoteFileID: r.info.metadata.fileID)
-                        try tx.replaceXattrs(r.rec.ino, r.xattrs)
+                        for (k, v) in r.xattrs { try tx.setXattr(r.rec.ino, name: k, value: v) }
                     }
                 }
                 for r in rows {
