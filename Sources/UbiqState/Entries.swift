@@ -97,6 +97,31 @@ extension StateTransaction {
             .map(Self.entryRecord)
     }
 
+    /// What an entry records of its store object that other items are found by (`entries(fileID:)`,
+    /// `entries(tag:digest:name:)`).
+    public enum RecordedValue: String {
+        case fileID = "remote_file_id", tag = "remote_tag", digest = "remote_digest"
+    }
+
+    /// Of `values`, those some entry records as `what`, a few hundred a read: most new items
+    /// of a large listing are held by nothing here, and asking for each alone was a sixth of
+    /// its import. (Text compared as SQLite does, byte for byte; the set only says which
+    /// values are worth a lookup.)
+    public func recorded(_ what: RecordedValue, among values: [String]) throws -> Set<String> {
+        var out = Set<String>()
+        var start = 0
+        while start < values.count {
+            let chunk = Array(values[start ..< min(values.count, start + 500)])
+            start += chunk.count
+            let marks = Array(repeating: "?", count: chunk.count).joined(separator: ",")
+            for v in try String.fetchAll(db, sql: "SELECT DISTINCT \(what.rawValue) FROM entries WHERE \(what.rawValue) IN (\(marks))",
+                                         arguments: StatementArguments(chunk)) {
+                out.insert(v)
+            }
+        }
+        return out
+    }
+
     public func children(of parent: UInt64) throws -> [EntryRecord] {
         try Row.fetchAll(db, cached: "SELECT * FROM entries WHERE parent = ?", arguments: [Int64(bitPattern: parent)])
             .map(Self.entryRecord)

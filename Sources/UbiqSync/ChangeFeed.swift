@@ -419,12 +419,21 @@ public final class ChangeFeed: @unchecked Sendable {
         // of a large import).
         let holding = try state.read { tx in
             let recorded = Set(try tx.recordedKeys(among: files.map(\.key)).map(KeyBytes.init))
+            // The ids and bytes any item here records, asked for all of them at once: an item
+            // none of whose is recorded is held by nothing here (most of a listing's).
+            let infos = files.lazy.filter { !recorded.contains(KeyBytes($0.key)) }.map { $0.info! }
+            let ids = try tx.recorded(.fileID, among: infos.compactMap(\.metadata.fileID))
+            let tags = try tx.recorded(.tag, among: infos.compactMap(\.contentTag))
+            let digests = try tx.recorded(.digest, among: infos.compactMap(\.metadata.sha256))
             return try files.map { c -> [EntryRecord] in
                 let info = c.info!
                 guard !recorded.contains(KeyBytes(c.key)) else { return [] }
                 // By bytes too when no item here records the id (uploaded before items had one).
-                if let id = info.metadata.fileID, case let found = try tx.entries(fileID: id, limit: 8), !found.isEmpty { return found }
-                guard info.isFileWithBytes else { return [] }
+                if let id = info.metadata.fileID, ids.contains(id), case let found = try tx.entries(fileID: id, limit: 8), !found.isEmpty {
+                    return found
+                }
+                guard info.isFileWithBytes, info.contentTag.map(tags.contains) == true || info.metadata.sha256.map(digests.contains) == true
+                else { return [] }
                 let name = Array(StoreKey.segments(c.key).parts.last!.utf8)
                 return try tx.entries(tag: info.contentTag, digest: info.metadata.sha256, name: name, limit: 8)
                     .filter { $0.holdsTheBytes(of: info) }
