@@ -267,22 +267,27 @@ import UbiqStore
     }
 
     /// The store copies, then deletes; a feed may tell the copy a poll before the delete (a log
-    /// object written between the two). The old key is asked for, and the move arrives whole.
+    /// object written between the two). The old key is asked for, and the move arrives whole:
+    /// a file with bytes, and an empty one (found by its id in the store alone).
     @Test func aMoveWhoseDeleteTheFeedHasNotToldIsStillAMove() throws {
         let store = try newStore()
         let a = try Device(store: store)
         try a.write("f", text(3))
+        try a.write("e", "")
         a.sync()
         let hiding = ShapedFeed(CountingStore(store))
         let b = try Device(store: store, remote: hiding)
         #expect(try b.read("f") == text(3))
         let ino = try b.ino("f")
+        let empty = try b.ino("e")
         let fetched = hiding.counting.bytesRead
         hiding.hideDeletes = true
         try a.fs.rename(rootIno, n("f"), rootIno, n("g"))
+        try a.fs.rename(rootIno, n("e"), rootIno, n("e2"))
         a.sync()
         b.pull()
-        #expect(try b.names("") == ["g"])
+        #expect(try b.names("") == ["e2", "g"])
+        #expect(try b.ino("e2") == empty)
         #expect(try b.ino("g") == ino)
         #expect(try b.fs.getattr(ino).blocks > 0)
         #expect(hiding.counting.bytesRead == fetched)
