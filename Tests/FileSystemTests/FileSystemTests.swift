@@ -840,6 +840,8 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         let group = DispatchGroup()
         let failures = NSLock()
         nonisolated(unsafe) var bad = 0
+        nonisolated(unsafe) var why: [String] = []
+        let started = Date()
         for t in 0 ..< 8 {
             group.enter()
             Thread {
@@ -850,14 +852,20 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
                     var off = Int64(t) * 1_000_003 % Int64(size)
                     for _ in 0 ..< 20 {
                         let n = min(300_000, size - Int(off))
-                        if try read(d, fh, off, n) != Array(bytes[Int(off) ..< Int(off) + n]) { failures.lock(); bad += 1; failures.unlock() }
+                        do {
+                            if try read(d, fh, off, n) != Array(bytes[Int(off) ..< Int(off) + n]) {
+                                failures.withLock { bad += 1; why.append("wrong bytes at \(off)") }
+                            }
+                        } catch {
+                            failures.withLock { bad += 1; why.append("\(error) at \(off), \(Date().timeIntervalSince(started)) s in") }
+                        }
                         off = (off + 777_777) % Int64(size)
                     }
-                } catch { failures.lock(); bad += 1; failures.unlock() }
+                } catch { failures.withLock { bad += 1; why.append("open: \(error)") } }
             }.start()
         }
         #expect(group.wait(timeout: .now() + 60) == .success)
-        #expect(bad == 0)
+        #expect(bad == 0, "\(failures.withLock { why.prefix(5) })")
         // Every byte came down once, whoever asked for it first.
         try waitUntil(seconds: 30, every: 0.01) { try d.fs.getattr(ino).blocks * 512 >= Int64(size) }
         #expect(counting.bytesRead == Int64(size))
