@@ -147,11 +147,24 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
     /// compares text.
     /// `tell`: whether the changes are wanted (a cursor alone, at a fresh mount, is a million
     /// objects' changes not made: 650 bytes each, most of that mount's peak memory).
+    /// A listing of the first part only (`Listing.through`: a fresh device's first) is recorded
+    /// as far as it went: the next listing's keys past it are told only where
+    /// `quietPastFirstPart` is false (see `S3Store.listEverything`); any others as ever.
     func advance(since: String?, to listing: Listing, unsettled: TimeInterval = 2,
-                 stableFolders: Bool = false, pageRows: Int = 10_000, tell: Bool = true) throws -> (changes: [StoreChange], cursor: String)? {
+                 stableFolders: Bool = false, pageRows: Int = 10_000, tell: Bool = true,
+                 quietPastFirstPart: Bool = false) throws -> (changes: [StoreChange], cursor: String)? {
         try run { db in
             let gen = try Self.generation(db)
             if let since, since != cursor(gen) { return nil }
+            // Where the listing `since` names stopped, when it was a first part.
+            let part = since == nil ? nil : try String.fetchOne(db, sql: "SELECT value FROM settings WHERE name = ?",
+                                                                arguments: [Self.firstPartSetting])
+            let quietPast = quietPastFirstPart ? part : nil
+            if let through = listing.through {
+                try db.execute(sql: "INSERT OR REPLACE INTO settings VALUES (?, ?)", arguments: [Self.firstPartSetting, through])
+            } else {
+                try db.execute(sql: "DELETE FROM settings WHERE name = ?", arguments: [Self.firstPartSetting])
+            }
             let precedes = { (a: String, b: String) in a.utf8.lexicographicallyPrecedes(b.utf8) }
             var objects = listing.objects  // in order already (`listAll`); sorted here if not
             if zip(objects, objects.dropFirst()).contains(where: { precedes($1.key, $0.key) }) {
@@ -205,16 +218,26 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
                 let settled = folder || (o.modified.map { listing.taken.timeIntervalSince($0) >= unsettled } ?? true)
                 let full = folder ? "\(o.etag)||\(o.size)" : o.stamp
                 let stamp = settled ? full : ""
-                if tell, (since == nil ? nil : held) != full { changes.append(StoreChange(kind: .put, key: o.key, version: nil)) }
+                let quiet = held == nil && quietPast.map { precedes($0, o.key) } == true
+                if tell, !quiet, (since == nil ? nil : held) != full { changes.append(StoreChange(kind: .put, key: o.key, version: nil)) }
                 if held != stamp { try put.execute(arguments: [o.key, stamp]) }
             }
             // What is known of keys no longer listed (deleted, or learned from a snapshot and
-            // never here) is of no use: the table stays the bucket's size.
-            try db.execute(sql: "DELETE FROM known WHERE key NOT IN (SELECT key FROM feed)")
+            // never here) is of no use: the table stays the bucket's size. (A first part says
+            // nothing of the keys past it: what a snapshot said of them stays for the rest.)
+            if listing.through == nil { try db.execute(sql: "DELETE FROM known WHERE key NOT IN (SELECT key FROM feed)") }
             try Self.setGeneration(db, gen + 1)
             return (changes, cursor(gen + 1))
         }
     }
+
+    /// Whether the feed never looked at the bucket through this index (a fresh device's).
+    func neverListed() throws -> Bool {
+        try run { try Self.generation($0) == 0 }
+    }
+
+    /// The setting of where the last listing stopped, when it was a first part.
+    static let firstPartSetting = "first-part-through"
 
     /// Whether `since` is the latest cursor.
     func isLatest(_ since: String) throws -> Bool {

@@ -24,6 +24,9 @@ struct Listing: Sendable {
     /// The server's clock when the listing began (its `Date` header), else ours.
     var taken = Date()
     var requests = 0
+    /// The last key listed, where the listing stopped after its first part (`listAll`'s
+    /// `stoppingAfter`): what comes after it in key order was not listed. Nil: listed whole.
+    var through: String?
 }
 
 extension S3Objects {
@@ -32,8 +35,10 @@ extension S3Objects {
     /// over 255 bytes, not UTF-8) are set aside with the reason; the store's own keys are
     /// left out.
     /// `pageSize` keys a request (S3's most); `more` is told once, when the first page says
-    /// there is more to list.
-    func listAll(under: String, pageSize: Int = 1000, more: () -> Void = {}) async throws -> Listing {
+    /// there is more to list. `stoppingAfter`: the listing ends after the page that brings it
+    /// to that many objects (`Listing.through` says where, when there was more).
+    func listAll(under: String, pageSize: Int = 1000, stoppingAfter bound: Int = .max,
+                 more: () -> Void = {}) async throws -> Listing {
         var out = Listing()
         var token: String?
         var first = true
@@ -49,8 +54,9 @@ extension S3Objects {
             token = parse(r.text, into: &out)
             if first && token != nil { more() }
             first = false
-        } while token != nil
+        } while token != nil && out.objects.count < bound
         out.objects.sort { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
+        if token != nil { out.through = out.objects.last?.key ?? "" }
         return out
     }
 

@@ -77,6 +77,9 @@ final class S3Snapshots: @unchecked Sendable {
         var entries = 0
         var unreadable = PassedOver()
         var requests = 0
+        /// The part the load stopped before, where it stopped at its bound (nil: it read to
+        /// the end, or the snapshot could not be read).
+        var next: Int?
     }
 
     let objects: S3Objects
@@ -115,10 +118,14 @@ final class S3Snapshots: @unchecked Sendable {
         try await all().last { $0.complete }
     }
 
-    /// Reads `snapshot`'s entries into `index`, part by part (a part at a time in memory).
-    /// Entries that cannot be read are described and passed over; a part that cannot be
-    /// fetched ends the load (what was read stays: each entry stands alone).
-    func load(_ snapshot: Found, into index: S3Index) async throws -> Loaded {
+    /// Reads `snapshot`'s entries into `index`, part by part (a part at a time in memory),
+    /// from part `from` on. Entries that cannot be read are described and passed over; a part
+    /// that cannot be fetched ends the load (what was read stays: each entry stands alone).
+    /// Parts hold their entries in key order: a load `through` a key stops after the part that
+    /// reaches it (a fresh device's first part of the bucket needs the first few parts of a
+    /// hundred), and one of `parts` after that many (`Loaded.next` says where it stopped).
+    func load(_ snapshot: Found, into index: S3Index, from: Int = 0, through: String? = nil,
+              parts partsAtMost: Int = .max) async throws -> Loaded {
         var out = Loaded()
         let base = Self.folder + snapshot.name + "/"
         // A done object that does not read is asked for once more before it is passed over: a
@@ -141,7 +148,14 @@ final class S3Snapshots: @unchecked Sendable {
         }
         let parts = snapshot.parts.sorted().prefix(min(max(0, done.parts), Self.maxParts))
         let decoder = JSONDecoder()
-        for part in parts {
+        for (i, part) in parts.enumerated() where i >= from {
+            if i - from >= partsAtMost {
+                out.next = i
+                break
+            }
+            // An empty part holds nothing (a snapshot of a bucket with nothing settled in it):
+            // a ranged GET of it is refused (416), which passed the whole snapshot over.
+            if snapshot.sizes[part] == 0 { continue }
             out.requests += 1
             // Its length is known from the listing: a busy server's short answer is asked again.
             let data = try await objects.client.send(.GET, key: objects.prefix + base + part,
@@ -174,6 +188,10 @@ final class S3Snapshots: @unchecked Sendable {
             }
             try index.remember(good)
             out.entries += good.count
+            if let through, let last = lines.last(where: { $0 != nil })??.key, !last.utf8.lexicographicallyPrecedes(through.utf8) {
+                if i + 1 < parts.count { out.next = i + 1 }
+                break
+            }
         }
         return out
     }

@@ -84,8 +84,13 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// again: the importer's), with the log's objects marked just before it: the feed's first
     /// full listing, due at once, takes it rather than listing the bucket again (`listEverything`).
     private var premarked: (listing: Listing, marked: S3ChangeLog.Read, at: Date)?
+    /// Snapshot loads, one at a time (`loadLatestSnapshot`).
+    private let snapshotLoads = AsyncGate()
     /// How long a premarked listing waits for the feed's first full listing.
     static let premarkedFor: TimeInterval = 120
+    /// The feed's last listing was a fresh device's first part (`startingCursor`): the next is
+    /// its first full one.
+    private var firstPartOnly = false
     /// Folder keys the log said were deleted (when), on a server without folder metadata: for
     /// `foldersCheckedFor` seconds, a HEAD of each is checked with a listing (see `head`).
     private var foldersSaidDeleted: [KeyBytes: Date] = [:]
@@ -100,6 +105,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         snapshots = S3Snapshots(objects: objects)
         // A wish a run before this one made and did not meet (see `describe`).
         snapshotWanted = (try? index.setting(Self.snapshotWish)) == "1"
+        firstPartOnly = (try? index.setting(S3Index.firstPartSetting)) != nil
         // Writes of the last run that no log object names (it ended between a write and its
         // log object): their entries go out with this run's first.
         for w in index.unlogged() { log.record(.init(op: w.op, key: w.key, version: nil, row: w.id)) }
@@ -175,7 +181,9 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     public func list(prefix: String) async throws -> [ObjectInfo] {
         var all: [ObjectInfo] = []
-        try await describe(listing(prefix), counted: true, pagesOf: describePage) { all += $0.lazy.map(\.1) }
+        let listing = try await listing(prefix)
+        try await describe(listing, counted: true, pagesOf: describePage) { all += $0.lazy.map(\.1) }
+        if listing.through != nil { throw ListingCutShort() }
         return all
     }
 
@@ -184,7 +192,10 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// peak).
     public func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
                      _ body: ([ObjectInfo]) throws -> Void) async throws {
-        try await describe(listing(prefix), counted: true, pagesOf: min(max(1, size), describePage), wanted: wanted) { try body($0.map(\.1)) }
+        let listing = try await listing(prefix)
+        try await describe(listing, counted: true, pagesOf: min(max(1, size), describePage), wanted: wanted) { try body($0.map(\.1)) }
+        // A fresh device's first part (`startingCursor`): handed on, and said to be only that.
+        if listing.through != nil { throw ListingCutShort() }
     }
 
     /// The listing of `prefix`: the whole bucket's just after a full listing (a fresh mount:
@@ -200,11 +211,21 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         // one can be this (a mount again listed the bucket twice, the second time at once).
         if prefix.isEmpty, lock.withLock({ lastFullListing == nil && premarked == nil }) {
             let marked = try await lookSinceLastRun()
-            let listing = try await objects.listAll(under: "", pageSize: listingPageSize)
+            // The rest of a snapshot whose first parts a fresh device read is read meanwhile.
+            let inPart = snapshotReadInPart
+            async let rest = inPart ? loadLatestSnapshot() : false
+            let listing: Listing
+            do { listing = try await objects.listAll(under: "", pageSize: listingPageSize) } catch {
+                _ = await rest
+                throw error
+            }
+            _ = await rest
             warn(listing.skipped)
             let at = Date()
             lock.withLock { premarked = (listing, marked, at) }
-            later(Self.premarkedFor) { if $0.premarked?.at == at { $0.premarked = nil } }
+            // Kept for the feed's first full listing whatever its wait, after a first part: a
+            // listing taken anew would tell every key past that part (millions of changes).
+            later(Self.premarkedFor) { if $0.premarked?.at == at, !$0.firstPartOnly { $0.premarked = nil } }
             return listing
         }
         let listing = try await objects.listAll(under: prefix)
@@ -224,7 +245,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                           _ each: ([(ListedObject, ObjectInfo)]) async throws -> Void) async throws {
         let all = listing.objects
         var unknown = try index.unknownCount(all)
-        if unknown >= max(1, all.count / 10), await loadLatestSnapshot() { unknown = try index.unknownCount(all) }
+        if unknown >= max(1, all.count / 10), await loadLatestSnapshot(through: listing.through) { unknown = try index.unknownCount(all) }
         // A new device would send as many HEADs: the next full listing writes a snapshot. The
         // wish is kept in the index, so that a restart before that listing (minutes away) does
         // not leave every new device to HEADs for the day until the next one.
@@ -299,22 +320,53 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     /// Reads the bucket's latest snapshot into the index unless it did before; whether it
     /// read one. A snapshot that cannot be read is said, and the objects get HEADs.
-    private func loadLatestSnapshot() async -> Bool {
+    /// `through`: only the parts up to that key (a fresh device's first part of the bucket),
+    /// and `parts`: at most that many; the next load takes the rest, from where this stopped
+    /// (`snapshotPartSetting`). One load at a time: each waits for the one before.
+    private func loadLatestSnapshot(through: String? = nil, parts: Int = .max) async -> Bool {
+        await snapshotLoads.run { await loadLatestSnapshotNow(through: through, parts: parts) }
+    }
+
+    private func loadLatestSnapshotNow(through: String?, parts: Int) async -> Bool {
         do {
             guard let latest = try await snapshots.latest() else { return false }
             let written = writtenAt(latest)
             lock.withLock { if (latestSnapshot ?? .distantPast) < written { latestSnapshot = written } }
             if try index.setting("snapshot") == latest.name { return false }
-            let loaded = try await snapshots.load(latest, into: index)
+            // Where a load of its first parts stopped ("NAME PART").
+            let resumed = try index.setting(Self.snapshotPartSetting).flatMap { v -> Int? in
+                let p = v.split(separator: " ")
+                return p.count == 2 && p[0] == latest.name ? Int(p[1]) : nil
+            } ?? 0
+            let loaded = try await snapshots.load(latest, into: index, from: resumed, through: through, parts: parts)
             for what in loaded.unreadable.lines { logger.warning("passing over what a snapshot holds but cannot be read: \(what)") }
-            try index.setSetting("snapshot", latest.name)
-            logger.info("learned \(loaded.entries) objects' metadata from the bucket's snapshot \(latest.name) (\(loaded.requests) requests)")
+            if let next = loaded.next {
+                try index.setSetting(Self.snapshotPartSetting, "\(latest.name) \(next)")
+            } else {
+                try index.setSetting("snapshot", latest.name)
+                if resumed > 0 { try index.setSetting(Self.snapshotPartSetting, "") }
+            }
+            let which = loaded.next.map { " (parts \(resumed) to \($0 - 1))" } ?? (resumed > 0 ? " (parts \(resumed) on)" : "")
+            logger.info("learned \(loaded.entries) objects' metadata from the bucket's snapshot \(latest.name)\(which) (\(loaded.requests) requests)")
             return true
         } catch {
             logger.warning("could not read the bucket's snapshot (\(error)); asking for each object instead")
             return false
         }
     }
+
+    /// `read()` once `answer` says yes, where `wanted`; else false.
+    private func readWhenSaid(_ answer: AsyncAnswer, _ wanted: Bool, _ read: () async -> Bool) async -> Bool {
+        guard wanted, await answer.value else { return false }
+        return await read()
+    }
+
+    /// The index's setting of the snapshot whose first parts alone were read, and the part
+    /// the rest begins at.
+    static let snapshotPartSetting = "snapshot-part"
+
+    /// Whether the last snapshot this index read from was read only in part.
+    private var snapshotReadInPart: Bool { !((try? index.setting(Self.snapshotPartSetting)) ?? nil ?? "").isEmpty }
 
     /// Whether this device writes a snapshot with its full listing: when a listing needed
     /// many HEADs (so would a new device), or when the latest is `snapshotInterval` old (each
@@ -552,12 +604,19 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// A full listing, compared with the last one. The log objects there are now are noted
     /// as read first: what they name is in this listing.
     /// `tell`: the changes are wanted (not for a cursor alone).
-    private func listEverything(since: String?, cursor: String?, tell: Bool = true) async throws -> ChangeBatch {
+    /// `firstPart`: a fresh device's first listing stops after that many objects (see
+    /// `startingCursor`).
+    private func listEverything(since: String?, cursor: String?, tell: Bool = true, firstPart: Int? = nil) async throws -> ChangeBatch {
         // The importer's listing at a mount again, when this is the feed's first full listing
-        // (not one asked for: `ubiq sync --full` lists anew).
+        // (not one asked for: `ubiq sync --full` lists anew). After a fresh device's first part,
+        // that listing whatever was asked (one taken anew would tell every key past the part:
+        // millions of changes), and one asked for comes at the next look.
+        var askedStill = false
         let taken = lock.withLock { () -> (listing: Listing, marked: S3ChangeLog.Read)? in
             defer { premarked = nil }
-            guard since != nil, !fullListingAsked, let p = premarked, Date().timeIntervalSince(p.at) < Self.premarkedFor else { return nil }
+            guard since != nil, let p = premarked, !fullListingAsked || firstPartOnly,
+                  firstPartOnly || Date().timeIntervalSince(p.at) < Self.premarkedFor else { return nil }
+            askedStill = fullListingAsked
             return (p.listing, p.marked)
         }
         let marked: S3ChangeLog.Read
@@ -569,25 +628,47 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             // A device that never read a snapshot of the bucket reads the latest while it lists,
             // once the listing's first page says there is more than a page: one after the other,
             // a fresh device's mount at 100,000 objects listed for 3 s and then read it for 2.
+            // Of a first part, the snapshot's first parts (what is past them waits for the rest).
             let fresh = since == nil && (try? index.setting("snapshot")) == nil
-            var snapshot: Task<Bool, Never>?
-            listing = try await objects.listAll(under: "", pageSize: listingPageSize) {
-                if fresh { snapshot = Task { await self.loadLatestSnapshot() } }
+            let parts = firstPart.map { $0 / max(1, snapshots.entriesPerPart) + 1 } ?? .max
+            // Said by the listing's first page (a child task of this one waits for it: a task of
+            // its own would run on the cooperative pool, which blocked callers may hold).
+            let more = AsyncAnswer()
+            async let snapshot = readWhenSaid(more, fresh) { await self.loadLatestSnapshot(parts: parts) }
+            do {
+                listing = try await objects.listAll(under: "", pageSize: listingPageSize, stoppingAfter: firstPart ?? .max) {
+                    more.say(true)
+                }
+            } catch {
+                more.say(false)
+                _ = await snapshot
+                throw error
             }
-            _ = await snapshot?.value
+            more.say(false)
+            _ = await snapshot
+            if listing.through == nil, snapshotReadInPart { _ = await loadLatestSnapshot() }
             warn(listing.skipped)
         }
+        // The listing the importer brought in what it did not know from, after a first part:
+        // the keys past that part are in (`S3Index.advance`).
         guard var (changes, next) = try index.advance(since: since, to: listing, unsettled: Self.unsettled,
-                                                      stableFolders: !objects.keepsFolderMetadata, tell: tell) else {
+                                                      stableFolders: !objects.keepsFolderMetadata, tell: tell,
+                                                      quietPastFirstPart: taken != nil) else {
             return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         }
         // A first listing's changes are every object: the feed takes its cursor only.
         if since != nil { try tellKnown(&changes, in: listing) }
         log.noteRead(marked)
         noteLogPosition(marked.position)
-        listed(requests: marked.requests + listing.requests)
-        try? await log.prune(olderThan: logRetention)
-        if (try? await snapshotDue()) == true { await writeSnapshot(listing) }
+        lock.withLock { firstPartOnly = listing.through != nil }
+        // A first part is no full listing: the next look lists the bucket whole, and a
+        // snapshot of a part would cost every new device its HEADs.
+        if listing.through == nil {
+            listed(requests: marked.requests + listing.requests)
+            if askedStill { lookEverywhereNext() }
+            try? await log.prune(olderThan: logRetention)
+            if (try? await snapshotDue()) == true { await writeSnapshot(listing) }
+        }
         // Kept a moment for `list` (any listing after the cursor's previous one will do: the
         // feed has what changed since), then let go: a large bucket's listing is large.
         let at = Date()
@@ -705,6 +786,15 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// A full listing from nothing (`advance(since: nil)` always answers).
     public func currentCursor() async throws -> String {
         try await listEverything(since: nil, cursor: nil, tell: false).cursor
+    }
+
+    /// A device new to the bucket lists its first `objects` only (a million objects are 1,000
+    /// LISTs, which its mount waited for): the importer brings that part in from `list`, the
+    /// feed's first poll lists the bucket whole and brings in the rest. An index that listed the
+    /// bucket before lists it whole, as `currentCursor` does.
+    public func startingCursor(listingFirst objects: Int) async throws -> String {
+        guard try index.neverListed() else { return try await currentCursor() }
+        return try await listEverything(since: nil, cursor: nil, tell: false, firstPart: max(1, objects)).cursor
     }
 
     /// The bucket's versions of `key` when it keeps them; else the current one.

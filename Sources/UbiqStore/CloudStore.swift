@@ -273,6 +273,13 @@ public protocol CloudStore: Sendable {
     /// The feed's cursor as of now: every change made after this call comes after it.
     func currentCursor() async throws -> String
 
+    /// The cursor a device new to the store starts from (`ChangeFeed.prepare`), where finding
+    /// it may list the store: a store whose cursor is a listing (S3) lists its first `objects`
+    /// only, and hands that part to the next `list` of the whole store, which then throws
+    /// `ListingCutShort` (the importer brings in that many before the mount answers; the feed's
+    /// first full listing takes the rest). By default, `currentCursor()`.
+    func startingCursor(listingFirst objects: Int) async throws -> String
+
     /// Prior and current versions of `key`, newest first.
     func versions(of key: String) async throws -> [ObjectInfo]
 
@@ -302,6 +309,8 @@ public protocol CloudStore: Sendable {
 extension CloudStore {
     public var keepsPriorVersions: Bool { true }
 
+    public func startingCursor(listingFirst objects: Int) async throws -> String { try await currentCursor() }
+
     public func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
                      _ body: ([ObjectInfo]) throws -> Void) async throws {
         let all = try await list(prefix: prefix)
@@ -330,6 +339,13 @@ extension CloudStore {
         try LocalWriteError.write(data, to: fd, at: offset)
         return Int64(data.count)
     }
+}
+
+/// A listing of the whole store ended after its first part (`startingCursor(listingFirst:)`):
+/// what was handed on is only that part, and no key past it may be taken as gone.
+public struct ListingCutShort: Error, CustomStringConvertible {
+    public init() {}
+    public var description: String { "the store's listing was only its first part (the rest comes with the next full listing)" }
 }
 
 /// Writing what a store sent into a local file failed (`errno`: ENOSPC, EIO...).

@@ -56,6 +56,7 @@ public final class CountingStore: CloudStore, Sendable {
     }
 
     public func currentCursor() async throws -> String { try await inner.currentCursor() }
+    public func startingCursor(listingFirst objects: Int) async throws -> String { try await inner.startingCursor(listingFirst: objects) }
     public func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
     public func usage() async throws -> StoreUsage? { try await inner.usage() }
     public func publishChanges() async throws { try await inner.publishChanges() }

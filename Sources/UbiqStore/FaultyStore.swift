@@ -297,6 +297,9 @@ public final class FaultyStore: CloudStore, Sendable {
     }
 
     public func currentCursor() async throws -> String { try await check(.changes); return try await inner.currentCursor() }
+    public func startingCursor(listingFirst objects: Int) async throws -> String {
+        try await check(.changes); return try await inner.startingCursor(listingFirst: objects)
+    }
     public func versions(of key: String) async throws -> [ObjectInfo] { try await check(.head); return try await inner.versions(of: key) }
     public func usage() async throws -> StoreUsage? { try await check(.head); return try await inner.usage() }
     public func publishChanges() async throws { try await check(.put); try await inner.publishChanges() }

@@ -109,6 +109,8 @@ public final class PrefixStore: CloudStore, Sendable {
     }
 
     public func currentCursor() async throws -> String { try await inner.currentCursor() }
+    // Not `startingCursor(listingFirst:)`: the inner store's first part is of the whole
+    // bucket, not of this prefix (the default lists it whole).
 
     public func versions(of key: String) async throws -> [ObjectInfo] {
         let k = try outer(key)

@@ -70,6 +70,7 @@ public final class ThrottledStore: CloudStore, Sendable {
         try await inner.changes(since: cursor, limit: limit)
     }
     public func currentCursor() async throws -> String { try await inner.currentCursor() }
+    public func startingCursor(listingFirst objects: Int) async throws -> String { try await inner.startingCursor(listingFirst: objects) }
     public func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
     public func usage() async throws -> StoreUsage? { try await inner.usage() }
     public func publishChanges() async throws { try await inner.publishChanges() }

@@ -67,10 +67,12 @@ public final class ChangeFeed: @unchecked Sendable {
     }
 
     /// Call before the first listing of the store (the Importer): records where the feed
-    /// starts, so nothing that changes while the listing is taken is missed.
-    public static func prepare(store: any CloudStore, state: LocalState) throws {
+    /// starts, so nothing that changes while the listing is taken is missed. A store whose
+    /// cursor is a listing lists its first `listingFirst` objects only (the importer's bound:
+    /// `CloudStore.startingCursor`).
+    public static func prepare(store: any CloudStore, state: LocalState, listingFirst: Int = Importer.beforeMount) throws {
         if try state.read({ try $0.meta(cursorKey) }) != nil { return }
-        let cursor = try runBlocking { try await store.currentCursor() }
+        let cursor = try runBlocking { try await store.startingCursor(listingFirst: listingFirst) }
         try state.write { try $0.setMeta(cursorKey, cursor) }
     }
 

@@ -73,6 +73,9 @@ public struct Importer {
             }
         } catch is Bounded {
             tally.value.complete = false
+        } catch is ListingCutShort {
+            // The store listed its first part only (`CloudStore.startingCursor`).
+            tally.value.complete = false
         }
         let report = tally.value
         if report.complete { try state.write { try $0.setMeta(Self.doneKey, "1") } }

@@ -5,6 +5,7 @@ import UbiqFS
 import UbiqState
 import UbiqStore
 import Synchronization
+@testable import UbiqS3
 @testable import UbiqSync
 
 /// Other devices' changes arriving through the ChangeFeed.
@@ -242,6 +243,59 @@ import Synchronization
         a.pull()
         #expect(try a.names("d").sorted() == names.sorted())
         #expect(try a.read("d/mine") == "here")
+    }
+
+    /// The same on S3, where the feed's cursor is a listing: the new device lists the bucket's
+    /// first part only (20 objects, in LISTs of 5) before its file system answers, and its
+    /// feed's first poll lists the bucket whole and brings in the rest. What another tool
+    /// changed meanwhile, in that part and past it (a file deleted, one rewritten, one added),
+    /// is there after that poll as in the bucket, and nothing else.
+    @Test func aLargeBucketsRestComesInWhileTheMountAnswers() async throws {
+        try await onAThreadOfItsOwn { try Self.aLargeBucketsRestComesIn() }
+    }
+
+    private static func aLargeBucketsRestComesIn() throws {
+        let s3 = try SeaweedFS.shared()
+        let (a, cleanA) = try runBlocking { try await s3.newStore(versioned: false, fullListingInterval: 86_400) }
+        defer { cleanA() }
+        let raw = a.objects.client, prefix = a.objects.prefix
+        let body = TempPaths.make("ubiq-body")
+        defer { try? FileManager.default.removeItem(at: body) }
+        try runBlocking {
+            for i in 0 ..< 50 {
+                try Data("\(i)".utf8).write(to: body)
+                _ = try await a.put(String(format: "d%d/f%02d", i % 2, i), contentsOf: body,
+                                    metadata: ObjectMetadata(kind: .file, mode: 0o644, uid: getuid(), gid: getgid(),
+                                                             mtimeNs: 1_700_000_000_000_000_000),
+                                    condition: .ifAbsent)
+            }
+        }
+        let (bStore, cleanB) = try runBlocking { try await s3.store(of: raw.endpoint.bucket, fullListingInterval: 86_400) }
+        defer { cleanB() }
+        bStore.listingPageSize = 5
+        let b = try Device(store: try newStore(), remote: bStore, serverFaultsWait: 60, importBound: (objects: 20, pageSize: 10))
+        let early = try b.names("d0")
+        #expect(early.count == 20 && (try? b.names("d1")) == nil, "\(early.sorted())")
+        #expect(b.feed.look.listing && !Importer.importedBefore(b.state))
+        // Another tool, before the feed's first poll: in the first part, a file rewritten and one
+        // deleted, and one added; past it, one deleted and one added.
+        try runBlocking {
+            try await raw.send(.PUT, key: prefix + "d0/f00", body: .data(Data("rewritten".utf8)))
+            try await raw.send(.DELETE, key: prefix + "d0/f02")
+            try await raw.send(.PUT, key: prefix + "d0/f01", body: .data(Data("added".utf8)))
+            try await raw.send(.DELETE, key: prefix + "d1/f01")
+            try await raw.send(.PUT, key: prefix + "d1/f99", body: .data(Data("added past".utf8)))
+        }
+        b.pull()
+        #expect(!b.feed.look.listing && Importer.importedBefore(b.state))
+        let bucket = try runBlocking { try await a.list(prefix: "") }.map(\.key)
+        let here = try ["d0", "d1"].flatMap { d in try b.names(d).map { d + "/" + $0 } }
+        #expect(here.sorted() == bucket.sorted(), "here \(Set(here).symmetricDifference(bucket).sorted())")
+        #expect(bucket.count == 50)
+        #expect(try b.read("d0/f00") == "rewritten")
+        #expect(try b.read("d0/f01") == "added")
+        #expect(try b.read("d1/f99") == "added past")
+        #expect(try b.read("d1/f49") == "49")
     }
 
     /// The feed asks the store about a key, hears it is gone, and before it applies that, this

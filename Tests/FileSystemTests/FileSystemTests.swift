@@ -75,7 +75,7 @@ final class Device: @unchecked Sendable {
         state = try LocalState(path: dir.appendingPathComponent("state.db").path, freeBytes: freeBytes ?? DiskReserve.freeBytes(at:),
                                time: time)
         let cache = try ContentCache(directory: dir.appendingPathComponent("cache"), reserve: state.reserve)
-        try ChangeFeed.prepare(store: remote, state: state)
+        try ChangeFeed.prepare(store: remote, state: state, listingFirst: importBound?.objects ?? Importer.beforeMount)
         // As the daemon does: a device new to the store lists it before it starts (up to a
         // bound: a larger store's rest comes through its feed's first poll, `pull`, as does the
         // listing of a device started again).

@@ -23,6 +23,7 @@ class ForwardingStore: CloudStore, @unchecked Sendable {
     func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch { try await inner.changes(since: cursor, limit: limit) }
     func confirmed(_ changes: [StoreChange]) async -> [StoreChange] { await inner.confirmed(changes) }
     func currentCursor() async throws -> String { try await inner.currentCursor() }
+    func startingCursor(listingFirst objects: Int) async throws -> String { try await inner.startingCursor(listingFirst: objects) }
     func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
     func usage() async throws -> StoreUsage? { try await inner.usage() }
 }

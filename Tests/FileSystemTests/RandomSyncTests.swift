@@ -163,7 +163,12 @@ import UbiqStore
     /// store keeps versions: the run reads files to know what must survive, and without
     /// versions a placeholder whose version another device replaced cannot be read (EIO, by
     /// design: docs/s3.md).
-    @Test func randomOperationsOnThreeDevicesThroughTheS3ChangeLog() throws {
+    /// (On a thread of its own: its devices block on S3 work for minutes.)
+    @Test func randomOperationsOnThreeDevicesThroughTheS3ChangeLog() async throws {
+        try await onAThreadOfItsOwn { try Self().randomOperationsThroughTheS3ChangeLog() }
+    }
+
+    private func randomOperationsThroughTheS3ChangeLog() throws {
         let seeds: [UInt64] = ProcessInfo.processInfo.environment["UBIQ_RANDOM_SEED"].flatMap(UInt64.init).map { [$0] }
             ?? [101, 102, 103]
         let s3 = try SeaweedFS.shared()

@@ -100,6 +100,60 @@ import UbiqStore
         }
     }
 
+    /// A device new to the bucket (`startingCursor(listingFirst:)`) lists its first part
+    /// only, and reads only the snapshot's parts that part needs (parts hold keys in order);
+    /// the `list` that takes that part hands it on and says it was only that. Its next listing
+    /// of the whole bucket reads the snapshot's other parts and needs no HEAD; the feed's first
+    /// full listing, the same one, tells nothing of the keys past the part (the importer took
+    /// them from it), and of the part what changed since. A first part is no full listing: a
+    /// device that finds no snapshot writes none of it.
+    @Test func aNewDeviceListsItsFirstPartAndReadsOnlyTheSnapshotsPartsForIt() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        for i in 0 ..< 60 {
+            _ = try await a.put(String(format: "d%d/f%02d", i % 3, i), contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta,
+                                condition: .ifAbsent)
+        }
+        try await Task.sleep(for: .seconds(2.2))  // settled (S3 times are in seconds)
+        // No snapshot yet: a new device's first part writes none.
+        let (b0, cleanB0) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanB0() }
+        b0.listingPageSize = 5
+        _ = try await b0.startingCursor(listingFirst: 20)
+        #expect(try await b0.snapshots.all().isEmpty)
+        a.snapshots.entriesPerPart = 10
+        _ = try await a.currentCursor()
+        let written = try #require(try await a.snapshots.latest())
+        #expect(written.parts.count == 6)
+        let heads = try await a.list(prefix: "")
+
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanB() }
+        b.listingPageSize = 5
+        let cursor = try await b.startingCursor(listingFirst: 20)
+        var first: [ObjectInfo] = []
+        await #expect(throws: ListingCutShort.self) {
+            try await b.list(prefix: "", pagesOf: 10, wanted: { $0.map { _ in true } }) { first += $0 }
+        }
+        // At least 20 (a page the server makes longer is taken whole).
+        #expect(first.count >= 20 && first.count < 60 && first == Array(heads.prefix(first.count)), "\(first.map(\.key))")
+        #expect(b.headsForLastListing == 0)
+        // Parts of 10 in key order: the first part's keys are in the snapshot's first few.
+        #expect(try b.index.setting(S3Store.snapshotPartSetting) == "\(written.name) \((first.count - 1) / 10 + 1)")
+        #expect(try b.index.setting("snapshot") == nil)
+        #expect(try await b.snapshots.all().count == 1)
+
+        // One key of the part changes meanwhile (another tool's write).
+        try await a.objects.client.send(.PUT, key: a.objects.prefix + "d0/f00", body: .data(Data("changed".utf8)))
+        try await Task.sleep(for: .seconds(2.2))
+        let whole = try await b.list(prefix: "")
+        #expect(whole.count == 60 && b.headsForLastListing == 1, "\(whole.count) objects, \(b.headsForLastListing) HEADs")
+        #expect(try b.index.setting("snapshot") == written.name)
+        let batch = try await b.changes(since: cursor, limit: 1000)
+        #expect(!batch.reset)
+        #expect(batch.changes.map(\.key) == ["d0/f00"], "\(batch.changes.map(\.key))")
+    }
+
     /// A snapshot is written by anyone who can write to the bucket. Lines that are not
     /// entries, keys that are not names or are the store's own, an entry whose version is not
     /// the object its stamp names, one for an object that is not there, metadata out of range:
