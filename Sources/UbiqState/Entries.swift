@@ -111,6 +111,13 @@ extension StateTransaction {
         Set(try inChunks(values) { "SELECT DISTINCT \(what.rawValue) FROM entries WHERE \(what.rawValue) IN (\($0))" })
     }
 
+    /// Whether more than `count` entries record `value` as `what` (at most `count` + 1 rows read).
+    public func recorded(_ what: RecordedValue, _ value: String, byMoreThan count: Int) throws -> Bool {
+        let n = try Int.fetchOne(db, sql: "SELECT count(*) FROM (SELECT 1 FROM entries WHERE \(what.rawValue) = ? LIMIT ?)",
+                                 arguments: [value, count + 1]) ?? 0
+        return n > count
+    }
+
     /// What `sql` reads for `values`, 500 at a time: `sql` is given the placeholders of a
     /// chunk's values, each of its `lists` lists of them gets the chunk's values.
     private func inChunks(_ values: [String], lists: Int = 1, _ sql: (String) -> String) throws -> [String] {

@@ -427,6 +427,19 @@ public final class ChangeFeed: @unchecked Sendable {
             let ids = try tx.recorded(.fileID, among: infos.compactMap(\.metadata.fileID))
             let tags = try tx.recorded(.tag, among: infos.compactMap(\.contentTag))
             let digests = try tx.recorded(.digest, among: infos.compactMap(\.metadata.sha256))
+            // Bytes that many items here hold (copies of one file, another tool's files of the
+            // same content) do not say which of them moved: a new item is not paired by such
+            // bytes. (Each was a lookup among all their holders and up to eight HEADs: a fresh
+            // device's rest of a bucket of a million alike files took over twenty minutes.)
+            var common: [String: Bool] = [:]
+            func manyHold(_ what: StateTransaction.RecordedValue, _ value: String?) throws -> Bool {
+                guard let value else { return false }
+                let key = what.rawValue + ":" + value
+                if let known = common[key] { return known }
+                let many = try tx.recorded(what, value, byMoreThan: Self.holdersOfAMove)
+                common[key] = many
+                return many
+            }
             return try files.map { c -> [EntryRecord] in
                 let info = c.info!
                 guard !recorded.contains(KeyBytes(c.key)) else { return [] }
@@ -434,10 +447,11 @@ public final class ChangeFeed: @unchecked Sendable {
                 if let id = info.metadata.fileID, ids.contains(id), case let found = try tx.entries(fileID: id, limit: 8), !found.isEmpty {
                     return found
                 }
-                guard info.isFileWithBytes, info.contentTag.map(tags.contains) == true || info.metadata.sha256.map(digests.contains) == true
+                guard info.isFileWithBytes, info.contentTag.map(tags.contains) == true || info.metadata.sha256.map(digests.contains) == true,
+                      try !manyHold(.tag, info.contentTag), try !manyHold(.digest, info.metadata.sha256)
                 else { return [] }
                 let name = Array(StoreKey.segments(c.key).parts.last!.utf8)
-                return try tx.entries(tag: info.contentTag, digest: info.metadata.sha256, name: name, limit: 8)
+                return try tx.entries(tag: info.contentTag, digest: info.metadata.sha256, name: name, limit: Self.holdersOfAMove)
                     .filter { $0.holdsTheBytes(of: info) }
             }
         }
@@ -457,6 +471,9 @@ public final class ChangeFeed: @unchecked Sendable {
         }
         return out
     }
+
+    /// Items holding one file's bytes past which a new item is not paired by them (`movedAway`).
+    static let holdersOfAMove = 8
 
     /// Whether metadata says this device wrote it (its origin tag).
     private func writtenHere(_ metadata: ObjectMetadata?) -> Bool {
