@@ -76,6 +76,10 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         try run { try $0.execute(sql: "INSERT OR REPLACE INTO settings VALUES (?, ?)", arguments: [name, value]) }
     }
 
+    func removeSetting(_ name: String) throws {
+        try run { try $0.execute(sql: "DELETE FROM settings WHERE name = ?", arguments: [name]) }
+    }
+
     // MARK: metadata
 
     /// How many of these objects are not known at their stamps (`known` would leave out).

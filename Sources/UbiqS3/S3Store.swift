@@ -181,9 +181,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     public func list(prefix: String) async throws -> [ObjectInfo] {
         var all: [ObjectInfo] = []
-        let listing = try await listing(prefix)
-        try await describe(listing, counted: true, pagesOf: describePage) { all += $0.lazy.map(\.1) }
-        if listing.through != nil { throw ListingCutShort() }
+        try await list(prefix: prefix, pagesOf: describePage, wanted: { $0.map { _ in true } }) { all += $0 }
         return all
     }
 
@@ -344,7 +342,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                 try index.setSetting(Self.snapshotPartSetting, "\(latest.name) \(next)")
             } else {
                 try index.setSetting("snapshot", latest.name)
-                if resumed > 0 { try index.setSetting(Self.snapshotPartSetting, "") }
+                if resumed > 0 { try index.removeSetting(Self.snapshotPartSetting) }
             }
             let which = loaded.next.map { " (parts \(resumed) to \($0 - 1))" } ?? (resumed > 0 ? " (parts \(resumed) on)" : "")
             logger.info("learned \(loaded.entries) objects' metadata from the bucket's snapshot \(latest.name)\(which) (\(loaded.requests) requests)")
@@ -366,7 +364,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     static let snapshotPartSetting = "snapshot-part"
 
     /// Whether the last snapshot this index read from was read only in part.
-    private var snapshotReadInPart: Bool { !((try? index.setting(Self.snapshotPartSetting)) ?? nil ?? "").isEmpty }
+    private var snapshotReadInPart: Bool { ((try? index.setting(Self.snapshotPartSetting)) ?? nil) != nil }
 
     /// Whether this device writes a snapshot with its full listing: when a listing needed
     /// many HEADs (so would a new device), or when the latest is `snapshotInterval` old (each
