@@ -11,7 +11,11 @@ import UbiqStore
 ///   last read it from a `Date` header), 13 digits, so names sort by time.
 /// - Each line of a log object is a JSON entry: `{"op":"put"|"delete","key":…,"version":…}`,
 ///   and for a put what it wrote (`size`, `tag`: the ETag, `meta`) and when (`at`: the
-///   server's time in ms as the writer read it when the answer came). Entries are hints: the
+///   server's time in ms as the writer read it when the answer came); or a move,
+///   `{"op":"move","from":P,"to":Q,"items":[{"name":N,…what the put wrote}]}`: each key P+N
+///   copied to Q+N and deleted, as a put of Q+N and a delete of P+N would say. A move under
+///   way waits in the device while the rounds that make it follow one another (`publish`), so
+///   a folder's move reaches the log whole, one entry per log object. Entries are hints: the
 ///   reader asks the store for each key's current state (a HEAD, or one listing of a folder
 ///   where many of its files changed: `S3Store.confirmed`), so a log object that is wrong,
 ///   late, duplicated or out of order costs requests, never a wrong file.
@@ -33,6 +37,12 @@ final class S3ChangeLog: @unchecked Sendable {
     static let maxPending = 100_000
     /// A log object that cannot be fetched this many looks in a row is passed over.
     static let attemptsPerObject = 3
+    /// How long a move under way waits for the rest of it at most, and without a change noted
+    /// (`publish(holdingMoves:)`); and how many of its entries wait at most (a folder of 10,000
+    /// files and its folders: a copy and a delete each).
+    static let moveHold: TimeInterval = 120
+    static let moveQuiet: TimeInterval = 2
+    static let maxHeld = 25_000
 
     struct Entry: Codable, Equatable {
         var op: String
@@ -48,11 +58,16 @@ final class S3ChangeLog: @unchecked Sendable {
         /// The write's row in the device's index (`S3Index.unlogged`), forgotten once a log
         /// object holds the entry; not part of the log.
         var row: Int64? = nil
+        /// A put that copied another key to this one: that key (a move's first half, when its
+        /// delete follows). In the log only as part of a `move` entry.
+        var from: String? = nil
 
         enum CodingKeys: String, CodingKey { case op, key, version, size, tag, meta, at }
 
-        init(op: String, key: String, version: String?, wrote info: ObjectInfo? = nil, at: Int64? = nil, row: Int64? = nil) {
+        init(op: String, key: String, version: String?, wrote info: ObjectInfo? = nil, at: Int64? = nil, row: Int64? = nil,
+             from: String? = nil) {
             self.op = op; self.key = key; self.version = version; self.row = row
+            self.from = op == "put" && from != key ? from : nil
             if let info, info.key == key, Self.small(info.metadata) {
                 size = info.size; tag = info.contentTag; meta = info.metadata; self.at = at
             }
@@ -119,6 +134,16 @@ final class S3ChangeLog: @unchecked Sendable {
     /// Entries in the log object being written now (one at a time, so they go in order).
     private var inFlight = 0
     private var publishScheduled = false
+    /// A move under way (`publish(holdingMoves:)`): its entries (oldest first), the keys its
+    /// copies came from whose delete has not come, since when it waits, and when a change was
+    /// last noted; and how many publishes that hold nothing back are under way.
+    private var held: [Entry] = []
+    private var heldSources: Set<String> = []
+    private var heldSince: Date?
+    private var lastNoted = Date.distantPast
+    private var releasing = 0
+    /// `moveHold` (tests shorten it).
+    var moveHoldLimit = S3ChangeLog.moveHold
     /// The server's clock minus this device's, from the last `Date` header read.
     private var clockOffset: TimeInterval = 0
     /// Log objects read (or covered by a full listing) that are still in the window, by their time.
@@ -143,37 +168,67 @@ final class S3ChangeLog: @unchecked Sendable {
     /// round goes on go in few log objects (what half a second brought, or a round's), never one
     /// each: every reader fetches every log object.
     func record(_ entry: Entry) {
-        lock.lock()
-        pending.append(entry)
-        noted += 1
-        if pending.count > Self.maxPending { pending.removeFirst(pending.count - Self.maxPending) }
-        let schedule = !publishScheduled && publishesBySelf
-        if schedule { publishScheduled = true }
-        lock.unlock()
-        if schedule {
-            DispatchQueue.global().asyncAfter(deadline: .now() + 0.5) { [self] in
-                lock.withLock { publishScheduled = false }
-                Task { try? await self.publish() }
+        lock.withLock {
+            pending.append(entry)
+            noted += 1
+            lastNoted = Date()
+            if pending.count > Self.maxPending { pending.removeFirst(pending.count - Self.maxPending) }
+        }
+        publishSoon()
+    }
+
+    /// A publish in half a second (none when one is due already): it holds a move under way
+    /// back, and comes again while one waits, so what a round left held goes once it is over.
+    private func publishSoon() {
+        let schedule = lock.withLock {
+            guard !publishScheduled && publishesBySelf else { return false }
+            publishScheduled = true
+            return true
+        }
+        guard schedule else { return }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.5) { [self] in
+            lock.withLock { publishScheduled = false }
+            Task {
+                try? await self.publish(holdingMoves: true)
+                if self.lock.withLock({ !self.held.isEmpty }) { self.publishSoon() }
             }
         }
     }
 
-    /// Writes what was noted before the call as log objects (of at most `entriesPerObject`),
-    /// one at a time; returns when all of it is in the log, a write another call had under way
-    /// included. What is noted meanwhile is left to the next call. What could not be written
-    /// stays noted for the next call (and throws).
-    func publish() async throws {
-        // Entries leave `pending` in order and are dropped only when too many wait, so every
-        // entry noted before the call is written (or given up) once this many are.
-        let target = lock.withLock { noted }
+    /// Writes what was noted before the call as log objects (of at most `entriesPerObject`,
+    /// a move's delete beside its copy not counted), one at a time; returns when all of it is in
+    /// the log, a write another call had under way included. What is noted meanwhile is left
+    /// to the next call. What could not be written stays noted for the next call (and throws).
+    ///
+    /// `holdingMoves` (more upload rounds follow at once): the copies to other keys and the
+    /// deletes of their sources wait in the device instead, so that a folder's move goes to the
+    /// log whole, as `move` entries, once it is over: at a publish that does not hold, after
+    /// `moveHold` seconds, `maxHeld` entries, or `moveQuiet` seconds without a change noted.
+    /// They are in the device's index meanwhile, as every entry not yet written is (a crash
+    /// loses none of them).
+    func publish(holdingMoves: Bool = false) async throws {
+        // Entries leave `pending` in order (to the log, or held back) and are dropped only when
+        // too many wait, so every entry noted before the call is written, held or given up once
+        // this many are. Held entries go back to the front when released.
+        let target = lock.withLock {
+            if !holdingMoves { releasing += 1 }
+            return noted
+        }
+        defer { if !holdingMoves { lock.withLock { releasing -= 1 } } }
         while true {
             enum Step { case finished, wait, write([Entry]) }
             let step: Step = lock.withLock {
+                // Held entries count as gone from `pending`: one that does not hold writes them
+                // (nothing is held anew while it runs: `mayHold`).
+                let hold = holdingMoves && mayHold(now: Date())
+                if !hold, !held.isEmpty {
+                    if inFlight > 0 { return .wait }
+                    releaseHeld()
+                }
                 if noted - pending.count - inFlight >= target { return .finished }
                 if inFlight > 0 { return .wait }
-                let b = Array(pending.prefix(min(Self.entriesPerObject, pending.count - (noted - target))))
-                if b.isEmpty { return .finished }
-                pending.removeFirst(b.count)
+                let b = takeBatch(eligible: pending.count - (noted - target), holding: hold)
+                if b.isEmpty { return noted - pending.count >= target ? .finished : .wait }
                 inFlight = b.count
                 return .write(b)
             }
@@ -201,15 +256,55 @@ final class S3ChangeLog: @unchecked Sendable {
         }
     }
 
+    /// Whether a move under way may wait on (under `lock`).
+    private func mayHold(now: Date) -> Bool {
+        releasing == 0 && held.count < Self.maxHeld && now.timeIntervalSince(lastNoted) < Self.moveQuiet
+            && heldSince.map { now.timeIntervalSince($0) < moveHoldLimit } ?? true
+    }
+
+    /// Puts what was held back at the front of `pending`, to be written next (under `lock`).
+    private func releaseHeld() {
+        pending.insert(contentsOf: held, at: 0)
+        held = []
+        heldSources = []
+        heldSince = nil
+    }
+
+    /// The next log object's entries, from the first `eligible` of `pending` (under `lock`): up
+    /// to `entriesPerObject`, a move's delete beside its copy not counted (the two are one
+    /// item of a `move` entry). `holding`: a move's copies and deletes are held back instead.
+    private func takeBatch(eligible: Int, holding: Bool) -> [Entry] {
+        var batch: [Entry] = []
+        var counted = 0
+        var taken = 0
+        var copiedFrom: Set<String> = []
+        while taken < eligible && counted < Self.entriesPerObject {
+            let e = pending[taken]
+            taken += 1
+            if holding {
+                if let from = e.from {
+                    held.append(e)
+                    heldSources.insert(from)
+                    if heldSince == nil { heldSince = Date() }
+                    continue
+                }
+                if e.op == "delete", heldSources.remove(e.key) != nil {
+                    held.append(e)
+                    continue
+                }
+            }
+            batch.append(e)
+            if e.op == "delete", copiedFrom.remove(e.key) != nil { continue }
+            if let from = e.from { copiedFrom.insert(from) }
+            counted += 1
+        }
+        pending.removeFirst(taken)
+        return batch
+    }
+
     /// One log object of `batch`.
     private func write(_ batch: [Entry]) async throws {
-        var body = Data()
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        for e in batch {
-            body.append(try encoder.encode(e))
-            body.append(0x0A)
-        }
+        let body = try Self.lines(batch)
         let name = Self.folder + Self.name(time: serverNow(), device: device)
         try await objects.send(.PUT, name, headers: objects.checksConditions ? ["If-None-Match": "*"] : [:],
                                body: .data(body), validate: false)
@@ -244,8 +339,9 @@ final class S3ChangeLog: @unchecked Sendable {
     /// (a full listing is about to cover their changes: they are only noted as read) or there
     /// are more than `readingAtMost`; their names listed in `namePages` requests at most.
     func look(from: Int64?, markOnly: Bool, readingAtMost: Int = .max, namePages: Int = .max) async throws -> Read {
-        // This device's own changes first: a look never misses what was done before it.
-        if !markOnly { try await publish() }
+        // This device's own changes first: a look never misses what was done before it (but a
+        // move under way, which this device knows of already, goes when it is over).
+        if !markOnly { try await publish(holdingMoves: true) }
         var out = Read()
         let start = (from ?? serverNow()) - Int64(Self.window * 1000)
         let listed = try await listNames(after: Self.timeText(start) + "-", pages: namePages, into: &out)
@@ -345,17 +441,29 @@ final class S3ChangeLog: @unchecked Sendable {
         for line in data.split(separator: 0x0A, omittingEmptySubsequences: true) {
             lineNumber += 1
             guard let e = try? decoder.decode(Entry.self, from: Data(line)) else {
-                out.unreadable.add("log object \(name), line \(lineNumber): not an entry"); continue
+                if let m = try? decoder.decode(Move.self, from: Data(line)), m.op == "move" {
+                    take(m, of: name, line: lineNumber, mine: mine, into: &out)
+                } else {
+                    out.unreadable.add("log object \(name), line \(lineNumber): not an entry")
+                }
+                continue
             }
             let kind: StoreChange.Kind
             switch e.op {
             case "put": kind = .put
             case "delete": kind = .delete
+            case "move":
+                // A move that also has a key: read as a move, or not at all.
+                if let m = try? decoder.decode(Move.self, from: Data(line)) {
+                    take(m, of: name, line: lineNumber, mine: mine, into: &out)
+                } else {
+                    out.unreadable.add("log object \(name), line \(lineNumber): not an entry")
+                }
+                continue
             default: out.unreadable.add("log object \(name), line \(lineNumber): an operation this version does not know (\(e.op.prefix(40).debugDescription))"); continue
             }
             do {
-                try StoreKey.validate(e.key)
-                if e.key.hasPrefix(S3Objects.reserved) { throw StoreError.invalidKey(e.key, reason: "reserved for the store's own use") }
+                try Self.validate(e.key)
             } catch {
                 out.unreadable.add("log object \(name), line \(lineNumber): \(error)"); continue
             }
@@ -363,6 +471,13 @@ final class S3ChangeLog: @unchecked Sendable {
             out.notes.append(Note(at: e.at, mine: mine))
         }
     }
+
+    /// A key an entry may name: a valid one, not the store's own.
+    static func validate(_ key: String) throws {
+        try StoreKey.validate(key)
+        if key.hasPrefix(S3Objects.reserved) { throw StoreError.invalidKey(key, reason: "reserved for the store's own use") }
+    }
+
 
     /// Deletes log objects older than `retention` (any device's: a delete of one already gone
     /// is no harm), up to a thousand at a time.

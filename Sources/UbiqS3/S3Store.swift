@@ -442,7 +442,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     public func copy(from source: String, version: String, to destination: String, metadata: ObjectMetadata?,
                      condition: WriteCondition) async throws -> ObjectInfo {
-        try await logging("put", destination, wrote: { $0 }) {
+        try await logging("put", destination, movedFrom: source == destination ? nil : source, wrote: { $0 }) {
             try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
         }
     }
@@ -458,15 +458,16 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// holds. A write refused (another device's version, a key gone or not allowed, the quota)
     /// is not logged (its row, if a crash keeps it, is a harmless hint); one that failed
     /// otherwise (its answer lost: it may have been made) is, as a hint without a version.
-    /// The last full listing is no longer one to reuse. A put's entry says what it wrote.
-    private func logging<T>(_ op: String, _ key: String, wrote: (T) -> ObjectInfo?,
+    /// The last full listing is no longer one to reuse. A put's entry says what it wrote, and a
+    /// copy's where from (`movedFrom`: a move's first half, when the delete of that key follows).
+    private func logging<T>(_ op: String, _ key: String, movedFrom: String? = nil, wrote: (T) -> ObjectInfo?,
                             _ write: () async throws -> T) async throws -> T {
         let row = index.noteUnlogged(op: op, key: key)
         lock.withLock { recentListing = nil }
         do {
             let done = try await write()
             let info = wrote(done)
-            log.record(.init(op: op, key: key, version: info?.version, wrote: info, at: log.serverNow(), row: row))
+            log.record(.init(op: op, key: key, version: info?.version, wrote: info, at: log.serverNow(), row: row, from: movedFrom))
             return done
         } catch let e as StoreError {
             switch e {
@@ -481,7 +482,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     }
 
     /// Writes what this device changed to the change log (an upload round ends).
-    public func publishChanges() async throws { try await log.publish() }
+    public func publishChanges(holdingMoves: Bool) async throws { try await log.publish(holdingMoves: holdingMoves) }
 
     /// The next `changes(since:)` lists the whole bucket, whatever the interval says.
     public func lookEverywhereNext() { lock.withLock { fullListingAsked = true } }

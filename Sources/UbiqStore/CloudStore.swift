@@ -291,7 +291,10 @@ public protocol CloudStore: Sendable {
 
     /// Makes what this device changed visible in the feed, where the store holds it back to
     /// send in batches (the S3 store's change log); an upload round calls it when it ends.
-    func publishChanges() async throws
+    /// `holdingMoves`: more rounds follow at once (the outbox has more due), so a move under
+    /// way (a folder's files copied to new keys and their old keys deleted) may wait for them
+    /// and reach the feed whole (docs/s3.md).
+    func publishChanges(holdingMoves: Bool) async throws
 
     /// Asks that the next `changes(since:)` also find what was changed without the feed
     /// knowing (another tool's objects in a bucket), where that costs more than a poll.
@@ -325,7 +328,9 @@ extension CloudStore {
     public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
         try await list(prefix: prefix, pagesOf: size, wanted: { $0.map { _ in true } }, body)
     }
-    public func publishChanges() async throws {}
+    public func publishChanges(holdingMoves: Bool) async throws {}
+    /// All of it, moves under way too.
+    public func publishChanges() async throws { try await publishChanges(holdingMoves: false) }
     public func lookEverywhereNext() {}
     public func confirmed(_ changes: [StoreChange]) async -> [StoreChange] { changes }
 

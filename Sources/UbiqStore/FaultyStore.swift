@@ -302,7 +302,7 @@ public final class FaultyStore: CloudStore, Sendable {
     }
     public func versions(of key: String) async throws -> [ObjectInfo] { try await check(.head); return try await inner.versions(of: key) }
     public func usage() async throws -> StoreUsage? { try await check(.head); return try await inner.usage() }
-    public func publishChanges() async throws { try await check(.put); try await inner.publishChanges() }
+    public func publishChanges(holdingMoves: Bool) async throws { try await check(.put); try await inner.publishChanges(holdingMoves: holdingMoves) }
     public func lookEverywhereNext() { inner.lookEverywhereNext() }
     public func confirmed(_ changes: [StoreChange]) async -> [StoreChange] { await inner.confirmed(changes) }
 }

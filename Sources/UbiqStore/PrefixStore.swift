@@ -118,7 +118,7 @@ public final class PrefixStore: CloudStore, Sendable {
     }
 
     public func usage() async throws -> StoreUsage? { try await inner.usage() }
-    public func publishChanges() async throws { try await inner.publishChanges() }
+    public func publishChanges(holdingMoves: Bool) async throws { try await inner.publishChanges(holdingMoves: holdingMoves) }
     public func lookEverywhereNext() { inner.lookEverywhereNext() }
 
     /// The inner store's answer, its keys in and out of the prefix.

@@ -73,7 +73,7 @@ public final class ThrottledStore: CloudStore, Sendable {
     public func startingCursor(listingFirst objects: Int) async throws -> String { try await inner.startingCursor(listingFirst: objects) }
     public func versions(of key: String) async throws -> [ObjectInfo] { try await inner.versions(of: key) }
     public func usage() async throws -> StoreUsage? { try await inner.usage() }
-    public func publishChanges() async throws { try await inner.publishChanges() }
+    public func publishChanges(holdingMoves: Bool) async throws { try await inner.publishChanges(holdingMoves: holdingMoves) }
     public func lookEverywhereNext() { inner.lookEverywhereNext() }
     public func confirmed(_ changes: [StoreChange]) async -> [StoreChange] { await inner.confirmed(changes) }
 }

@@ -18,7 +18,9 @@ extension Uploader {
     @discardableResult
     public func processRound(ignoringDelay: Bool) -> Int {
         var handled = 0
-        defer { if handled > 0 { publishChanges() } }
+        let asOf: Date? = ignoringDelay ? .distantFuture : nil  // nil: the state's time
+        // A move under way waits for the rounds that follow at once (docs/s3.md).
+        defer { if handled > 0 { publishChanges(holdingMoves: moreDue(asOf: asOf)) } }
         let now = state.time.now
         cond.lock(); let paused = now < pausedUntil; cond.unlock()
         if paused { return 0 }
@@ -47,7 +49,6 @@ extension Uploader {
             keepFolderEmptied(by: t.key)
             handled += 1
         }
-        let asOf: Date? = ignoringDelay ? .distantFuture : nil  // nil: the state's time
         let due = (try? state.read { try $0.dueOutbox(limit: 64, asOf: asOf) }) ?? []
         handled += uploadSideBySide(due)
         return handled
@@ -145,11 +146,18 @@ extension Uploader {
     /// Makes the round's writes visible to other devices' feeds (the S3 store's change log).
     /// Not done now (the store is down): they go with the next round's, and until then other
     /// devices find them by listing the store.
-    func publishChanges() {
+    func publishChanges(holdingMoves: Bool = false) {
         let store = self.store
-        do { try runBlocking { try await store.publishChanges() } } catch {
+        do { try runBlocking { try await store.publishChanges(holdingMoves: holdingMoves) } } catch {
             logger.info("the store's change log: could not write this round's changes yet: \(error)")
         }
+    }
+
+    /// Whether the outbox has more due at once (a round follows this one without a pause).
+    func moreDue(asOf: Date?) -> Bool {
+        let items = (try? state.read { try $0.dueOutbox(limit: 1, asOf: asOf) }) ?? []
+        let graves = (try? state.read { try $0.tombstones(limit: 1) }) ?? []
+        return !items.isEmpty || !graves.isEmpty
     }
 
     /// Removes a tombstone whose delete was done; false (and a pause) when that could not be

@@ -172,6 +172,8 @@ public final class Uploader: @unchecked Sendable {
     /// file still open for writing). Items sent back to go again at once (waiting for another
     /// item's move, a key to write anew) count as progress for up to 20 rounds in a row.
     public func flush(timeout: TimeInterval) {
+        // What the rounds held back (a move under way) goes to the store's feed too.
+        defer { publishChanges() }
         let deadline = Date(timeIntervalSinceNow: timeout)
         var before = pendingCount
         var requeuedBefore = requeuedCount
@@ -228,6 +230,10 @@ public final class Uploader: @unchecked Sendable {
         }
         return ((try? state.read { try $0.outboxCount() }) ?? 1) == 0
     }
+
+    /// Hands the store's feed everything this device changed, moves under way included (at
+    /// the end of a `flush` and before the daemon exits).
+    public func publishAll() { publishChanges() }
 
     public var pendingCount: Int { (try? state.read { try $0.outboxCount() }) ?? -1 }
 

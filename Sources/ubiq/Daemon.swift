@@ -258,6 +258,7 @@ struct Daemon {
                 logger.warning("\(uploader.pendingCount) changes not yet uploaded; they upload at the next mount")
             }
         }
+        uploader.publishAll()
         // What was only closed is made durable too: an unmounted drive holds nothing a power
         // loss could take.
         cache.syncAll()

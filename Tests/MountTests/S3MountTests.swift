@@ -321,8 +321,9 @@ final class S3Server: @unchecked Sendable {
     }
 
     /// A folder moved on one device is moved on the other, through the change log: the same
-    /// files (inode numbers), still downloaded, still pinned, the same bytes; the old folder
-    /// gone on both devices (SeaweedFS keeps its directory, and says it is there: docs/s3.md).
+    /// files and folders (inode numbers: A's whole move reaches the log at once, as one `move`
+    /// entry, so B sees it in one look), still downloaded, still pinned, the same bytes; the old
+    /// folder gone on both devices (SeaweedFS keeps its directory, and says it is there: docs/s3.md).
     @Test func aFolderMovedOnOneDeviceIsMovedOnTheOther() throws {
         let s3 = try S3Server.shared()
         let bucket = s3.bucket("move")
@@ -335,13 +336,18 @@ final class S3Server: @unchecked Sendable {
         expectOK(eventually(b, "test $(ls photos | wc -l) = 41 && test $(ls photos/2024 | wc -l) = 10", seconds: 60), "B has A's folder")
         expectOK(b.sh("setfattr -n user.ubiq.pinned -v 1 photos && cat photos/*.jpg photos/2024/* | md5sum > /tmp/\(bucket).sum"))
         expectOK(eventually(b, "! getfattr --only-values -n user.ubiq.status photos/*.jpg photos/2024/* | grep -v current", seconds: 30))
-        // The files (the folders too, when A's whole move is in one log object: not tested, as
-        // its log may well be cut in two).
-        let before = b.sh("stat -c %i photos/p7.jpg photos/2024/q3.jpg photos/p40.jpg").out
+        let before = b.sh("stat -c %i photos photos/2024 photos/p7.jpg photos/2024/q3.jpg photos/p40.jpg").out
         expectOK(a.sh("mv photos pictures && \(ubiqBinary) sync ."))
         expectOK(eventually(b, "test ! -e photos && test $(ls pictures | wc -l) = 41 && test $(ls pictures/2024 | wc -l) = 10", seconds: 60),
                  "B has A's move: \(b.sh("ls -R").out) \(shell("grep -v 'moved here' \(b.state)/ubiq.log | tail -40; echo ====A; tail -40 \(a.state)/ubiq.log").out)")
-        #expect(b.sh("stat -c %i pictures/p7.jpg pictures/2024/q3.jpg pictures/p40.jpg").out == before, "the same items")
+        #expect(b.sh("stat -c %i pictures pictures/2024 pictures/p7.jpg pictures/2024/q3.jpg pictures/p40.jpg").out == before, "the same items")
+        // In the log: one move entry, no delete of an old key.
+        let logKeys = s3.curl("", "/\(bucket)?list-type=2").out
+            .components(separatedBy: "<Key>").dropFirst().compactMap { $0.components(separatedBy: "</Key>").first }
+            .filter { $0.hasPrefix("drive/.ubiquity/s3/log/") }
+        let log = logKeys.map { s3.curl("", "/\(bucket)/\($0)").out }.joined(separator: "\n").split(separator: "\n")
+        #expect(log.filter { $0.contains(#""from":"photos/""#) && $0.contains(#""op":"move","to":"pictures/""#) }.count == 1
+                    && !log.contains { $0.contains(#""key":"photos/"#) && $0.contains(#""op":"delete""#) }, "\(log.joined(separator: "\n"))")
         expectOK(b.sh("! getfattr --only-values -n user.ubiq.status pictures/*.jpg pictures/2024/* | grep -v current"), "all still downloaded")
         expectOK(b.sh("getfattr --only-values -n user.ubiq.pinned pictures | grep -qx 1"), "still pinned")
         expectOK(b.sh("cat pictures/*.jpg pictures/2024/* | md5sum | cmp - /tmp/\(bucket).sum && rm /tmp/\(bucket).sum"))

@@ -108,6 +108,10 @@ import UbiqStore
             {"op":"put","key":".ubiquity/s3/meta/x"}
             {"op":"put"}
             {"op":"delete","key":"gone","version":"v1","from":"a newer client"}
+            {"op":"move","from":"a/","to":"b/","items":[{"name":"x","version":"v2","size":"big"},{"name":"../y"}]}
+            {"op":"move","from":"c/","to":".ubiquity/s3/","items":[{"name":"z"}]}
+            {"op":"move","from":"d","to":"d","items":[{"name":""}]}
+            {"op":"move","from":"e/","items":[]}
             """)
         try await putLog(b, "not-a-log-object", #"{"op":"put","key":"never"}"#)
         try await putLog(b, "\(S3ChangeLog.timeText(now + 365 * 86_400_000))-other-2", #"{"op":"put","key":"ahead"}"#)
@@ -115,13 +119,19 @@ import UbiqStore
         try await putLog(b, "\(S3ChangeLog.timeText(now))-other-3",
                          String(repeating: line, count: S3ChangeLog.maxObjectBytes / line.utf8.count + 1000))
         let batch = try await b.changes(since: cursor, limit: 1000)
-        #expect(Set(batch.changes.map(\.key)) == ["good", "gone", "ahead", "big"])
+        #expect(Set(batch.changes.map(\.key)) == ["good", "gone", "ahead", "big", "a/x", "b/x"])
         #expect(batch.changes.first { $0.key == "gone" } == StoreChange(kind: .delete, key: "gone", version: "v1"))
+        // A move's good item: its old key's delete and its new key's put (a wrong size makes
+        // it claim nothing); its bad ones are passed over.
+        #expect(batch.changes.filter { $0.key.hasPrefix("a/") || $0.key.hasPrefix("b/") }
+            == [StoreChange(kind: .delete, key: "a/x", version: nil), StoreChange(kind: .put, key: "b/x", version: "v2")])
         #expect(batch.changes.filter { $0.key == "big" }.count == S3ChangeLog.maxObjectBytes / line.utf8.count)
         let why = batch.unreadable.joined(separator: "\n")
-        #expect(batch.unreadable.count == 6, "\(why)")
+        #expect(batch.unreadable.count == 10, "\(why)")
         for part in ["line 2: not an entry", "line 3: an operation this version does not know (\"rename\")", "dot segment",
-                     "reserved", "line 6: not an entry", "other-3, line \(S3ChangeLog.maxObjectBytes / line.utf8.count + 1): not an entry"] {
+                     "reserved", "line 6: not an entry", "other-3, line \(S3ChangeLog.maxObjectBytes / line.utf8.count + 1): not an entry",
+                     "line 8: a move's item: invalid key \"a/../y\"", "line 9: a move's item: invalid key \".ubiquity/s3/z\"",
+                     "line 10: a move's item: invalid key \"d\": moved onto itself", "line 11: not an entry"] {
             #expect(why.contains(part), "\(part) in \(why)")
         }
         let again = try await b.changes(since: batch.cursor, limit: 1000)
@@ -279,6 +289,101 @@ import UbiqStore
         let firstAmiss = (0 ..< min(keys.count, wanted.count)).first { keys[$0] != wanted[$0] } ?? min(keys.count, wanted.count)
         let inOrder = keys == wanted
         #expect(inOrder, "\(keys.count) of \(n) changes read; the first out of place at \(firstAmiss)")
+    }
+
+    /// A folder moved over several upload rounds (a copy and a delete a file, rounds that
+    /// follow one another hold them back): nothing of it is in the log until the last round,
+    /// then one log object with one `move` entry for the whole folder, which the reader takes
+    /// as a delete and a put a file, told by one listing of each folder. A move left held
+    /// (no round ends it) goes once no change came for `moveQuiet`.
+    @Test func aFolderMovedInRoundsGoesToTheLogWhole() async throws {
+        let (a, b, clean) = try await twoDevices()
+        defer { clean() }
+        a.log.publishesBySelf = false
+        var cursor = try await b.currentCursor()
+        var made: [ObjectInfo] = []
+        for i in 0 ..< 39 {
+            let key = i < 26 ? "docs/f\(i)" : "docs/sub/f\(i)"
+            made.append(try await a.put(key, contentsOf: try tempFile(Array("file \(i)".utf8)), metadata: meta, condition: .ifAbsent))
+        }
+        try await a.publishChanges()
+        cursor = try await look(b, from: cursor).cursor
+        let before = try await logObjects(a)
+        for (i, info) in made.enumerated() {
+            _ = try await a.copy(from: info.key, version: info.version, to: "moved/" + info.key.dropFirst(5), metadata: nil, condition: .ifAbsent)
+            try await a.delete(info.key, condition: .always)
+            if i % 10 == 9 {
+                try await a.publishChanges(holdingMoves: true)
+                #expect(try await logObjects(a) == before, "a round of a move under way wrote to the log")
+                let (changes, next) = try await look(b, from: cursor)
+                #expect(changes.isEmpty, "\(changes)")
+                cursor = next
+            }
+        }
+        try await a.publishChanges(holdingMoves: false)
+        let added = try await logObjects(a).filter { !before.contains($0) }
+        #expect(added.count == 1)
+        let body = try await a.objects.client.send(.GET, key: a.objects.prefix + S3ChangeLog.folder + added[0]).text
+        let lines = body.split(separator: "\n")
+        #expect(lines.count == 1 && lines.first?.contains(#""op":"move""#) == true, "\(body.prefix(300))")
+        let move = try JSONDecoder().decode(S3ChangeLog.Move.self, from: Data(lines[0].utf8))
+        #expect(move.from == "docs/" && move.to == "moved/" && move.items.count == 39)
+        let (changes, _) = try await look(b, from: cursor)
+        #expect(changes.count == 78 && changes.filter { $0.kind == .delete }.map(\.key).sorted() == made.map(\.key).sorted())
+        let told = await b.confirmed(changes)
+        #expect(b.lastLook.requests == 1 + 1 + 4, "a LIST of the log, a GET, a LIST each of docs/, docs/sub/, moved/, moved/sub/: \(b.lastLook)")
+        for c in told {
+            if c.kind == .delete {
+                #expect(c.current == .absent, "\(c.key)")
+            } else {
+                let head = try await b.head(c.key)
+                #expect(c.current == .object(head), "\(c.key): told \(String(describing: c.current)), HEAD \(head)")
+            }
+        }
+
+        // Held, then no round ends it: it goes once nothing was noted for a while.
+        let one = try await a.put("lone", contentsOf: try tempFile([1]), metadata: meta, condition: .ifAbsent)
+        try await a.publishChanges()
+        let logged = try await logObjects(a)
+        _ = try await a.copy(from: "lone", version: one.version, to: "lone2", metadata: nil, condition: .ifAbsent)
+        try await a.delete("lone", condition: .always)
+        try await a.publishChanges(holdingMoves: true)
+        #expect(try await logObjects(a) == logged)
+        try await Task.sleep(for: .seconds(S3ChangeLog.moveQuiet + 0.1))
+        try await a.publishChanges(holdingMoves: true)
+        #expect(try await logObjects(a).count == logged.count + 1)
+    }
+
+    /// How a move's keys split into the folders moved and a name, and the lines a batch of
+    /// entries goes to the log as: a copy and the delete of its source as a move's item.
+    @Test func aMoveIsLoggedByItsFolders() throws {
+        #expect(S3ChangeLog.Move.split(from: "A/sub/x", to: "B/sub/x") == ("A/", "B/", "sub/x"))
+        #expect(S3ChangeLog.Move.split(from: "A/", to: "B/") == ("A/", "B/", ""))
+        #expect(S3ChangeLog.Move.split(from: "A/x", to: "A/y") == ("A/x", "A/y", ""))
+        #expect(S3ChangeLog.Move.split(from: "x/a", to: "y/x/a") == ("", "y/", "x/a"))
+        #expect(S3ChangeLog.Move.split(from: "ab/c", to: "b/c") == ("ab/", "b/", "c"))
+        #expect(S3ChangeLog.Move.split(from: "é/ü", to: "ü") == ("é/", "", "ü"))
+        typealias E = S3ChangeLog.Entry
+        let batch = [
+            E(op: "put", key: "B/x", version: "v1", from: "A/x"),
+            E(op: "put", key: "other", version: "v9"),
+            E(op: "delete", key: "A/x", version: nil),
+            E(op: "put", key: "B/y", version: "v2", from: "A/y"),  // its delete is not in this batch
+            E(op: "put", key: "B/s/z", version: "v3", from: "A/s/z"),
+            E(op: "delete", key: "A/s/z", version: nil),
+            E(op: "put", key: "n2", version: "v4", from: "n1"),
+            E(op: "delete", key: "n1", version: nil),
+            E(op: "put", key: "same", version: "v5", from: "same"),
+        ]
+        #expect(batch[8].from == nil, "a copy onto itself is no move")
+        let lines = String(decoding: try S3ChangeLog.lines(batch), as: UTF8.self).split(separator: "\n").map(String.init)
+        #expect(lines == [
+            #"{"from":"A/","items":[{"name":"x","version":"v1"},{"name":"s/z","version":"v3"}],"op":"move","to":"B/"}"#,
+            #"{"key":"other","op":"put","version":"v9"}"#,
+            #"{"key":"B/y","op":"put","version":"v2"}"#,
+            #"{"from":"n1","items":[{"name":"","version":"v4"}],"op":"move","to":"n2"}"#,
+            #"{"key":"same","op":"put","version":"v5"}"#,
+        ], "\(lines)")
     }
 
     /// All the changes of a look, read whole.
