@@ -332,14 +332,7 @@ import UbiqStore
         #expect(changes.count == 78 && changes.filter { $0.kind == .delete }.map(\.key).sorted() == made.map(\.key).sorted())
         let told = await b.confirmed(changes)
         #expect(b.lastLook.requests == 1 + 1 + 4, "a LIST of the log, a GET, a LIST each of docs/, docs/sub/, moved/, moved/sub/: \(b.lastLook)")
-        for c in told {
-            if c.kind == .delete {
-                #expect(c.current == .absent, "\(c.key)")
-            } else {
-                let head = try await b.head(c.key)
-                #expect(c.current == .object(head), "\(c.key): told \(String(describing: c.current)), HEAD \(head)")
-            }
-        }
+        try await expectAsTheStoreHasIt(told, b)
 
         // Held, then no round ends it: it goes once nothing was noted for a while.
         let one = try await a.put("lone", contentsOf: try tempFile([1]), metadata: meta, condition: .ifAbsent)
@@ -384,6 +377,18 @@ import UbiqStore
             #"{"from":"n1","items":[{"name":"","version":"v4"}],"op":"move","to":"n2"}"#,
             #"{"key":"same","op":"put","version":"v5"}"#,
         ], "\(lines)")
+    }
+
+    /// Each change `store` told as its key is: a delete gone, a put what a HEAD says.
+    func expectAsTheStoreHasIt(_ told: [StoreChange], _ store: S3Store) async throws {
+        for c in told {
+            if c.kind == .delete {
+                #expect(c.current == .absent, "\(c.key)")
+            } else {
+                let head = try await store.head(c.key)
+                #expect(c.current == .object(head), "\(c.key): told \(String(describing: c.current)), HEAD \(head)")
+            }
+        }
     }
 
     /// All the changes of a look, read whole.
@@ -438,14 +443,7 @@ import UbiqStore
         #expect(changes.count == 2 * count)
         told = await b.confirmed(changes)
         #expect(b.lastLook.requests == 1 + (logObjects - before) + 2, "one LIST of docs/ and one of moved/: \(b.lastLook)")
-        for c in told {
-            if c.kind == .delete {
-                #expect(c.current == .absent, "\(c.key)")
-            } else {
-                let head = try await b.head(c.key)
-                #expect(c.current == .object(head), "\(c.key): told \(String(describing: c.current)), HEAD \(head)")
-            }
-        }
+        try await expectAsTheStoreHasIt(told, b)
 
         // Three changes in a folder: a HEAD each is cheaper than a listing.
         for i in 0 ..< 3 { _ = try await a.put("few/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: meta, condition: .ifAbsent) }
