@@ -15,7 +15,9 @@ import UbiqStore
 ///   `{"op":"move","from":P,"to":Q,"items":[{"name":N,…what the put wrote}]}`: each key P+N
 ///   copied to Q+N and deleted, as a put of Q+N and a delete of P+N would say. A move under
 ///   way waits in the device while the rounds that make it follow one another (`publish`), so
-///   a folder's move reaches the log whole, one entry per log object. Entries are hints: the
+///   a folder's move reaches the log whole, one entry per log object; the deletes of its old
+///   keys wait with it (`Entry.deferred`), made just before the log object, so that meanwhile
+///   another device still reads what it has not downloaded at the old keys. Entries are hints: the
 ///   reader asks the store for each key's current state (a HEAD, or one listing of a folder
 ///   where many of its files changed: `S3Store.confirmed`), so a log object that is wrong,
 ///   late, duplicated or out of order costs requests, never a wrong file.
@@ -61,12 +63,16 @@ final class S3ChangeLog: @unchecked Sendable {
         /// A put that copied another key to this one: that key (a move's first half, when its
         /// delete follows). In the log only as part of a `move` entry.
         var from: String? = nil
+        /// A delete a move implies that is made only now, just before the log object that
+        /// holds it (`settleDeletes`); not part of the log.
+        var deferred = false
 
         enum CodingKeys: String, CodingKey { case op, key, version, size, tag, meta, at }
 
         init(op: String, key: String, version: String?, wrote info: ObjectInfo? = nil, at: Int64? = nil, row: Int64? = nil,
-             from: String? = nil) {
+             from: String? = nil, deferred: Bool = false) {
             self.op = op; self.key = key; self.version = version; self.row = row
+            self.deferred = op == "delete" && deferred
             self.from = op == "put" && from != key ? from : nil
             if let info, info.key == key, Self.small(info.metadata) {
                 size = info.size; tag = info.contentTag; meta = info.metadata; self.at = at
@@ -153,6 +159,12 @@ final class S3ChangeLog: @unchecked Sendable {
 
     /// Told the entries a log object now holds.
     private let logged: @Sendable ([Entry]) -> Void
+    /// Makes the deferred deletes (`Entry.deferred`) of a log object's keys, and of `ahead`
+    /// (the entries that wait after it), those made earlier taken as they went; returns the
+    /// log object's keys whose delete was refused (the key holds another version now: their
+    /// entries are not written). Throws when one could not be made (the batch waits for the
+    /// next publish).
+    var settleDeletes: @Sendable ([String], _ ahead: [String]) async throws -> Set<String> = { _, _ in [] }
     /// Whether a change noted outside a round goes to the log by itself (tests of a crash
     /// before the log object turn it off).
     var publishesBySelf = true
@@ -235,11 +247,22 @@ final class S3ChangeLog: @unchecked Sendable {
             switch step {
             case .finished: return
             case .wait: try await Task.sleep(for: .milliseconds(5))
-            case .write(let batch):
+            case .write(var batch):
                 do {
-                    try await write(batch)
+                    // A move's deletes first: a reader told of the move finds its old keys gone.
+                    let deferred = batch.filter(\.deferred).map(\.key)
+                    var refused: [Entry] = []
+                    if !deferred.isEmpty {
+                        let ahead = lock.withLock { pending.filter(\.deferred).map(\.key) }
+                        let no = try await settleDeletes(deferred, ahead)
+                        if !no.isEmpty {
+                            refused = batch.filter { $0.deferred && no.contains($0.key) }
+                            batch.removeAll { $0.deferred && no.contains($0.key) }
+                        }
+                    }
+                    if !batch.isEmpty { try await write(batch) }
                     lock.withLock { inFlight = 0 }
-                    logged(batch)
+                    logged(batch + refused)
                 } catch {
                     lock.withLock {
                         inFlight = 0

@@ -12,7 +12,9 @@ import UbiqStore
 /// - `unlogged`: keys this device wrote (or tried to) that no log object of its names yet
 ///   (S3ChangeLog): a crash between a write and its log object loses no entry;
 /// - `claimed`: what the change log says puts wrote (this device's and others'), and when,
-///   until a full listing has shown them (`S3Store.tellKnown`).
+///   until a full listing has shown them (`S3Store.tellKnown`);
+/// - `deferred`: deletes a move implies that wait for the move's log object (`S3Store.delete`),
+///   with the version each may delete: a crash between the two does not leave the old key.
 ///
 /// WAL with `synchronous = NORMAL`: a commit survives a killed daemon (as the state database's
 /// do), without waiting for the disk: one is made before every write to the bucket.
@@ -54,6 +56,9 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
                     CREATE TABLE claimed (key TEXT PRIMARY KEY, version TEXT NOT NULL, size INTEGER NOT NULL,
                                           meta BLOB NOT NULL, tag TEXT, at INTEGER NOT NULL)
                     """)
+            }
+            m.registerMigration("v4") { db in
+                try db.execute(sql: "CREATE TABLE deferred (key TEXT PRIMARY KEY, version TEXT NOT NULL)")
             }
             try m.migrate(db)
             id = try db.read { try String.fetchOne($0, sql: "SELECT value FROM settings WHERE name = 'id'") } ?? "?"
@@ -285,6 +290,26 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
         (try? run { db in
             try Row.fetchAll(db, sql: "SELECT id, op, key FROM unlogged ORDER BY id").map { ($0["id"], $0["op"], $0["key"]) }
         }) ?? []
+    }
+
+    /// Notes that the delete of `key` (if it still holds `version`) waits for its move's log
+    /// object; whether that was noted (if not, the delete is made at once).
+    func noteDeferred(key: String, version: String) -> Bool {
+        (try? run { db in
+            try db.execute(sql: "INSERT OR REPLACE INTO deferred VALUES (?, ?)", arguments: [key, version])
+        }) != nil
+    }
+
+    /// The deletes that wait for their move's log object.
+    func deferred() -> [(key: String, version: String)] {
+        (try? run { db in
+            try Row.fetchAll(db, sql: "SELECT key, version FROM deferred").map { ($0["key"], $0["version"]) }
+        }) ?? []
+    }
+
+    /// The deferred delete of `key` was made (or refused): it no longer waits.
+    func forgetDeferred(key: String) {
+        try? run { db in try db.execute(sql: "DELETE FROM deferred WHERE key = ?", arguments: [key]) }
     }
 
     /// A log object holds these entries of this device's now: their writes are no longer

@@ -46,6 +46,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     public let objects: S3Objects
     let index: S3Index
     let log: S3ChangeLog
+    /// The deletes of moves whose log object is not written yet.
+    let deletes: S3DeferredDeletes
     let logger: Logger
     /// Seconds between full listings of the bucket (the change log is read at every poll).
     public let fullListingInterval: TimeInterval
@@ -102,13 +104,21 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         self.objects = objects; self.index = index; self.logger = logger
         self.fullListingInterval = fullListingInterval; self.snapshotInterval = snapshotInterval
         log = S3ChangeLog(objects: objects, device: index.id, logged: { [index] in index.logged($0) })
+        let deletes = S3DeferredDeletes(objects: objects, index: index)
+        self.deletes = deletes
+        log.settleDeletes = { try await deletes.settleForLog($0, ahead: $1) }
         snapshots = S3Snapshots(objects: objects)
         // A wish a run before this one made and did not meet (see `describe`).
         snapshotWanted = (try? index.setting(Self.snapshotWish)) == "1"
         firstPartOnly = (try? index.setting(S3Index.firstPartSetting)) != nil
         // Writes of the last run that no log object names (it ended between a write and its
         // log object): their entries go out with this run's first.
-        for w in index.unlogged() { log.record(.init(op: w.op, key: w.key, version: nil, row: w.id)) }
+        // A move's delete that waited is made before its entry goes (see `delete`).
+        var waiting = deletes.waitingKeys
+        for w in index.unlogged() {
+            log.record(.init(op: w.op, key: w.key, version: nil, row: w.id, deferred: waiting.remove(w.key) != nil))
+        }
+        for key in waiting.sorted() { log.record(.init(op: "delete", key: key, version: nil, deferred: true)) }
     }
 
     /// Opens the store at `location` through `endpoint`: makes the bucket if it is missing,
@@ -170,6 +180,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// deleted is there only if a listing shows its marker; else the moved folder would come
     /// back on every device that reads the log.
     public func head(_ key: String) async throws -> ObjectInfo {
+        try await deletes.settle(key)
         let info = try await objects.head(key)
         guard key.hasSuffix("/"), lock.withLock({ foldersSaidDeleted[KeyBytes(key)] != nil }) else { return info }
         // Asked again while the folder waits to empty (see FileSystem.applyRemoteDelete): the
@@ -191,7 +202,9 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     public func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
                      _ body: ([ObjectInfo]) throws -> Void) async throws {
         let listing = try await listing(prefix)
-        try await describe(listing, counted: true, pagesOf: min(max(1, size), describePage), wanted: wanted) { try body($0.map(\.1)) }
+        try await describe(listing, counted: true, pagesOf: min(max(1, size), describePage), wanted: wanted) { page in
+            try body(page.compactMap { deletes.hides($0.1.key) ? nil : $0.1 })
+        }
         // A fresh device's first part (`startingCursor`): handed on, and said to be only that.
         if listing.through != nil { throw ListingCutShort() }
     }
@@ -429,7 +442,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// the directory (a marker holds nothing that could be lost).
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition,
                     progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
-        try await logging("put", key, wrote: { $0 }) {
+        try await deletes.settle(key)
+        return try await logging("put", key, wrote: { $0 }) {
             do {
                 return try await objects.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: progress)
             } catch StoreError.preconditionFailed(let k, let current) {
@@ -442,12 +456,26 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     public func copy(from source: String, version: String, to destination: String, metadata: ObjectMetadata?,
                      condition: WriteCondition) async throws -> ObjectInfo {
-        try await logging("put", destination, movedFrom: source == destination ? nil : source, wrote: { $0 }) {
+        try await deletes.settle(source)
+        if destination != source { try await deletes.settle(destination) }
+        let info = try await logging("put", destination, movedFrom: source == destination ? nil : source, wrote: { $0 }) {
             try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
         }
+        if destination != source { deletes.copied(source, version: version) }
+        return info
     }
 
+    /// Deletes `key`; the delete of a key a copy just took elsewhere (a move's second half)
+    /// waits for the move's log object (`S3DeferredDeletes`), and meanwhile this device sees
+    /// the key as deleted.
     public func delete(_ key: String, condition: WriteCondition) async throws {
+        try await deletes.settle(key)
+        if deletes.deferIfMove(key, condition: condition) {
+            let row = index.noteUnlogged(op: "delete", key: key)
+            lock.withLock { recentListing = nil }
+            log.record(.init(op: "delete", key: key, version: nil, row: row, deferred: true))
+            return
+        }
         try await logging("delete", key, wrote: { _ in nil }) {
             try await objects.delete(key, condition: condition)
         }
@@ -798,6 +826,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     /// The bucket's versions of `key` when it keeps them; else the current one.
     public func versions(of key: String) async throws -> [ObjectInfo] {
+        try await deletes.settle(key)
         if objects.versioned { return try await objects.allVersions(key) }
         do { return [try await objects.head(key)] } catch StoreError.notFound { return [] }
     }

@@ -294,8 +294,10 @@ import UbiqStore
     /// A folder moved over several upload rounds (a copy and a delete a file, rounds that
     /// follow one another hold them back): nothing of it is in the log until the last round,
     /// then one log object with one `move` entry for the whole folder, which the reader takes
-    /// as a delete and a put a file, told by one listing of each folder. A move left held
-    /// (no round ends it) goes once no change came for `moveQuiet`.
+    /// as a delete and a put a file, told by one listing of each folder. Meanwhile the old keys
+    /// are still there for the reader (the deletes wait for the log object), and gone for the
+    /// writer's listings. A move left held (no round ends it) goes once no change came for
+    /// `moveQuiet`.
     @Test func aFolderMovedInRoundsGoesToTheLogWhole() async throws {
         let (a, b, clean) = try await twoDevices()
         defer { clean() }
@@ -311,16 +313,23 @@ import UbiqStore
         let before = try await logObjects(a)
         for (i, info) in made.enumerated() {
             _ = try await a.copy(from: info.key, version: info.version, to: "moved/" + info.key.dropFirst(5), metadata: nil, condition: .ifAbsent)
-            try await a.delete(info.key, condition: .always)
+            try await a.delete(info.key, condition: .ifMatch(info.version))
             if i % 10 == 9 {
                 try await a.publishChanges(holdingMoves: true)
                 #expect(try await logObjects(a) == before, "a round of a move under way wrote to the log")
                 let (changes, next) = try await look(b, from: cursor)
                 #expect(changes.isEmpty, "\(changes)")
                 cursor = next
+                #expect(try await b.head(made[0].key).version == made[0].version, "a moved file's old key went before the log told of it")
+                #expect(try await b.read(made[i].key, version: made[i].version, range: 0 ..< 4) == Data("file".utf8))
+                let listed = Set(try await a.list(prefix: "docs/").map(\.key))
+                #expect(listed == Set(made[(i + 1)...].map(\.key)), "the writer lists what it has not moved, and only that")
             }
         }
         try await a.publishChanges(holdingMoves: false)
+        for info in made {
+            await #expect(throws: StoreError.self, "\(info.key) is left after its move's log object") { try await b.head(info.key) }
+        }
         let added = try await logObjects(a).filter { !before.contains($0) }
         #expect(added.count == 1)
         let body = try await a.objects.client.send(.GET, key: a.objects.prefix + S3ChangeLog.folder + added[0]).text
@@ -339,12 +348,58 @@ import UbiqStore
         try await a.publishChanges()
         let logged = try await logObjects(a)
         _ = try await a.copy(from: "lone", version: one.version, to: "lone2", metadata: nil, condition: .ifAbsent)
-        try await a.delete("lone", condition: .always)
+        try await a.delete("lone", condition: .ifMatch(one.version))
         try await a.publishChanges(holdingMoves: true)
         #expect(try await logObjects(a) == logged)
         try await Task.sleep(for: .seconds(S3ChangeLog.moveQuiet + 0.1))
         try await a.publishChanges(holdingMoves: true)
         #expect(try await logObjects(a).count == logged.count + 1)
+    }
+
+    /// A move's delete waits for its log object, in the index too: a crash before that log
+    /// object leaves the old key, and the next run deletes it (if it still holds the version
+    /// moved) before it logs the change. One the key changed under meanwhile (another
+    /// device wrote it) is not made, and not logged. Anything else this device does with a
+    /// key whose delete waits makes that delete first.
+    @Test func aMovesDeleteWaitsForItsLogObjectAndSurvivesACrash() async throws {
+        let bucket = try await SeaweedFS.shared().newBucket("sd").endpoint.bucket
+        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
+        let (a, cleanA) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        defer { cleanA() }
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400)
+        defer { cleanB() }
+        var made: [String: ObjectInfo] = [:]
+        for k in ["x", "y", "z", "w"] {
+            made[k] = try await a.put(k, contentsOf: try tempFile(Array(k.utf8)), metadata: meta, condition: .ifAbsent)
+        }
+        try await a.publishChanges()
+        let cursor = try await b.currentCursor()
+        a.log.publishesBySelf = false
+        for k in ["x", "y", "z", "w"] {
+            _ = try await a.copy(from: k, version: made[k]!.version, to: k + "2", metadata: nil, condition: .ifAbsent)
+            try await a.delete(k, condition: .ifMatch(made[k]!.version))
+        }
+        // Another device writes y meanwhile: the move's delete of y is refused (its new version stays).
+        let theirs = try await b.put("y", contentsOf: try tempFile([9]), metadata: meta, condition: .ifMatch(made["y"]!.version))
+        // This device writes z anew: the delete that waited is made first (else the create would be refused).
+        let mine = try await a.put("z", contentsOf: try tempFile([7]), metadata: meta, condition: .ifAbsent)
+        // And asks what w holds: gone, as it deleted it.
+        await #expect(throws: StoreError.self) { try await a.head("w") }
+        #expect(try await b.head("x").version == made["x"]!.version, "the delete of x was made before its log object")
+        #expect(Set(a.index.deferred().map(\.key)) == ["x", "y"])
+
+        // The "crash": a new run on the same index.
+        let (again, _) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        try await again.publishChanges()
+        await #expect(throws: StoreError.self) { try await b.head("x") }
+        #expect(try await b.head("y").version == theirs.version)
+        #expect(try await b.head("z").version == mine.version)
+        #expect(again.index.deferred().isEmpty && again.index.unlogged().isEmpty)
+        let (changes, _) = try await look(b, from: cursor)
+        let told = Dictionary(changes.map { ($0.key, $0.kind) }, uniquingKeysWith: { $1 })
+        #expect(told["x"] == .delete && told["x2"] == .put && told["w"] == .delete, "\(changes)")
+        let deletes = changes.filter { $0.kind == .delete }.map(\.key)
+        #expect(!deletes.contains("y"), "a delete that was refused was logged: \(changes)")
     }
 
     /// How a move's keys split into the folders moved and a name, and the lines a batch of
