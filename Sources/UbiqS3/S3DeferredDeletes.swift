@@ -1,13 +1,13 @@
 import Foundation
 import UbiqStore
 
-/// The deletes a move implies, made only when the log takes the move (docs/s3.md): a copy of
-/// key P to Q and then the delete of the version of P it copied is a move's second half,
-/// which waits in the device (and in its index, for a crash) and is made just before the log
-/// object that tells of the move. While a folder's move goes on over many rounds and its log
-/// entries wait (`S3ChangeLog.publish(holdingMoves:)`), another device, which still has the
-/// folder where it was, reads the files it has not downloaded at their old keys; once it reads
-/// the move, the old keys are gone, as the log says.
+/// The deletes a move implies, made only when the log takes the move (docs/s3.md): the delete
+/// of a key a move copied elsewhere (`S3Store.deleteMoved`) waits in the device (and in its
+/// index, for a crash) and is made just before the log object that tells of the move. While a
+/// folder's move goes on over many rounds and its log entries wait
+/// (`S3ChangeLog.publish(holdingMoves:)`), another device, which still has the folder where it
+/// was, reads the files it has not downloaded at their old keys; once it reads the move, the
+/// old keys are gone, as the log says.
 ///
 /// Until then, this device sees the store as if each delete were made: anything else it does
 /// with such a key (a write, a HEAD, another delete) makes that delete first, and its listings
@@ -33,12 +33,9 @@ final class S3DeferredDeletes: @unchecked Sendable {
     private let index: S3Index
     private let lock = NSLock()
     private var state: [String: State] = [:]
-    /// Deletes made (when the log asked, or earlier: something else needed the key, or an
-    /// earlier log object went first): whether each was refused, until the log takes its entry.
-    private var madeEarly: [String: Bool] = [:]
-    /// The version of each key a copy to another key took, until its delete comes.
-    private var copied: [String: String] = [:]
-    static let copiesRemembered = 100_000
+    /// What became of the deletes made (when the log asked, or earlier: something else needed
+    /// the key, or an earlier log object went first), until the log takes their entries.
+    private var outcomes: [String: Outcome] = [:]
     /// Deletes made at once when the log asks for many.
     static let inFlight = 16
 
@@ -51,30 +48,17 @@ final class S3DeferredDeletes: @unchecked Sendable {
     /// The keys whose delete waits, as the index had them at the start.
     var waitingKeys: Set<String> { lock.withLock { Set(state.keys) } }
 
-    /// A copy took `version` of `key` to another key.
-    func copied(_ key: String, version: String) {
-        lock.withLock {
-            if copied.count >= Self.copiesRemembered { copied.removeAll() }
-            copied[key] = version
-        }
-    }
-
-    /// Defers the delete of `key` if `condition` deletes the version a copy took of it (the
-    /// second half of a move); whether it did (noted in the index first: if it cannot be, the
-    /// delete is made at once). Call after `settle(key)`.
-    func deferIfMove(_ key: String, condition: WriteCondition) -> Bool {
-        guard case .ifMatch(let version) = condition, lock.withLock({ copied[key] == version }) else { return false }
+    /// Defers the delete of `version` of `key`; whether it did (noted in the index first: if it
+    /// cannot be, the caller deletes at once). Call after `settle(key)`.
+    func deferDelete(_ key: String, version: String) -> Bool {
         guard index.noteDeferred(key: key, version: version) else { return false }
-        lock.withLock {
-            copied[key] = nil
-            state[key] = .waiting(version)
-        }
+        lock.withLock { state[key] = .waiting(version) }
         return true
     }
 
-    /// Whether a listing leaves `key` out (its delete waits).
-    func hides(_ key: String) -> Bool {
-        lock.withLock { !state.isEmpty && state[key] != nil }
+    /// `infos` without the keys whose delete waits: a listing shows the store as if each were made.
+    func leavingOutWaiting(_ infos: [ObjectInfo]) -> [ObjectInfo] {
+        lock.withLock { state.isEmpty ? infos : infos.filter { state[$0.key] == nil } }
     }
 
     /// Makes the delete of `key` that waits, if one does (or waits for the one being made);
@@ -103,7 +87,7 @@ final class S3DeferredDeletes: @unchecked Sendable {
                         state[key] = .running(v, waiters)
                         return nil
                     case .waiting: return .failed  // made meanwhile, and it failed
-                    case nil: return madeEarly[key] == true ? .refused : .deleted
+                    case nil: return outcomes[key] ?? .deleted
                     }
                 }
                 if let now { c.resume(returning: now) }
@@ -132,7 +116,7 @@ final class S3DeferredDeletes: @unchecked Sendable {
                 state[key] = .waiting(version)
             } else {
                 state[key] = nil
-                madeEarly[key] = outcome == .refused
+                outcomes[key] = outcome
             }
             return waiters
         }
@@ -155,7 +139,7 @@ final class S3DeferredDeletes: @unchecked Sendable {
         try await settleAtOnce(all.filter { !$0.hasSuffix("/") })
         for d in markers.keys.sorted(by: >) { try await settleAtOnce(markers[d]!) }
         return lock.withLock {
-            Set(keys.filter { madeEarly.removeValue(forKey: $0) == true })
+            Set(keys.filter { outcomes.removeValue(forKey: $0) == .refused })
         }
     }
 

@@ -203,7 +203,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                      _ body: ([ObjectInfo]) throws -> Void) async throws {
         let listing = try await listing(prefix)
         try await describe(listing, counted: true, pagesOf: min(max(1, size), describePage), wanted: wanted) { page in
-            try body(page.compactMap { deletes.hides($0.1.key) ? nil : $0.1 })
+            try body(deletes.leavingOutWaiting(page.map(\.1)))
         }
         // A fresh device's first part (`startingCursor`): handed on, and said to be only that.
         if listing.through != nil { throw ListingCutShort() }
@@ -461,24 +461,26 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let info = try await logging("put", destination, movedFrom: source == destination ? nil : source, wrote: { $0 }) {
             try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
         }
-        if destination != source { deletes.copied(source, version: version) }
         return info
     }
 
-    /// Deletes `key`; the delete of a key a copy just took elsewhere (a move's second half)
-    /// waits for the move's log object (`S3DeferredDeletes`), and meanwhile this device sees
-    /// the key as deleted.
     public func delete(_ key: String, condition: WriteCondition) async throws {
         try await deletes.settle(key)
-        if deletes.deferIfMove(key, condition: condition) {
-            let row = index.noteUnlogged(op: "delete", key: key)
-            lock.withLock { recentListing = nil }
-            log.record(.init(op: "delete", key: key, version: nil, row: row, deferred: true))
-            return
-        }
         try await logging("delete", key, wrote: { _ in nil }) {
             try await objects.delete(key, condition: condition)
         }
+    }
+
+    /// A move's second half waits for the move's log object (`S3DeferredDeletes`); meanwhile
+    /// this device sees the key as deleted.
+    public func deleteMoved(_ key: String, version: String, to destination: String) async throws {
+        try await deletes.settle(key)
+        guard deletes.deferDelete(key, version: version) else {
+            return try await delete(key, condition: .ifMatch(version))
+        }
+        let row = index.noteUnlogged(op: "delete", key: key)
+        lock.withLock { recentListing = nil }
+        log.record(.init(op: "delete", key: key, version: nil, row: row, deferred: true))
     }
 
     /// Runs a write of `key` and logs it (`op`: the entry's), noted in the index first, so that

@@ -267,6 +267,13 @@ public protocol CloudStore: Sendable {
     /// `.always` succeeds.
     func delete(_ key: String, condition: WriteCondition) async throws
 
+    /// A move's second half: deletes `key`, whose `version` was just copied to `destination`,
+    /// if it still holds that version (as `delete` with `.ifMatch(version)`, the default). A
+    /// store that tells other devices of changes by a log (S3) may make it later, with the
+    /// move's log entry, so that they read the old key until they learn of the move; this
+    /// device sees the key as deleted at once.
+    func deleteMoved(_ key: String, version: String, to destination: String) async throws
+
     /// Changes after `cursor` (nil: from the beginning of the feed), at most `limit`.
     func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch
 
@@ -327,6 +334,9 @@ extension CloudStore {
     /// Every object of the listing, in pages (see above).
     public func list(prefix: String, pagesOf size: Int, _ body: ([ObjectInfo]) throws -> Void) async throws {
         try await list(prefix: prefix, pagesOf: size, wanted: { $0.map { _ in true } }, body)
+    }
+    public func deleteMoved(_ key: String, version: String, to destination: String) async throws {
+        try await delete(key, condition: .ifMatch(version))
     }
     public func publishChanges(holdingMoves: Bool) async throws {}
     /// All of it, moves under way too.

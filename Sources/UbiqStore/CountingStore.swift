@@ -51,6 +51,10 @@ public final class CountingStore: CloudStore, Sendable {
         try await inner.delete(key, condition: condition)
     }
 
+    public func deleteMoved(_ key: String, version: String, to destination: String) async throws {
+        try await inner.deleteMoved(key, version: version, to: destination)
+    }
+
     public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
         try await inner.changes(since: cursor, limit: limit)
     }

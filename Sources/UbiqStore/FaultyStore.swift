@@ -291,6 +291,12 @@ public final class FaultyStore: CloudStore, Sendable {
         try answer(.delete, ())
     }
 
+    public func deleteMoved(_ key: String, version: String, to destination: String) async throws {
+        try await check(.delete)
+        try await inner.deleteMoved(key, version: version, to: destination)
+        try answer(.delete, ())
+    }
+
     public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
         try await check(.changes)
         return try await inner.changes(since: cursor, limit: limit)

@@ -100,6 +100,11 @@ public final class PrefixStore: CloudStore, Sendable {
         try await mapped { try await inner.delete(k, condition: condition) }
     }
 
+    public func deleteMoved(_ key: String, version: String, to destination: String) async throws {
+        let (k, d) = (try outer(key), try outer(destination))
+        try await mapped { try await inner.deleteMoved(k, version: version, to: d) }
+    }
+
     /// The inner store's changes under the prefix (the cursor is the inner store's).
     public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
         var batch = try await inner.changes(since: cursor, limit: limit)

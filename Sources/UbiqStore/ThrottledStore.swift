@@ -66,6 +66,9 @@ public final class ThrottledStore: CloudStore, Sendable {
         try await inner.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
     }
     public func delete(_ key: String, condition: WriteCondition) async throws { try await inner.delete(key, condition: condition) }
+    public func deleteMoved(_ key: String, version: String, to destination: String) async throws {
+        try await inner.deleteMoved(key, version: version, to: destination)
+    }
     public func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch {
         try await inner.changes(since: cursor, limit: limit)
     }

@@ -37,12 +37,17 @@ extension Uploader {
     /// device wrote it and no item here records it (an upload whose answer was lost, or made
     /// just before a crash): nothing of another device's is there to keep, and it goes too;
     /// left, it would come back as a file on every device. Other failures are thrown (the
-    /// caller's tombstone or upload tries again).
-    func deleteNoLongerNamed(_ key: String, version: String?, why: String) throws {
+    /// caller's tombstone or upload tries again). `movedTo`: where the store copied `version`
+    /// (a move's second half, `CloudStore.deleteMoved`).
+    func deleteNoLongerNamed(_ key: String, version: String?, why: String, movedTo: String? = nil) throws {
         let store = self.store
         do {
             trace("delete \(key) \(version ?? "always") (\(why))")
-            try runBlocking { try await store.delete(key, condition: version.map { .ifMatch($0) } ?? .always) }
+            if let version, let movedTo {
+                try runBlocking { try await store.deleteMoved(key, version: version, to: movedTo) }
+            } else {
+                try runBlocking { try await store.delete(key, condition: version.map { .ifMatch($0) } ?? .always) }
+            }
         } catch StoreError.notFound {
         } catch StoreError.preconditionFailed {
             do {

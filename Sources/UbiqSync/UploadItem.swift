@@ -180,7 +180,7 @@ extension Uploader {
                         if let aside { setAside.append(aside.key) }
                     }
                 }
-                try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, info))
+                try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, info), copied: true)
             } else if metaDirty {
                 let meta = metadata(s, entry: entry, generation: s.rec.contentGen)
                 do {
@@ -283,9 +283,10 @@ extension Uploader {
 
     /// After an entry's object was written at `newKey`, delete where it was before, and drop
     /// the tombstone `recordAt` left for it (which, should this fail, deletes it later).
-    func removeOld(_ entry: EntryRecord, newKey: String, tombstone: Int64?) throws {
+    /// `copied`: the store copied the old version there (a move, which the store may log as one).
+    func removeOld(_ entry: EntryRecord, newKey: String, tombstone: Int64?, copied: Bool = false) throws {
         guard let old = entry.remoteKey, old != newKey else { return }
-        try deleteNoLongerNamed(old, version: entry.remoteVersion, why: "moved to \(newKey)")
+        try deleteNoLongerNamed(old, version: entry.remoteVersion, why: "moved to \(newKey)", movedTo: copied ? newKey : nil)
         if let tombstone { try state.write { try $0.removeTombstone(tombstone) } }
         keepFolderEmptied(by: old)
     }

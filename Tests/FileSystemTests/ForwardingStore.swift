@@ -20,6 +20,9 @@ class ForwardingStore: CloudStore, @unchecked Sendable {
         try await inner.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
     }
     func delete(_ key: String, condition: WriteCondition) async throws { try await inner.delete(key, condition: condition) }
+    func deleteMoved(_ key: String, version: String, to destination: String) async throws {
+        try await inner.deleteMoved(key, version: version, to: destination)
+    }
     func changes(since cursor: String?, limit: Int) async throws -> ChangeBatch { try await inner.changes(since: cursor, limit: limit) }
     func confirmed(_ changes: [StoreChange]) async -> [StoreChange] { await inner.confirmed(changes) }
     func currentCursor() async throws -> String { try await inner.currentCursor() }

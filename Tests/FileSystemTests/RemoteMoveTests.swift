@@ -45,6 +45,29 @@ import UbiqStore
         #expect(try runBlocking { try await store.list(prefix: "") }.map(\.key).sorted() == ["archive/", "archive/2024.txt", "docs/"])
     }
 
+    /// A move goes to the store as copies and the deletes of what they copied, each said to be
+    /// a move's (`CloudStore.deleteMoved`): a store with a log (S3) makes those with the move's
+    /// log entry, so that other devices read the old keys until they learn of the move.
+    @Test func aMoveGoesToTheStoreAsAMove() throws {
+        let store = try newStore()
+        let told = DeleteRecorder(store)
+        let a = try Device(store: store, remote: told)
+        try a.mkdir("docs")
+        try a.mkdir("docs/sub")
+        try a.write("docs/x", "x")
+        try a.write("docs/sub/y", "y")
+        try a.write("gone", "z")
+        a.sync()
+        try a.fs.rename(rootIno, n("docs"), rootIno, n("moved"))
+        try a.fs.unlink(rootIno, n("gone"))
+        a.sync()
+        let deletes = told.deletes.sorted { $0.key < $1.key }
+        #expect(deletes.map(\.key) == ["docs/", "docs/sub/", "docs/sub/y", "docs/x", "gone"])
+        for d in deletes {
+            #expect(d.movedTo == (d.key == "gone" ? nil : "moved/" + d.key.dropFirst(5)), "\(d)")
+        }
+    }
+
     /// A folder of many files, pinned here, renamed elsewhere: the folder is the same item
     /// here, still pinned, every file still downloaded, no byte read again; what arrives in it
     /// later is downloaded (the pin followed).
@@ -472,5 +495,21 @@ final class ShapedFeed: ForwardingStore, @unchecked Sendable {
         if cut { batch.more = false }
         if hideDeletes { batch.changes.removeAll { $0.kind == .delete } }
         return batch
+    }
+}
+
+/// A store that says which deletes it was asked for, and where each moved its key to, if it
+/// was a move's.
+final class DeleteRecorder: ForwardingStore, @unchecked Sendable {
+    private let lock = NSLock()
+    private var asked: [(key: String, movedTo: String?)] = []
+    var deletes: [(key: String, movedTo: String?)] { lock.withLock { asked } }
+    override func delete(_ key: String, condition: WriteCondition) async throws {
+        lock.withLock { asked.append((key, nil)) }
+        try await super.delete(key, condition: condition)
+    }
+    override func deleteMoved(_ key: String, version: String, to destination: String) async throws {
+        lock.withLock { asked.append((key, destination)) }
+        try await super.deleteMoved(key, version: version, to: destination)
     }
 }

@@ -226,12 +226,9 @@ import UbiqStore
     /// alone sees the change (not only the next full listing, minutes later). Published, the
     /// note goes: a third run publishes nothing again.
     @Test func aWriteWhoseLogObjectACrashPreventedIsLoggedByTheNextRun() async throws {
-        let bucket = try await SeaweedFS.shared().newBucket("sc").endpoint.bucket
-        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
-        let (a, cleanA) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
-        defer { cleanA() }
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400)
-        defer { cleanB() }
+        // A is the device that comes back.
+        let (b, a, comeBack, clean) = try await twoDevicesOneComingBack()
+        defer { clean() }
         let cursor = try await b.currentCursor()
         // The "crash": a writes, and its log object is never written.
         a.log.publishesBySelf = false
@@ -242,7 +239,8 @@ import UbiqStore
         #expect(a.index.unlogged().map(\.key) == ["x", "gone"])
 
         // The same device again (its index), as the mount after the crash is.
-        let (again, _) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        let (again, cleanAgain) = try await comeBack()
+        defer { cleanAgain() }
         try await again.publishChanges()
         #expect(try await logObjects(again).count == 1)
         #expect(again.index.unlogged().isEmpty)
@@ -253,7 +251,8 @@ import UbiqStore
         #expect(seen.version == x.version)
 
         // Published: nothing left to publish.
-        let (third, _) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        let (third, cleanThird) = try await comeBack()
+        defer { cleanThird() }
         try await third.publishChanges()
         #expect(try await logObjects(third).count == 1)
     }
@@ -313,7 +312,7 @@ import UbiqStore
         let before = try await logObjects(a)
         for (i, info) in made.enumerated() {
             _ = try await a.copy(from: info.key, version: info.version, to: "moved/" + info.key.dropFirst(5), metadata: nil, condition: .ifAbsent)
-            try await a.delete(info.key, condition: .ifMatch(info.version))
+            try await a.deleteMoved(info.key, version: info.version, to: "moved/" + info.key.dropFirst(5))
             if i % 10 == 9 {
                 try await a.publishChanges(holdingMoves: true)
                 #expect(try await logObjects(a) == before, "a round of a move under way wrote to the log")
@@ -348,7 +347,7 @@ import UbiqStore
         try await a.publishChanges()
         let logged = try await logObjects(a)
         _ = try await a.copy(from: "lone", version: one.version, to: "lone2", metadata: nil, condition: .ifAbsent)
-        try await a.delete("lone", condition: .ifMatch(one.version))
+        try await a.deleteMoved("lone", version: one.version, to: "lone2")
         try await a.publishChanges(holdingMoves: true)
         #expect(try await logObjects(a) == logged)
         try await Task.sleep(for: .seconds(S3ChangeLog.moveQuiet + 0.1))
@@ -362,12 +361,8 @@ import UbiqStore
     /// device wrote it) is not made, and not logged. Anything else this device does with a
     /// key whose delete waits makes that delete first.
     @Test func aMovesDeleteWaitsForItsLogObjectAndSurvivesACrash() async throws {
-        let bucket = try await SeaweedFS.shared().newBucket("sd").endpoint.bucket
-        let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
-        let (a, cleanA) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
-        defer { cleanA() }
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400)
-        defer { cleanB() }
+        let (b, a, comeBack, clean) = try await twoDevicesOneComingBack()
+        defer { clean() }
         var made: [String: ObjectInfo] = [:]
         for k in ["x", "y", "z", "w"] {
             made[k] = try await a.put(k, contentsOf: try tempFile(Array(k.utf8)), metadata: meta, condition: .ifAbsent)
@@ -377,7 +372,7 @@ import UbiqStore
         a.log.publishesBySelf = false
         for k in ["x", "y", "z", "w"] {
             _ = try await a.copy(from: k, version: made[k]!.version, to: k + "2", metadata: nil, condition: .ifAbsent)
-            try await a.delete(k, condition: .ifMatch(made[k]!.version))
+            try await a.deleteMoved(k, version: made[k]!.version, to: k + "2")
         }
         // Another device writes y meanwhile: the move's delete of y is refused (its new version stays).
         let theirs = try await b.put("y", contentsOf: try tempFile([9]), metadata: meta, condition: .ifMatch(made["y"]!.version))
@@ -389,7 +384,8 @@ import UbiqStore
         #expect(Set(a.index.deferred().map(\.key)) == ["x", "y"])
 
         // The "crash": a new run on the same index.
-        let (again, _) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
+        let (again, cleanAgain) = try await comeBack()
+        defer { cleanAgain() }
         try await again.publishChanges()
         await #expect(throws: StoreError.self) { try await b.head("x") }
         #expect(try await b.head("y").version == theirs.version)
@@ -670,9 +666,9 @@ import UbiqStore
         #expect(cListed == 34 && cAgain.headsForLastListing == 2, "\(cListed) objects, \(cAgain.headsForLastListing) HEADs")
     }
 
-    /// Two devices' stores on one new bucket, as `twoDevices`; B's index stays on disk, so
-    /// that B comes back (`comeBack`: its store opened again on that index, as a mount again
-    /// does; the caller cleans up after that one).
+    /// Two devices' stores on one new bucket, as `twoDevices`; the second's index stays on
+    /// disk, so that it comes back (`comeBack`: its store opened again on that index, as a
+    /// mount again or after a crash does; the caller cleans up after that one).
     func twoDevicesOneComingBack() async throws -> (S3Store, S3Store, () async throws -> (S3Store, () -> Void), () -> Void) {
         let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
         let bucket = a.objects.client.endpoint.bucket

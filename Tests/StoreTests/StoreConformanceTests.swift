@@ -80,6 +80,24 @@ let fileMeta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mt
         try await store.delete("k", condition: .always)  // absent: fine
     }
 
+    /// A move's second half (`deleteMoved`): to the device that makes it, the old key is gone
+    /// at once, whenever the store makes the delete; its copy stays. Anything this device then
+    /// writes at the old key is not undone by the delete.
+    @Test(arguments: StoreKind.allCases)
+    func aMovesDeleteIsSeenAtOnce(kind: StoreKind) async throws {
+        let (store, cleanup) = try await kind.make()
+        defer { cleanup() }
+        let v = try await store.put("d/x", contentsOf: try tempFile([1]), metadata: fileMeta, condition: .ifAbsent)
+        let moved = try await store.copy(from: "d/x", version: v.version, to: "e/x", metadata: nil, condition: .ifAbsent)
+        try await store.deleteMoved("d/x", version: v.version, to: "e/x")
+        await #expect(throws: StoreError.notFound(key: "d/x")) { try await store.head("d/x") }
+        #expect(try await store.list(prefix: "").map(\.key).filter { $0.hasSuffix("x") } == ["e/x"])
+        #expect(try await store.head("e/x").version == moved.version)
+        let again = try await store.put("d/x", contentsOf: try tempFile([2]), metadata: fileMeta, condition: .ifAbsent)
+        try await store.publishChanges()
+        #expect(try await store.head("d/x").version == again.version)
+    }
+
     @Test(arguments: StoreKind.allCases)
     func readsArePinnedToAVersion(kind: StoreKind) async throws {
         let (store, cleanup) = try await kind.make()
