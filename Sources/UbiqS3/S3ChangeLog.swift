@@ -184,7 +184,7 @@ final class S3ChangeLog: @unchecked Sendable {
             pending.append(entry)
             noted += 1
             lastNoted = Date()
-            if pending.count > Self.maxPending { pending.removeFirst(pending.count - Self.maxPending) }
+            if pending.count > Self.maxPending { pending = Self.trimmed(pending, droppingNewest: false) }
         }
         publishSoon()
     }
@@ -267,16 +267,28 @@ final class S3ChangeLog: @unchecked Sendable {
                     lock.withLock {
                         inFlight = 0
                         pending.insert(contentsOf: batch, at: 0)
-                        // Too many now: the newest go (the full listing finds their changes).
-                        if pending.count > Self.maxPending {
-                            let over = pending.count - Self.maxPending
-                            pending.removeLast(over)
-                        }
+                        // Too many now: the newest go.
+                        if pending.count > Self.maxPending { pending = Self.trimmed(pending, droppingNewest: true) }
                     }
                     throw error
                 }
             }
         }
+    }
+
+    /// `entries` cut to `maxPending` (the full listing finds the changes of those dropped), the
+    /// oldest or the newest dropped first, but never a move's delete that waits (`Entry.deferred`):
+    /// its entry is what makes the delete, just before its log object; dropped, the old key
+    /// would stay in the store, and every other device would keep the file twice.
+    static func trimmed(_ entries: [Entry], to most: Int = maxPending, droppingNewest: Bool) -> [Entry] {
+        var over = entries.count - most
+        guard over > 0 else { return entries }
+        var drop = Set<Int>()
+        for i in droppingNewest ? Array(entries.indices.reversed()) : Array(entries.indices) where over > 0 && !entries[i].deferred {
+            drop.insert(i)
+            over -= 1
+        }
+        return entries.indices.filter { !drop.contains($0) }.map { entries[$0] }
     }
 
     /// Whether a move under way may wait on (under `lock`).

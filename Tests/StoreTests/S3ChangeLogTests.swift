@@ -398,6 +398,20 @@ import UbiqStore
         #expect(!deletes.contains("y"), "a delete that was refused was logged: \(changes)")
     }
 
+    /// Too many entries waiting for the log (a store that takes copies but not log objects):
+    /// the oldest go as they are noted, the newest when a batch comes back, but a move's delete
+    /// that waits never does (dropped, it would never be made: the old key would stay).
+    @Test func entriesDroppedAreNeverAMovesDelete() {
+        func e(_ key: String, deferred: Bool = false) -> S3ChangeLog.Entry {
+            .init(op: deferred ? "delete" : "put", key: key, version: deferred ? nil : "v", deferred: deferred)
+        }
+        let entries = [e("a"), e("m1", deferred: true), e("b"), e("c"), e("m2", deferred: true), e("d")]
+        #expect(S3ChangeLog.trimmed(entries, to: 4, droppingNewest: false).map(\.key) == ["m1", "c", "m2", "d"])
+        #expect(S3ChangeLog.trimmed(entries, to: 4, droppingNewest: true).map(\.key) == ["a", "m1", "b", "m2"])
+        #expect(S3ChangeLog.trimmed(entries, to: 1, droppingNewest: true).map(\.key) == ["m1", "m2"])
+        #expect(S3ChangeLog.trimmed(entries, to: 6, droppingNewest: true) == entries)
+    }
+
     /// How a move's keys split into the folders moved and a name, and the lines a batch of
     /// entries goes to the log as: a copy and the delete of its source as a move's item.
     @Test func aMoveIsLoggedByItsFolders() throws {
