@@ -100,8 +100,10 @@ public final class Materializer: @unchecked Sendable {
     /// One file's download. Guarded by `Materializer.cond`.
     final class Job: @unchecked Sendable {
         let ino: UInt64
-        let key: String
-        let version: String
+        /// Where its bytes are read from: the item's key and version, which a move or a change
+        /// of metadata elsewhere changes without changing the bytes (`follow`).
+        var key: String
+        var version: String
         let size: Int64
         let fd: Int32
         var present: [Bool]
@@ -402,6 +404,26 @@ public final class Materializer: @unchecked Sendable {
         }
     }
 
+    /// The item `ino` is now `version` of `key` in the store, with the same bytes as `old`,
+    /// the version its download reads (moved, or its metadata changed, on another device): the
+    /// download goes on from there. A bucket without versions no longer has `old` (a move deletes
+    /// it): the download would fail, and so would every read of a chunk not yet here. What failed
+    /// is fetched again; the progress saved from now on is of the new version.
+    public func follow(_ ino: UInt64, from old: String, to key: String, version: String) {
+        cond.lock(); defer { cond.unlock() }
+        failures[ino] = nil
+        guard let job = jobs[ino], !job.cancelled, job.version == old else { return }
+        job.key = key
+        job.version = version
+        guard job.error != nil || !job.failed.isEmpty else { return }
+        let again = Array(job.failed.keys).sorted()
+        job.failed.removeAll()
+        job.error = nil
+        job.wanted = again + job.wanted.filter { !again.contains($0) }
+        spawnWorkersLocked(job)
+        settleLocked(job)
+    }
+
     /// Drops `ino`'s download (the item changed in the store, or is gone). Fetches under way
     /// finish into the old cache file, which the caller replaces; a waiting reader fails.
     public func cancel(_ ino: UInt64) {
@@ -441,6 +463,12 @@ public final class Materializer: @unchecked Sendable {
     var waitingReads: Int {
         cond.lock(); defer { cond.unlock() }
         return jobs.values.reduce(0) { $0 + $1.waiters.count }
+    }
+
+    /// Where `ino`'s download reads from now (nil: no download under way).
+    public func source(_ ino: UInt64) -> (key: String, version: String)? {
+        cond.lock(); defer { cond.unlock() }
+        return jobs[ino].map { ($0.key, $0.version) }
     }
 
     /// Why `ino`'s download last failed (nil: it has not, or a download of it is under way
@@ -547,8 +575,9 @@ public final class Materializer: @unchecked Sendable {
         cond.lock()
         while let chunk = takeChunk(job) {
             let confirming = job.mismatches > 0
+            let from = (job.key, job.version)
             cond.unlock()
-            let result = fetchChunk(job, chunk)
+            let result = fetchChunk(job, chunk, key: from.0, version: from.1)
             var sum: String?
             if confirming, case .success = result { sum = chunkDigest(job, chunk) }
             cond.lock()
@@ -565,6 +594,9 @@ public final class Materializer: @unchecked Sendable {
             case .success:
                 arrivedLocked(job, chunk)
                 hashArrivedLocked(job)
+            case .failure where (job.key, job.version) != from:
+                job.wanted.insert(chunk, at: 0)  // the item moved meanwhile (`follow`): fetched from where it is now
+                continue
             case .failure(let e):
                 job.error = e
                 job.failed[chunk] = e
@@ -582,14 +614,14 @@ public final class Materializer: @unchecked Sendable {
             return
         }
         let finished = job.done && job.workers == 0 && jobs[job.ino] === job
-        let sink = self.sink
+        let sink = self.sink, version = job.version
         cond.broadcast()
         cond.unlock()
         if finished {
             _ = fsync(job.fd)
             cache.closeHeld(job.ino, job.fd)
-            sink?.contentArrived(job.ino, version: job.version)  // persists `present` before the job is dropped (see `start`)
-            try? state.write { try $0.removeDownload(job.ino, version: job.version) }
+            sink?.contentArrived(job.ino, version: version)  // persists `present` before the job is dropped (see `start`)
+            try? state.write { try $0.removeDownload(job.ino, version: version) }
             cond.lock()
             if jobs[job.ino] === job { jobs[job.ino] = nil }
             cond.broadcast()
@@ -700,10 +732,10 @@ public final class Materializer: @unchecked Sendable {
     }
 
     private func finishLocked(_ job: Job) {
-        let sink = self.sink
+        let sink = self.sink, version = job.version
         DispatchQueue.global().async { [self] in
             cache.closeHeld(job.ino, job.fd)
-            sink?.contentArrived(job.ino, version: job.version)
+            sink?.contentArrived(job.ino, version: version)
             cond.lock()
             if jobs[job.ino] === job { jobs[job.ino] = nil }
             cond.broadcast()
@@ -735,8 +767,8 @@ public final class Materializer: @unchecked Sendable {
         return sums.count >= Self.confirmFetches || job.cancelled
     }
 
-    /// Fetches one chunk and writes it whole (no lock held).
-    private func fetchChunk(_ job: Job, _ chunk: Int) -> Result<Void, Error> {
+    /// Fetches one chunk from `version` of `key` and writes it whole (no lock held).
+    private func fetchChunk(_ job: Job, _ chunk: Int, key: String, version: String) -> Result<Void, Error> {
         let lower = Int64(chunk) * chunkSize
         let range = lower ..< min(job.size, lower + chunkSize)
         let store = self.store
@@ -746,7 +778,7 @@ public final class Materializer: @unchecked Sendable {
         for attempt in 0 ..< attempts {
             if attempt > 0 { time.sleep(0.1 * Double(1 << min(attempt, 5))) }
             do {
-                let key = job.key, version = job.version, fd = job.fd
+                let fd = job.fd
                 let got = try runBlocking { try await store.read(key, version: version, range: range, into: fd, at: lower) }
                 if got != Int64(range.count) {
                     throw SyncError.sizeMismatch(key: key, expected: Int64(range.count), got: got)

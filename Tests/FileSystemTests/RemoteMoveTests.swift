@@ -68,6 +68,84 @@ import UbiqStore
         }
     }
 
+    /// Reads `count` bytes at `offset` of open file `fh`, as text.
+    func readText(_ d: Device, _ fh: UInt64, at offset: Int64, _ count: Int) throws -> String {
+        var buf = [UInt8](repeating: 0, count: count)
+        let k = try buf.withUnsafeMutableBytes { try d.fs.read(fh, offset: offset, count: count, into: $0.baseAddress!) }
+        return String(decoding: buf[..<k], as: UTF8.self)
+    }
+
+    /// A file of 10 MB (ten download chunks: more than a read and its readahead fetch) in
+    /// `docs/`, written on A, and B on the same store, which fetches only what is read and
+    /// what follows it, as a bucket without versions (a version moved away or written over
+    /// cannot be read).
+    func bigFileOnTwoDevices() throws -> (a: Device, b: Device, big: String) {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("docs")
+        let big = (0 ..< 1_000_000).map { String(format: "%09d\n", $0) }.joined()
+        try a.write("docs/big", big)
+        a.sync()
+        let b = try Device(store: store, remote: Unversioned(store), completeInBackground: false)
+        return (a, b, big)
+    }
+
+    /// A file being downloaded here, moved elsewhere: its download goes on from the new key.
+    /// Before, it went on reading the old key, gone from a bucket without versions, and every
+    /// read of a part not yet here failed (EIO) until the file was closed.
+    @Test func aDownloadUnderWayFollowsAMoveElsewhere() throws {
+        let (a, b, big) = try bigFileOnTwoDevices()
+        let ino = try b.ino("docs/big")
+        let fh = try b.fs.open(ino, flags: O_RDONLY)
+        defer { b.fs.release(fh) }
+        #expect(try readText(b, fh, at: 0, 20) == String(big.prefix(20)))
+        #expect(b.materializer.source(ino)?.key == "docs/big")
+        try a.fs.rename(rootIno, n("docs"), rootIno, n("moved"))
+        a.sync()
+        b.pull()
+        #expect(try b.ino("moved/big") == ino)
+        #expect(b.materializer.source(ino)?.key == "moved/big")
+        let at = 9_500_000
+        #expect(try readText(b, fh, at: Int64(at), 20) == String(big.dropFirst(at).prefix(20)))
+        #expect(try b.read("moved/big").utf8.count == 1 << 20)
+    }
+
+    /// A read that finds the version it reads gone from the store (another device's move
+    /// deleted the old key, and this device has not yet read the log that tells of it) waits
+    /// for the move to arrive, then reads the file where it went. Before, it failed (EIO).
+    @Test func aReadWhoseVersionAMoveTookWaitsForTheMove() throws {
+        let (a, b, big) = try bigFileOnTwoDevices()
+        let ino = try b.ino("docs/big")
+        let fh = try b.fs.open(ino, flags: O_RDONLY)
+        defer { b.fs.release(fh) }
+        try a.fs.rename(rootIno, n("docs"), rootIno, n("moved"))
+        a.sync()
+        // B's feed: its poll comes when the read asks (or at its interval).
+        b.feed.start()
+        defer { b.feed.stop() }
+        #expect(try readText(b, fh, at: 1_500_000, 20) == String(big.dropFirst(1_500_000).prefix(20)))
+        #expect(try b.ino("moved/big") == ino)
+    }
+
+    /// A read whose version is gone for good (written over on another device, in a bucket
+    /// without versions, while it is open here) fails as soon as this device learns of the new
+    /// version, and says so, rather than wait for a move that will not come.
+    @Test func aReadWhoseVersionWasWrittenOverFailsWithoutWaiting() throws {
+        let (a, b, _) = try bigFileOnTwoDevices()
+        let fh = try b.fs.open(try b.ino("docs/big"), flags: O_RDONLY)
+        defer { b.fs.release(fh) }
+        try a.write("docs/big", "new")
+        a.sync()
+        b.feed.start()
+        defer { b.feed.stop() }
+        do {
+            let got = try readText(b, fh, at: 0, 20)
+            Issue.record("a version written over was read: \(got)")
+        } catch let e as FSError {
+            #expect("\(e)".contains("written over in the store while open here"), "\(e)")
+        }
+    }
+
     /// A folder of many files, pinned here, renamed elsewhere: the folder is the same item
     /// here, still pinned, every file still downloaded, no byte read again; what arrives in it
     /// later is downloaded (the pin followed).
@@ -511,5 +589,14 @@ final class DeleteRecorder: ForwardingStore, @unchecked Sendable {
     override func deleteMoved(_ key: String, version: String, to destination: String) async throws {
         lock.withLock { asked.append((key, destination)) }
         try await super.deleteMoved(key, version: version, to: destination)
+    }
+}
+
+/// The embedded store as a bucket without versions is: a version deleted or written over
+/// cannot be read.
+final class Unversioned: ForwardingStore, @unchecked Sendable {
+    override func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
+        guard try await inner.head(key).version == version else { throw StoreError.notFound(key: key) }
+        return try await super.read(key, version: version, range: range)
     }
 }

@@ -165,13 +165,40 @@ extension FileSystem {
     /// by a read that waits for the store; `buffer` must stay valid until `reply` runs.
     public func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: ReadBuffer,
                      reply: @escaping @Sendable (Result<Int, Error>) -> Void) {
+        read(fh, offset: offset, count: count, into: buffer, waitingForAMoveUntil: nil, reply: reply)
+    }
+
+    /// `waitingForAMoveUntil`: a read asked again after the version it read was gone
+    /// (`waitForAMove`), and how long it may still wait for that.
+    private func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: ReadBuffer, waitingForAMoveUntil: Date?,
+                      reply: @escaping @Sendable (Result<Int, Error>) -> Void) {
         noteRead()  // uploads wait a little for reads to settle too: they share the disk
         let ino: UInt64, fd: Int32, c: Claim
         do {
             (ino, fd, _) = try handle(fh)
             c = try claim([ino], .read)
         } catch { reply(.failure(error)); return }
+        let local = inodes.locked { t in t[ino]?.rec.present ?? true }
+        // What the download reads from (set at open): a read that finds it gone waits for it to change.
+        let source = local ? nil : materializer.source(ino)
         let finish: @Sendable (Error?) -> Void = { [self] downloadFailure in
+            if let e = downloadFailure, case StoreError.notFound = e, let source {
+                let deadline = waitingForAMoveUntil ?? Date(timeIntervalSinceNow: movedVersionWait)
+                if Date() < deadline {
+                    // Without its claim meanwhile: the move's arrival claims the item.
+                    coordinator.release(c)
+                    waitForAMove(ino, from: source, until: deadline) { [self] why in
+                        guard let why else {
+                            read(fh, offset: offset, count: count, into: buffer, waitingForAMoveUntil: deadline, reply: reply)
+                            return
+                        }
+                        logger.error("read of inode \(ino) at \(offset) failed: \(e) (\(why))")
+                        versionGone(e)
+                        reply(.failure(FSError.io("download failed: \(e) (\(why))")))
+                    }
+                    return
+                }
+            }
             let r: Result<Int, Error>
             if let e = downloadFailure {
                 logger.error("read of inode \(ino) at \(offset) failed: \(e)")
@@ -184,10 +211,30 @@ extension FileSystem {
             coordinator.release(c)
             reply(r)
         }
-        if inodes.locked({ t in t[ino]?.rec.present ?? true }) {
+        if local {
             finish(nil)
         } else {
             materializer.whenLocal(ino, range: offset ..< offset + Int64(count), finish)
+        }
+    }
+
+    /// A read found the version it reads (`source`) gone from the store. On S3 a move on another
+    /// device deletes the old keys just before the log object that tells of the move (docs/s3.md),
+    /// so the move comes with one of the next looks: looks now, and again every quarter second,
+    /// until the item stands for another key or version (`then(nil)`: the read is asked again,
+    /// its download goes on from there, `Materializer.follow`), or why it will not (`then(why)`):
+    /// the item is gone, its new version waits for its readers to close (another device wrote
+    /// over it: the version read is gone for good), or no move came by `deadline`.
+    private func waitForAMove(_ ino: UInt64, from source: (key: String, version: String), until deadline: Date,
+                              _ then: @escaping @Sendable (String?) -> Void) {
+        storeFeed?.kick(everywhere: false)
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.25) { [self] in
+            let now = try? state.read { tx in try tx.entries(of: ino).first { $0.remoteKey != nil } }
+            guard let entry = now.flatMap({ $0 }), let key = entry.remoteKey else { then("gone from the store"); return }
+            if key != source.key || entry.remoteVersion != source.version { then(nil); return }
+            if waitingForClose.withLock({ $0.contains(ino) }) { then("written over in the store while open here"); return }
+            if Date() >= deadline { then("no move of it came in \(Int(movedVersionWait)) s"); return }
+            waitForAMove(ino, from: source, until: deadline, then)
         }
     }
 

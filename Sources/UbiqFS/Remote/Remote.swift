@@ -633,6 +633,11 @@ extension FileSystem {
                     try tx.replaceXattrs(ino, xattrs)
                     if contentChanged { try tx.removeDownload(ino) }
                 }
+                // The same bytes at another key or version (moved, or new metadata): a download
+                // under way reads them there now (the old version may be gone: a bucket without versions).
+                if isFile && !contentChanged, let old = e.remoteVersion {
+                    materializer.follow(ino, from: old, to: info.key, version: info.version)
+                }
                 return true
             }
         }()
