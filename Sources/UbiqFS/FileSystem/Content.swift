@@ -187,7 +187,7 @@ extension FileSystem {
                 if Date() < deadline {
                     // Without its claim meanwhile: the move's arrival claims the item.
                     coordinator.release(c)
-                    waitForAMove(ino, from: source, until: deadline) { [self] why in
+                    waitForAMove(ino, from: source, until: deadline, everywhereAt: Date(timeIntervalSinceNow: 5)) { [self] why in
                         guard let why else {
                             read(fh, offset: offset, count: count, into: buffer, waitingForAMoveUntil: deadline, reply: reply)
                             return
@@ -224,17 +224,20 @@ extension FileSystem {
     /// until the item stands for another key or version (`then(nil)`: the read is asked again,
     /// its download goes on from there, `Materializer.follow`), or why it will not (`then(why)`):
     /// the item is gone, its new version waits for its readers to close (another device wrote
-    /// over it: the version read is gone for good), or no move came by `deadline`.
+    /// over it: the version read is gone for good), or no move came by `deadline`. The looks are
+    /// at the log; one at `everywhereAt` is also a full listing (another tool wrote over the
+    /// file, or deleted it: no log tells of that).
     private func waitForAMove(_ ino: UInt64, from source: (key: String, version: String), until deadline: Date,
-                              _ then: @escaping @Sendable (String?) -> Void) {
-        storeFeed?.kick(everywhere: false)
+                              everywhereAt: Date?, _ then: @escaping @Sendable (String?) -> Void) {
+        let everywhere = everywhereAt.map { Date() >= $0 } ?? false
+        storeFeed?.kick(everywhere: everywhere)
         DispatchQueue.global().asyncAfter(deadline: .now() + 0.25) { [self] in
             let now = try? state.read { tx in try tx.entries(of: ino).first { $0.remoteKey != nil } }
             guard let entry = now.flatMap({ $0 }), let key = entry.remoteKey else { then("gone from the store"); return }
             if key != source.key || entry.remoteVersion != source.version { then(nil); return }
             if waitingForClose.withLock({ $0.contains(ino) }) { then("written over in the store while open here"); return }
             if Date() >= deadline { then("no move of it came in \(Int(movedVersionWait)) s"); return }
-            waitForAMove(ino, from: source, until: deadline, then)
+            waitForAMove(ino, from: source, until: deadline, everywhereAt: everywhere ? nil : everywhereAt, then)
         }
     }
 
