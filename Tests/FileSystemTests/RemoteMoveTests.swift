@@ -127,6 +127,25 @@ import UbiqStore
         #expect(try b.ino("moved/big") == ino)
     }
 
+    /// A placeholder opened to write is downloaded whole first: one whose version a move
+    /// elsewhere took waits for the move, as a read does, and then opens and writes.
+    @Test func anOpenToWriteWhoseVersionAMoveTookWaitsForTheMove() throws {
+        let (a, b, big) = try bigFileOnTwoDevices()
+        let ino = try b.ino("docs/big")
+        try a.fs.rename(rootIno, n("docs"), rootIno, n("moved"))
+        a.sync()
+        b.feed.start()
+        defer { b.feed.stop() }
+        let fh = try b.fs.open(ino, flags: O_WRONLY)
+        _ = try Array("new".utf8).withUnsafeBytes { try b.fs.write(fh, offset: 0, count: 3, from: $0.baseAddress!) }
+        try b.fs.flush(fh)
+        b.fs.release(fh)
+        #expect(try b.ino("moved/big") == ino)
+        let rfh = try b.fs.open(ino, flags: O_RDONLY)
+        defer { b.fs.release(rfh) }
+        #expect(try readText(b, rfh, at: 0, 20) == "new" + big.dropFirst(3).prefix(17))
+    }
+
     /// A read whose version is gone for good (written over on another device, in a bucket
     /// without versions, while it is open here) fails as soon as this device learns of the new
     /// version, and says so, rather than wait for a move that will not come.

@@ -1,5 +1,6 @@
 import Foundation
 import CUbiq
+import Synchronization
 import UbiqCoordinator
 import UbiqState
 import UbiqStore
@@ -71,14 +72,20 @@ extension FileSystem {
         if case StoreError.notFound = error { storeFeed?.kick(everywhere: true) }
     }
 
-    /// Brings a placeholder's content into the cache (call holding an exclusive claim, without the inode table's lock).
-    private func materialize(_ ino: UInt64) throws {
+    /// A download found the version it reads gone from the store (`materialize`).
+    struct VersionGone: Error { let error: Error }
+
+    /// Brings a placeholder's content into the cache (call holding an exclusive claim, without
+    /// the inode table's lock). `goneThrown`: a version gone from the store is thrown as
+    /// `VersionGone`, for the caller to wait for the move that took it (`waitForAMove`).
+    private func materialize(_ ino: UInt64, goneThrown: Bool = false) throws {
         let needed = try inodes.locked { t -> Bool in
             let n = try t.node(ino)
             return n.isRegular && !n.rec.present
         }
         guard needed else { return }
         do { try materializer.fetch(ino) } catch {
+            if goneThrown, case StoreError.notFound = error { throw VersionGone(error: error) }
             logger.error("download of inode \(ino) failed: \(error)")
             versionGone(error)
             throw Self.downloadError(error)
@@ -130,10 +137,28 @@ extension FileSystem {
         if truncate {
             _ = try setattr(ino, AttributeChanges(size: 0, clearSetID: clearSetID), caller: .root)
         } else if !present && writable {
-            // Writing needs the whole file (for now): download it first.
-            let c = try claim([ino], .download)
-            defer { coordinator.release(c) }
-            try materialize(ino)
+            // Writing needs the whole file (for now): download it first. Its version gone from
+            // the store (moved elsewhere, the move not yet seen here), the open waits for the
+            // move, without its claim, and starts over.
+            let source = try state.read { tx in try tx.entries(of: ino).first { $0.remoteKey != nil } }
+            do {
+                let c = try claim([ino], .download)
+                defer { coordinator.release(c) }
+                try materialize(ino, goneThrown: true)
+            } catch let gone as VersionGone {
+                guard let key = source?.remoteKey, let version = source?.remoteVersion else { throw Self.downloadError(gone.error) }
+                let done = DispatchSemaphore(value: 0)
+                let why = Mutex<String?>(nil)
+                waitForAMove(ino, from: (key, version), until: Date(timeIntervalSinceNow: movedVersionWait),
+                             everywhereAt: Date(timeIntervalSinceNow: 5)) { w in
+                    why.withLock { $0 = w }
+                    done.signal()
+                }
+                done.wait()
+                guard let why = why.withLock({ $0 }) else { return nil }
+                logger.error("download of inode \(ino) failed: \(gone.error) (\(why))")
+                throw FSError.io("download failed: \(gone.error) (\(why))")
+            }
         } else if !present && !hydration.mayDownload(pid: caller.pid) {
             // A thumbnailer or indexer: no download for it. (What is local already is served.)
             if materializer.localBytes(ino) == nil {
@@ -193,7 +218,6 @@ extension FileSystem {
                             return
                         }
                         logger.error("read of inode \(ino) at \(offset) failed: \(e) (\(why))")
-                        versionGone(e)
                         reply(.failure(FSError.io("download failed: \(e) (\(why))")))
                     }
                     return
