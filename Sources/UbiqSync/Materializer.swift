@@ -408,13 +408,15 @@ public final class Materializer: @unchecked Sendable {
     /// the version its download reads (moved, or its metadata changed, on another device): the
     /// download goes on from there. A bucket without versions no longer has `old` (a move deletes
     /// it): the download would fail, and so would every read of a chunk not yet here. What failed
-    /// is fetched again; the progress saved from now on is of the new version.
+    /// is fetched again; the progress is saved again, as of the new version.
     public func follow(_ ino: UInt64, from old: String, to key: String, version: String) {
         cond.lock(); defer { cond.unlock() }
         failures[ino] = nil
         guard let job = jobs[ino], !job.cancelled, job.version == old else { return }
         job.key = key
         job.version = version
+        // What is here so far, saved as of the new version: a restart resumes from it.
+        if job.presentCount > 0 && !job.done { saveProgressLocked(job) }
         guard job.error != nil || !job.failed.isEmpty else { return }
         let again = Array(job.failed.keys).sorted()
         job.failed.removeAll()
