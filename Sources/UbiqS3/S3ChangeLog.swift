@@ -130,7 +130,7 @@ final class S3ChangeLog: @unchecked Sendable {
         var whole = true
     }
 
-    let objects: S3Objects
+    let objects: any LogObjects
     /// This device's name in log object names (its S3 index's id).
     let device: String
     private let lock = NSLock()
@@ -169,7 +169,7 @@ final class S3ChangeLog: @unchecked Sendable {
     /// before the log object turn it off).
     var publishesBySelf = true
 
-    init(objects: S3Objects, device: String, logged: @escaping @Sendable ([Entry]) -> Void = { _ in }) {
+    init(objects: any LogObjects, device: String, logged: @escaping @Sendable ([Entry]) -> Void = { _ in }) {
         self.objects = objects; self.device = device; self.logged = logged
     }
 
@@ -340,9 +340,7 @@ final class S3ChangeLog: @unchecked Sendable {
     /// One log object of `batch`.
     private func write(_ batch: [Entry]) async throws {
         let body = try Self.lines(batch)
-        let name = Self.folder + Self.name(time: serverNow(), device: device)
-        try await objects.send(.PUT, name, headers: objects.checksConditions ? ["If-None-Match": "*"] : [:],
-                               body: .data(body), validate: false)
+        try await objects.create(Self.folder + Self.name(time: serverNow(), device: device), body)
     }
 
     static func name(time ms: Int64, device: String) -> String {
@@ -402,10 +400,7 @@ final class S3ChangeLog: @unchecked Sendable {
                 // Its length is known from the listing (a log object is never rewritten): a
                 // busy server's empty answer is asked again, never read as an empty object
                 // (its changes were lost until the next full listing).
-                data = try await objects.client.send(.GET, key: objects.prefix + Self.folder + name,
-                                                     headers: ["Range": "bytes=0-\(Self.maxObjectBytes - 1)"],
-                                                     maxResponse: Self.maxObjectBytes + (64 << 10),
-                                                     expectedLength: size.map { min($0, Self.maxObjectBytes) }).data
+                data = try await objects.read(Self.folder + name, atMost: Self.maxObjectBytes, expectedLength: size)
             } catch {
                 // Gone too (listed, then not there) counts as a failure: an object in the window
                 // is younger than any retention, so that is the server's hiccup, not a prune.
@@ -440,28 +435,23 @@ final class S3ChangeLog: @unchecked Sendable {
     private func listNames(after: String, pages: Int = .max, into out: inout Read) async throws -> [Listed] {
         var names: [Listed] = []
         var token: String?
-        let folder = objects.prefix + Self.folder
         repeat {
-            var query = [("list-type", "2"), ("prefix", folder), ("start-after", folder + after), ("max-keys", "1000")]
-            if let token { query.append(("continuation-token", token)) }
             let sent = Date()
-            let r = try await objects.client.send(.GET, key: nil, query: query)
+            let page = try await objects.listPage(Self.folder, after: after, token: token)
             out.requests += 1
             if out.position == 0 {
-                if let d = r.header("Date").flatMap(S3Time.httpDate) {
+                if let d = page.date {
                     // The header is in whole seconds: the middle of that second.
                     let offset = d.timeIntervalSince1970 + 0.5 - sent.timeIntervalSince1970
                     lock.withLock { clockOffset = offset }
                 }
                 out.position = serverNow()
             }
-            for block in S3Client.xmlBlocks("Contents", in: r.text) {
-                guard let key = S3Client.xmlValue("Key", in: block), key.hasPrefix(folder) else { continue }
-                let name = String(key.dropFirst(folder.count))
+            for (name, size) in page.names {
                 guard let time = Self.time(of: name) else { continue }  // not a log object: left alone
-                names.append((name, time, S3Client.xmlValue("Size", in: block).flatMap { Int($0) }.flatMap { $0 >= 0 ? $0 : nil }))
+                names.append((name, time, size))
             }
-            token = S3Client.xmlValue("IsTruncated", in: r.text) == "true" ? S3Client.xmlValue("NextContinuationToken", in: r.text) : nil
+            token = page.next
         } while token != nil && out.requests < pages
         if token != nil { out.whole = false }
         return names
@@ -521,7 +511,7 @@ final class S3ChangeLog: @unchecked Sendable {
         let cutoff = serverNow() - Int64(retention * 1000)
         let names = try await listNames(after: "", pages: 1, into: &out)
         for (name, time, _) in names where time < cutoff {
-            try await objects.send(.DELETE, Self.folder + name, validate: false)
+            try await objects.remove(Self.folder + name)
         }
     }
 }
