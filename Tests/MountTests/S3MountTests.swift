@@ -358,6 +358,27 @@ final class S3Server: @unchecked Sendable {
         #expect(listed.status == 0 && listed.out.contains("drive/pictures/p7.jpg") && !listed.out.contains("drive/photos"), "\(listed.out)")
     }
 
+    /// A file not downloaded on B, whose folder A renamed: its old key is gone from the bucket
+    /// before B has read the log that tells of the move (B looks once an hour unless asked).
+    /// Read at its old name, the read asks B to look, waits for the move and reads the file at
+    /// its new key; before, it failed (EIO) until B's next look.
+    @Test func aFileReadAsItsFolderMovesElsewhereIsReadAtItsNewKey() throws {
+        let s3 = try S3Server.shared()
+        let bucket = s3.bucket("readmove")
+        let a = try s3.mount(bucket, extra: "--upload-delay 0")
+        defer { a.cleanup() }
+        let b = try s3.mount(bucket, name: "device-b", extra: "--poll-interval 3600 --full-listing-interval 3600")
+        defer { b.cleanup() }
+        expectOK(a.sh("mkdir docs && echo hello > docs/a.txt && head -c 3000000 /dev/urandom > docs/big && \(ubiqBinary) sync ."))
+        expectOK(b.sh("\(ubiqBinary) sync . && test -e docs/a.txt && test -e docs/big"))
+        let sum = a.sh("md5sum < docs/big").out
+        expectOK(a.sh("mv docs moved && \(ubiqBinary) sync ."))
+        let small = b.sh("cat docs/a.txt")
+        #expect(small.status == 0 && small.out == "hello\n", "\(small.err) \(shell("tail -5 \(b.state)/ubiq.log").out)")
+        expectOK(b.sh("test -e moved/a.txt && test ! -e docs"), "B has the move")
+        expectOK(b.sh("[ \"$(md5sum < moved/big)\" = '\(sum.trimmingCharacters(in: .whitespacesAndNewlines))' ]"), "and the other file, whole")
+    }
+
     /// Folders another tool made (no markers; SeaweedFS still answers a HEAD of `docs/` for its
     /// directory): renamed on A, the old one goes from B; emptied by `rm` on A, it stays on A
     /// and on B, and its marker is in the bucket.
