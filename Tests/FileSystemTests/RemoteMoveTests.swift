@@ -151,6 +151,19 @@ import UbiqStore
         #expect(try readText(b, rfh, at: 0, 20) == "new" + big.dropFirst(3).prefix(17))
     }
 
+    /// So does a placeholder cut to a length other than 0 (downloaded whole first).
+    @Test func aTruncateWhoseVersionAMoveTookWaitsForTheMove() throws {
+        let (a, b, big) = try bigFileOnTwoDevices()
+        let ino = try b.ino("docs/big")
+        try a.fs.rename(rootIno, n("docs"), rootIno, n("moved"))
+        a.sync()
+        b.feed.start()
+        defer { b.feed.stop() }
+        #expect(try b.fs.setattr(ino, AttributeChanges(size: 25), caller: .root).size == 25)
+        #expect(try b.ino("moved/big") == ino)
+        #expect(try b.read("moved/big") == String(big.prefix(25)))
+    }
+
     /// A read whose version is gone for good (written over on another device, in a bucket
     /// without versions, while it is open here) fails as soon as this device learns of the new
     /// version, and says so, rather than wait for a move that will not come.

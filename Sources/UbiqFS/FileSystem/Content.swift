@@ -99,6 +99,32 @@ extension FileSystem {
         invalidateKernelAttributes(ino)
     }
 
+    /// Downloads a placeholder whole, to write it (under a download claim). Its version gone
+    /// from the store (moved elsewhere, the move not yet seen here), it waits for the move
+    /// without the claim (`waitForAMove`); false: the move came, and the caller starts over.
+    private func downloadWhole(_ ino: UInt64) throws -> Bool {
+        let source = try state.read { tx in try tx.entries(of: ino).first { $0.remoteKey != nil } }
+        do {
+            let c = try claim([ino], .download)
+            defer { coordinator.release(c) }
+            try materialize(ino, goneThrown: true)
+            return true
+        } catch let gone as VersionGone {
+            guard let key = source?.remoteKey, let version = source?.remoteVersion else { throw Self.downloadError(gone.error) }
+            let done = DispatchSemaphore(value: 0)
+            let why = Mutex<String?>(nil)
+            waitForAMove(ino, from: (key, version), until: Date(timeIntervalSinceNow: movedVersionWait),
+                         everywhereAt: Date(timeIntervalSinceNow: 5)) { w in
+                why.withLock { $0 = w }
+                done.signal()
+            }
+            done.wait()
+            guard let why = why.withLock({ $0 }) else { return false }
+            logger.error("download of inode \(ino) failed: \(gone.error) (\(why))")
+            throw FSError.io("download failed: \(gone.error) (\(why))")
+        }
+    }
+
     /// What a failed download is to the caller: ENOSPC for a full local disk, else EIO.
     static func downloadError(_ error: Error) -> FSError {
         if case SyncError.noSpace = error { return .noSpace }
@@ -137,28 +163,8 @@ extension FileSystem {
         if truncate {
             _ = try setattr(ino, AttributeChanges(size: 0, clearSetID: clearSetID), caller: .root)
         } else if !present && writable {
-            // Writing needs the whole file (for now): download it first. Its version gone from
-            // the store (moved elsewhere, the move not yet seen here), the open waits for the
-            // move, without its claim, and starts over.
-            let source = try state.read { tx in try tx.entries(of: ino).first { $0.remoteKey != nil } }
-            do {
-                let c = try claim([ino], .download)
-                defer { coordinator.release(c) }
-                try materialize(ino, goneThrown: true)
-            } catch let gone as VersionGone {
-                guard let key = source?.remoteKey, let version = source?.remoteVersion else { throw Self.downloadError(gone.error) }
-                let done = DispatchSemaphore(value: 0)
-                let why = Mutex<String?>(nil)
-                waitForAMove(ino, from: (key, version), until: Date(timeIntervalSinceNow: movedVersionWait),
-                             everywhereAt: Date(timeIntervalSinceNow: 5)) { w in
-                    why.withLock { $0 = w }
-                    done.signal()
-                }
-                done.wait()
-                guard let why = why.withLock({ $0 }) else { return nil }
-                logger.error("download of inode \(ino) failed: \(gone.error) (\(why))")
-                throw FSError.io("download failed: \(gone.error) (\(why))")
-            }
+            // Writing needs the whole file (for now): download it first.
+            if try !downloadWhole(ino) { return nil }
         } else if !present && !hydration.mayDownload(pid: caller.pid) {
             // A thumbnailer or indexer: no download for it. (What is local already is served.)
             if materializer.localBytes(ino) == nil {
@@ -495,6 +501,15 @@ extension FileSystem {
 
     /// chmod, chown, utimens, truncate. `fh` is the handle of ftruncate/futimens, if any.
     public func setattr(_ ino: UInt64, _ ch: AttributeChanges, fh: UInt64? = nil, caller: Caller) throws -> Attributes {
+        if let size = ch.size, waitsForStore(ino, size: size) {
+            // A placeholder cut to another length than 0 is downloaded whole first, before the
+            // write claim (a download whose version is gone waits for a move without it).
+            var tries = 0
+            while try !downloadWhole(ino) {
+                tries += 1
+                if tries >= 8 { throw FSError.timedOut }
+            }
+        }
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
         if let size = ch.size {
