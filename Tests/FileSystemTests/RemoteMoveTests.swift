@@ -90,6 +90,17 @@ import UbiqStore
         return (a, b, big)
     }
 
+    /// `bigFileOnTwoDevices`, then `docs/` renamed on A, and B's feed following the store
+    /// (its poll comes when asked, or at its interval); `stop` stops it.
+    func movedWhileBFollows() throws -> (b: Device, ino: UInt64, big: String, stop: () -> Void) {
+        let (a, b, big) = try bigFileOnTwoDevices()
+        let ino = try b.ino("docs/big")
+        try a.fs.rename(rootIno, n("docs"), rootIno, n("moved"))
+        a.sync()
+        b.feed.start()
+        return (b, ino, big, { b.feed.stop() })
+    }
+
     /// A file being downloaded here, moved elsewhere: its download goes on from the new key, and
     /// its progress is saved as of it. Before, it went on reading the old key, gone from a
     /// bucket without versions, and every read of a part not yet here failed (EIO) until the
@@ -135,12 +146,8 @@ import UbiqStore
     /// A placeholder opened to write is downloaded whole first: one whose version a move
     /// elsewhere took waits for the move, as a read does, and then opens and writes.
     @Test func anOpenToWriteWhoseVersionAMoveTookWaitsForTheMove() throws {
-        let (a, b, big) = try bigFileOnTwoDevices()
-        let ino = try b.ino("docs/big")
-        try a.fs.rename(rootIno, n("docs"), rootIno, n("moved"))
-        a.sync()
-        b.feed.start()
-        defer { b.feed.stop() }
+        let (b, ino, big, stop) = try movedWhileBFollows()
+        defer { stop() }
         let fh = try b.fs.open(ino, flags: O_WRONLY)
         _ = try Array("new".utf8).withUnsafeBytes { try b.fs.write(fh, offset: 0, count: 3, from: $0.baseAddress!) }
         try b.fs.flush(fh)
@@ -153,12 +160,8 @@ import UbiqStore
 
     /// So does a placeholder cut to a length other than 0 (downloaded whole first).
     @Test func aTruncateWhoseVersionAMoveTookWaitsForTheMove() throws {
-        let (a, b, big) = try bigFileOnTwoDevices()
-        let ino = try b.ino("docs/big")
-        try a.fs.rename(rootIno, n("docs"), rootIno, n("moved"))
-        a.sync()
-        b.feed.start()
-        defer { b.feed.stop() }
+        let (b, ino, big, stop) = try movedWhileBFollows()
+        defer { stop() }
         #expect(try b.fs.setattr(ino, AttributeChanges(size: 25), caller: .root).size == 25)
         #expect(try b.ino("moved/big") == ino)
         #expect(try b.read("moved/big") == String(big.prefix(25)))
