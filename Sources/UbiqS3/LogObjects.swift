@@ -2,7 +2,7 @@ import Foundation
 import UbiqStore
 
 /// Where the change log's objects are kept (`S3ChangeLog`): a bucket's, under the store's
-/// prefix, or a plain folder (`FolderLogObjects`), so that the log's own logic (batches, moves
+/// prefix, or a plain folder (the tests' `FolderLogObjects`), so that the log's own logic (batches, moves
 /// held back, reading, pruning) runs the same over either, and its tests run without a server.
 /// Paths are relative to the store (`.ubiquity/s3/log/NAME`).
 protocol LogObjects: Sendable {

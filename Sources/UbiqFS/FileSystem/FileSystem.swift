@@ -76,7 +76,7 @@ public final class FileSystem: @unchecked Sendable {
     /// How long a read whose version is gone from the store waits for the move elsewhere that
     /// took it (`waitForAMove`): a folder's move deletes its old keys before the log tells of
     /// it, and a folder of 10,000 files takes many seconds to delete.
-    public var movedVersionWait: TimeInterval = 30
+    let movedVersionWait: TimeInterval = 30
     /// Folders deleted in the store that wait for what they hold to go: how many items each
     /// held at the last try, and the tries since that went down (see `applyRemoteDelete`).
     let foldersEmptying = Mutex<[UInt64: (held: Int, idle: Int)]>([:])
