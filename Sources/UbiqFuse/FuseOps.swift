@@ -18,10 +18,26 @@ enum FuseOps {
         ops.lookup = { req, parent, n in
             OpStats.measure("lookup") {
                 let s = FuseServer.from(req)
-                s.replyEntry(req) {
+                let nm = name(n)
+                let found: (Attributes, timeout: Double)
+                do {
                     let folder = try s.permit(req, parent, PermissionRules.exec)
-                    return (try s.fs.lookup(parent, name(n)), s.entryTimeout(in: folder, req))
+                    found = (try s.fs.lookup(parent, nm), s.entryTimeout(in: folder, req))
+                } catch FSError.notFound where s.fs.notListedYet(nm, in: parent) {
+                    // A name a new device's listing of the store has not reached yet: answered
+                    // once it has, from a thread of its own (the listing may take a minute).
+                    s.answer(req, later: true) { req in
+                        s.replyEntry(req) {
+                            let folder = try s.permit(req, parent, PermissionRules.exec)
+                            return (try s.fs.lookup(parent, nm, waitingForTheListing: true), s.entryTimeout(in: folder, req))
+                        }
+                    }
+                    return
+                } catch {
+                    s.replyError(req, error)
+                    return
                 }
+                s.replyEntry(req) { found }
             }
         }
         ops.forget = { req, ino, count in

@@ -54,6 +54,13 @@ public final class ChangeFeed: @unchecked Sendable {
     private var lastReached: Date?
     /// The first poll's listing (`importFirst`) is not over yet (under `cond`).
     private var listingPending = false
+    /// That listing brings in the rest of a store this device was new to (it never had the
+    /// whole of its listing): a name not here may be in the store still (under `cond`).
+    private var fillingIn = false
+    /// Every key of the store up to this one (bytes) is here (that listing's progress, under `cond`).
+    private var listedThrough: [UInt8] = []
+    /// The last attempt at that listing failed, or the feed stopped (under `cond`).
+    private var listingHalted = false
     /// What was said of keys that could not be taken, so each is said once (under `pollLock`).
     private var warned = Set<KeyBytes>()
     /// The listing the first poll brings in before it reads the changes (`importFirst`; under `pollLock`).
@@ -87,7 +94,46 @@ public final class ChangeFeed: @unchecked Sendable {
     /// (the store down) brings it in again; `ubiq sync` waits for it. Call before `start`.
     public func importFirst(_ importer: Importer) {
         pollLock.withLock { self.importer = importer }
-        cond.lock(); listingPending = true; cond.unlock()
+        let new = !Importer.importedBefore(state)
+        cond.lock(); listingPending = true; fillingIn = new; cond.unlock()
+    }
+
+    /// How long a lookup of a name not here waits at most for the listing that brings in a
+    /// new device's rest (`waitForTheListing`); past it the name is not found, as before.
+    public static let listingWait: TimeInterval = 120
+
+    /// Whether `key` (a store key's bytes, without a folder's `/`) may name an object that the
+    /// listing of a store this device is new to has not brought in yet: its mount answers
+    /// before the rest of a large store is in (`Importer.beforeMount`), and a name looked up
+    /// meanwhile is not "not there" until that listing has passed it. Not while the listing
+    /// fails (the store down: a name not here is not found, at once), nor on a mount again (the
+    /// device has the whole store as it last saw it; what is new there comes in as changes).
+    public func mayStillBring(_ key: [UInt8]) -> Bool {
+        cond.lock(); defer { cond.unlock() }
+        return stillBringing(key)
+    }
+
+    /// Waits up to `seconds` until `mayStillBring(key)` is false.
+    public func waitForTheListing(toBring key: [UInt8], seconds: TimeInterval) {
+        let deadline = Date(timeIntervalSinceNow: seconds)
+        cond.lock(); defer { cond.unlock() }
+        while stillBringing(key) {
+            if !cond.wait(until: deadline) { return }
+        }
+    }
+
+    /// Under `cond`. The listing goes in key order: past `key + "0"` it is past `key` and every
+    /// key under it as a folder (`key/…`: "/" comes just before "0").
+    private func stillBringing(_ key: [UInt8]) -> Bool {
+        fillingIn && listingPending && !listingHalted && listedThrough.lexicographicallyPrecedes(key + [UInt8(ascii: "0")])
+    }
+
+    /// The listing has brought in every key up to `key`.
+    private func listed(through key: String) {
+        let bytes = Array(key.utf8)
+        cond.lock()
+        if listedThrough.lexicographicallyPrecedes(bytes) { listedThrough = bytes; cond.broadcast() }
+        cond.unlock()
     }
 
     /// What the feed last saw of the store, as the mount's root attributes say it
@@ -112,7 +158,10 @@ public final class ChangeFeed: @unchecked Sendable {
         return Look(reached: lastReached, error: lastPoll?.error, listing: listingPending, polled: lastPoll?.at)
     }
 
-    public func stop() { loop.stop() }
+    public func stop() {
+        cond.lock(); listingHalted = true; cond.broadcast(); cond.unlock()
+        loop.stop()
+    }
 
     /// The polling thread waits for its next round (a test that moves the clock waits for this).
     var isIdle: Bool { loop.isIdle }
@@ -176,14 +225,21 @@ public final class ChangeFeed: @unchecked Sendable {
             // changed meanwhile comes after what the listing showed (a delete after a put).
             var retry: [String] = []
             var handed = 0
-            try importer.runLive(stopping: { [loop] in loop.isStopping }) { [self] page in
-                var asked = Set(page.map { KeyBytes($0.key) })
-                let all = page + (try movedAway(page, asked: &asked))
-                handed += all.count
-                retry += all.isEmpty ? [] : self.changes.applyRemote(all)
+            let stopping = loop.isStopping
+            cond.lock(); listingHalted = stopping; listedThrough = []; cond.unlock()
+            do {
+                try importer.runLive(stopping: { [loop] in loop.isStopping }, listed: { [self] in listed(through: $0) }) { [self] page in
+                    var asked = Set(page.map { KeyBytes($0.key) })
+                    let all = page + (try movedAway(page, asked: &asked))
+                    handed += all.count
+                    retry += all.isEmpty ? [] : self.changes.applyRemote(all)
+                }
+            } catch {
+                cond.lock(); listingHalted = true; cond.broadcast(); cond.unlock()
+                throw error
             }
             self.importer = nil
-            cond.lock(); listingPending = false; cond.unlock()
+            cond.lock(); listingPending = false; fillingIn = false; cond.broadcast(); cond.unlock()
             if handed > 0 { logger.info("brought in \(handed) changes from the store's listing that this device had not heard of") }
             if !retry.isEmpty {
                 try state.write { tx in try tx.setFeedPending(Set((try tx.feedPending() + retry).map(KeyBytes.init)).map(\.key)) }

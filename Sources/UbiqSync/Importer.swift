@@ -93,10 +93,15 @@ public struct Importer {
     /// an unrecorded upload deletes it, which looks again before it deletes (an upload
     /// answered meanwhile is recorded by then, and stays). `stopping` is asked between pages
     /// (an unmount does not wait for a million keys).
-    public func runLive(stopping: @escaping () -> Bool, _ apply: @escaping ([RemoteChange]) throws -> Void) throws {
-        try listUnknown(stopping: stopping) { objects in
+    /// `listed` is told, as the listing goes, a key up to which every object of the store is
+    /// here (this device knew it, or it was applied).
+    public func runLive(stopping: @escaping () -> Bool, listed: @escaping (String) -> Void = { _ in },
+                        _ apply: @escaping ([RemoteChange]) throws -> Void) throws {
+        let progress = ListingProgress(listed)
+        try listUnknown(stopping: stopping, offered: progress.offered) { objects in
             if stopping() { throw CancellationError() }
             try apply(try self.livePage(objects))
+            progress.applied()
         }
         try state.write { try $0.setMeta(Self.doneKey, "1") }
     }
@@ -106,10 +111,15 @@ public struct Importer {
     /// the store). Asked again a moment later when the store fails transiently (the pages
     /// handed on by then are known, and not handed again): a failed LIST failed a mount
     /// again's first poll, and a user's `ubiq sync` with it.
-    private func listUnknown(stopping: () -> Bool, _ page: @escaping ([ObjectInfo]) throws -> Void) throws {
+    private func listUnknown(stopping: () -> Bool, offered: (([String], [Bool]) -> Void)? = nil,
+                             _ page: @escaping ([ObjectInfo]) throws -> Void) throws {
         let (store, pageSize) = (self.store, self.pageSize)
         let page = UncheckedBox(page)
-        let wanted = UncheckedBox { (keys: [String]) in try self.unknown(keys) }
+        let wanted = UncheckedBox { (keys: [String]) in
+            let unknown = try self.unknown(keys)
+            offered?(keys, unknown)
+            return unknown
+        }
         try retryingTransient(attempts: 4, pause: 200_000) {
             try runBlocking(stopping: stopping) {
                 try await store.list(prefix: "", pagesOf: pageSize, wanted: { try wanted.value($0) }) { try page.value($0) }
@@ -268,5 +278,47 @@ public struct Importer {
 
     private func importXattrs(_ tx: StateTransaction, _ ino: UInt64, _ m: ObjectMetadata) throws {
         for (k, v) in m.localXattrs { try tx.setXattr(ino, name: k, value: v) }
+    }
+}
+
+/// How far a listing handed to the file system has come (`Importer.runLive`): the store offers
+/// each page's keys (`offered`), in order, and hands on the pages with keys this device does
+/// not know, in the same order, each applied before the next (`applied`); a page it hands
+/// nothing of is in as soon as every page before it that was handed on is. The store may offer
+/// a page before the last one handed on is applied (S3 looks the next page up meanwhile).
+final class ListingProgress: @unchecked Sendable {
+    private let lock = NSLock()
+    /// The pages offered and not yet told: each one's last key, and whether it waits to be applied.
+    private var pages: [(last: String, waits: Bool)] = []
+    private var first = 0
+    private let listed: (String) -> Void
+
+    init(_ listed: @escaping (String) -> Void) { self.listed = listed }
+
+    func offered(_ keys: [String], _ wanted: [Bool]) {
+        guard let last = keys.last else { return }
+        lock.withLock { pages.append((last, wanted.contains(true))) }
+        tell()
+    }
+
+    func applied() {
+        lock.withLock {
+            if let i = pages[first...].firstIndex(where: \.waits) { pages[i].waits = false }
+        }
+        tell()
+    }
+
+    /// Tells the last key of the pages now in (outside the lock: `listed` takes the feed's).
+    private func tell() {
+        let through: String? = lock.withLock {
+            var through: String?
+            while first < pages.count, !pages[first].waits {
+                through = pages[first].last
+                first += 1
+            }
+            if first > 1_000 { pages.removeFirst(first); first = 0 }
+            return through
+        }
+        if let through { listed(through) }
     }
 }

@@ -245,6 +245,58 @@ import Synchronization
         #expect(try a.read("d/mine") == "here")
     }
 
+    /// While a new device's listing brings in the rest of a large store, a name it has not
+    /// reached is not "not there": its lookup waits until the listing has passed it, then finds
+    /// it (a script that mounts and at once opens a file of the rest failed with ENOENT). A
+    /// name the listing has passed is answered at once; so is every name once it is over, and
+    /// on a mount again (the device has the whole store as it last saw it).
+    @Test func aLookupOfANameTheListingHasNotReachedWaitsForIt() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.mkdir("d")
+        for i in 0 ..< 50 { try a.write("d/f\(i)", "\(i)") }
+        try a.mkdir("z")
+        try a.write("z/late", "late")
+        a.sync()
+        let held = HeldListing(store)
+        let b = try Device(store: store, remote: held, importBound: (objects: 20, pageSize: 10))
+        let z = Array("z".utf8), late = Array("f9".utf8)
+        #expect(throws: FSError.notFound) { try b.fs.lookup(rootIno, z) }
+        #expect(b.fs.notListedYet(z, in: rootIno))
+        // The feed's first poll lists the store again; its first page with something new waits.
+        held.held.withLock { $0 = true }
+        let pulled = Mutex(false)
+        let poll = Thread { b.pull(); pulled.withLock { $0 = true } }
+        poll.start()
+        while !held.waiting.withLock({ $0 }) { usleep(5_000) }
+        let d = try b.ino("d")
+        #expect(b.fs.notListedYet(late, in: d), "d/f9 comes after what is in")
+        #expect(b.fs.notListedYet(Array("f3".utf8), in: d), "d/f3 is in the page the listing holds")
+        #expect(!b.fs.notListedYet(Array("c".utf8), in: rootIno), "the listing is past c: it is not in the store")
+        #expect(throws: FSError.notFound) { try b.fs.lookup(rootIno, Array("c".utf8), waitingForTheListing: true) }
+        let found = Mutex<Result<Attributes, any Error>?>(nil)
+        let lookup = Thread {
+            let r = Result { try b.fs.lookup(rootIno, z, waitingForTheListing: true) }
+            found.withLock { $0 = r }
+        }
+        lookup.start()
+        usleep(300_000)
+        #expect(found.withLock { $0 } == nil, "the lookup of z waits while the listing is held")
+        held.held.withLock { $0 = false }
+        while found.withLock({ $0 }) == nil { usleep(5_000) }
+        let zAttributes = try #require(try found.withLock { $0 }?.get())
+        #expect(zAttributes.isDirectory)
+        while !pulled.withLock({ $0 }) { usleep(5_000) }
+        #expect(try b.read("z/late") == "late")
+        #expect(try b.read("d/f9") == "9")
+        #expect(!b.fs.notListedYet(Array("nothing".utf8), in: rootIno), "the listing is over")
+        // A mount again lists the store in its first poll too, but has all of it as it was.
+        try b.open()
+        #expect(b.feed.look.listing)
+        #expect(!b.fs.notListedYet(Array("nothing".utf8), in: rootIno))
+        b.pull()
+    }
+
     /// Many files of the same bytes (copies of one file) say nothing of which one moved: a new
     /// device's rest of them is not looked for as moves of the ones it has (each was a lookup
     /// among all the holders and HEADs of up to eight: a million alike files took over twenty
@@ -306,8 +358,18 @@ import Synchronization
             try await raw.send(.DELETE, key: prefix + "d1/f01")
             try await raw.send(.PUT, key: prefix + "d1/f99", body: .data(Data("added past".utf8)))
         }
+        // A lookup of d1, past the first part, waits for the listing and finds it.
+        #expect(b.fs.notListedYet(Array("d1".utf8), in: rootIno))
+        let found = Mutex<Result<Attributes, any Error>?>(nil)
+        let lookup = Thread {
+            let r = Result { try b.fs.lookup(rootIno, Array("d1".utf8), waitingForTheListing: true) }
+            found.withLock { $0 = r }
+        }
+        lookup.start()
         b.pull()
         #expect(!b.feed.look.listing && Importer.importedBefore(b.state))
+        while found.withLock({ $0 }) == nil { usleep(5_000) }
+        #expect(try found.withLock { $0 }?.get().isDirectory == true, "\(String(describing: found.withLock { $0 }))")
         let bucket = try runBlocking { try await a.list(prefix: "") }.map(\.key)
         let here = try ["d0", "d1"].flatMap { d in try b.names(d).map { d + "/" + $0 } }
         #expect(here.sorted() == bucket.sorted(), "here \(Set(here).symmetricDifference(bucket).sorted())")
@@ -1279,4 +1341,21 @@ final class RecordingKernel: KernelNotifier, @unchecked Sendable {
     var inodes: [(ino: UInt64, pages: Bool)] { lock.withLock { dropped } }
     func invalidateEntry(_ parent: UInt64, _ name: [UInt8]) { lock.withLock { names.append((parent, String(decoding: name, as: UTF8.self))) } }
     func invalidateInode(_ ino: UInt64, pages: Bool) { lock.withLock { dropped.append((ino, pages)) } }
+}
+
+/// A store whose paged listing, while `held`, waits before handing on a page (as the rest of
+/// a large store's listing takes its time).
+final class HeldListing: ForwardingStore, @unchecked Sendable {
+    let held = Mutex(false)
+    let waiting = Mutex(false)
+    override func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
+                       _ body: ([ObjectInfo]) throws -> Void) async throws {
+        try await inner.list(prefix: prefix, pagesOf: size, wanted: wanted) { page in
+            while held.withLock({ $0 }) {
+                waiting.withLock { $0 = true }
+                usleep(5_000)
+            }
+            try body(page)
+        }
+    }
 }

@@ -9,6 +9,10 @@ class ForwardingStore: CloudStore, @unchecked Sendable {
 
     func head(_ key: String) async throws -> ObjectInfo { try await inner.head(key) }
     func list(prefix: String) async throws -> [ObjectInfo] { try await inner.list(prefix: prefix) }
+    func list(prefix: String, pagesOf size: Int, wanted: ([String]) throws -> [Bool],
+              _ body: ([ObjectInfo]) throws -> Void) async throws {
+        try await inner.list(prefix: prefix, pagesOf: size, wanted: wanted, body)
+    }
     func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
         try await inner.read(key, version: version, range: range)
     }

@@ -1,3 +1,4 @@
+import Foundation
 import UbiqSync
 
 // The file system's back-channels: what it tells the kernel and asks of the change feed, and
@@ -32,6 +33,10 @@ public protocol StoreFeed: AnyObject, Sendable {
     func kick(everywhere: Bool)
     /// What it last saw of the store (the root's `store-*` attributes).
     var look: ChangeFeed.Look { get }
+    /// Whether the listing that brings in a new device's rest of the store may still bring
+    /// store key `key` (bytes), and a wait for it (`FileSystem.notListedYet`).
+    func mayStillBring(_ key: [UInt8]) -> Bool
+    func waitForTheListing(toBring key: [UInt8], seconds: TimeInterval)
 }
 
 extension ChangeFeed: StoreFeed {}

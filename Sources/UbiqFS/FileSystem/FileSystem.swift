@@ -472,6 +472,34 @@ public final class FileSystem: @unchecked Sendable {
     }
 
     /// Resolves `name` in `parent` and counts one kernel reference to the result.
+    /// `waitingForTheListing`: a name not here that the store's listing may still bring (see
+    /// `notListedYet`) is looked up again once the listing has passed it (up to
+    /// `ChangeFeed.listingWait`).
+    public func lookup(_ parent: UInt64, _ name: [UInt8], waitingForTheListing: Bool) throws -> Attributes {
+        do { return try lookup(parent, name) } catch FSError.notFound where waitingForTheListing {
+            guard let feed = storeFeed, let key = storeKey(of: name, in: parent), feed.mayStillBring(key) else { throw FSError.notFound }
+            feed.waitForTheListing(toBring: key, seconds: ChangeFeed.listingWait)
+            return try lookup(parent, name)
+        }
+    }
+
+    /// Whether `name`, not found in `parent`, may be in the store still, in the part of its
+    /// listing that a device new to it has not brought in yet (`ChangeFeed.mayStillBring`):
+    /// a new device's mount answers before a large store's rest is in, and a name looked up
+    /// meanwhile is there once the listing reaches it, not "not there" before. The FUSE
+    /// binding then answers the lookup from another thread (`waitingForTheListing`).
+    public func notListedYet(_ name: [UInt8], in parent: UInt64) -> Bool {
+        guard let feed = storeFeed, let key = storeKey(of: name, in: parent) else { return false }
+        return feed.mayStillBring(key)
+    }
+
+    /// The store key (bytes, without a folder's "/") an item named `name` in folder `parent` has.
+    private func storeKey(of name: [UInt8], in parent: UInt64) -> [UInt8]? {
+        guard name != [UInt8(ascii: ".")], name != [UInt8(ascii: "."), UInt8(ascii: ".")], let folder = pathBytes(of: parent) else { return nil }
+        return Self.join(folder, name)
+    }
+
+    /// Resolves `name` in `parent` as it is here now, and counts one kernel reference to the result.
     public func lookup(_ parent: UInt64, _ name: [UInt8]) throws -> Attributes {
         if name.count > maxNameBytes { throw FSError.nameTooLong }
         return try inodes.locked { t in
