@@ -56,7 +56,7 @@ public final class ChangeFeed: @unchecked Sendable {
     private var listingPending = false
     /// That listing brings in the rest of a store this device was new to (it never had the
     /// whole of its listing): a name not here may be in the store still (under `cond`).
-    private var fillingIn = false
+    private var bringingTheRest = false
     /// Every key of the store up to this one (bytes) is here (that listing's progress, under `cond`).
     private var listedThrough: [UInt8] = []
     /// The last attempt at that listing failed, or the feed stopped (under `cond`).
@@ -95,19 +95,26 @@ public final class ChangeFeed: @unchecked Sendable {
     public func importFirst(_ importer: Importer) {
         pollLock.withLock { self.importer = importer }
         let new = !Importer.importedBefore(state)
-        cond.lock(); listingPending = true; fillingIn = new; cond.unlock()
+        cond.lock(); listingPending = true; bringingTheRest = new; cond.unlock()
     }
 
     /// How long a lookup of a name not here waits at most for the listing that brings in a
     /// new device's rest (`waitForTheListing`); past it the name is not found, as before.
     public static let listingWait: TimeInterval = 120
 
-    /// Whether `key` (a store key's bytes, without a folder's `/`) may name an object that the
-    /// listing of a store this device is new to has not brought in yet: its mount answers
-    /// before the rest of a large store is in (`Importer.beforeMount`), and a name looked up
-    /// meanwhile is not "not there" until that listing has passed it. Not while the listing
-    /// fails (the store down: a name not here is not found, at once), nor on a mount again (the
-    /// device has the whole store as it last saw it; what is new there comes in as changes).
+    /// Whether this device, new to the store, is bringing in the rest of it (its mount answers
+    /// before a large store's rest is in: `Importer.beforeMount`), so that a name not here may
+    /// be in the store still. Not while that listing fails (the store down: a name not here is
+    /// not found, at once), nor on a mount again (the device has the whole store as it last saw
+    /// it; what is new there comes in as changes).
+    public var fillingIn: Bool {
+        cond.lock(); defer { cond.unlock() }
+        return bringingTheRest && listingPending && !listingHalted
+    }
+
+    /// Whether `key` (a store key's bytes, without a folder's `/`) may name an object that
+    /// listing has not brought in yet: a name looked up meanwhile is not "not there" until the
+    /// listing has passed it.
     public func mayStillBring(_ key: [UInt8]) -> Bool {
         cond.lock(); defer { cond.unlock() }
         return stillBringing(key)
@@ -125,7 +132,7 @@ public final class ChangeFeed: @unchecked Sendable {
     /// Under `cond`. The listing goes in key order: past `key + "0"` it is past `key` and every
     /// key under it as a folder (`key/…`: "/" comes just before "0").
     private func stillBringing(_ key: [UInt8]) -> Bool {
-        fillingIn && listingPending && !listingHalted && listedThrough.lexicographicallyPrecedes(key + [UInt8(ascii: "0")])
+        bringingTheRest && listingPending && !listingHalted && listedThrough.lexicographicallyPrecedes(key + [UInt8(ascii: "0")])
     }
 
     /// The listing has brought in every key up to `key`.
@@ -239,7 +246,7 @@ public final class ChangeFeed: @unchecked Sendable {
                 throw error
             }
             self.importer = nil
-            cond.lock(); listingPending = false; fillingIn = false; cond.broadcast(); cond.unlock()
+            cond.lock(); listingPending = false; bringingTheRest = false; cond.broadcast(); cond.unlock()
             if handed > 0 { logger.info("brought in \(handed) changes from the store's listing that this device had not heard of") }
             if !retry.isEmpty {
                 try state.write { tx in try tx.setFeedPending(Set((try tx.feedPending() + retry).map(KeyBytes.init)).map(\.key)) }

@@ -285,19 +285,26 @@ public struct Importer {
 /// each page's keys (`offered`), in order, and hands on the pages with keys this device does
 /// not know, in the same order, each applied before the next (`applied`); a page it hands
 /// nothing of is in as soon as every page before it that was handed on is. The store may offer
-/// a page before the last one handed on is applied (S3 looks the next page up meanwhile).
+/// a page before the last one handed on is applied (S3 looks the next page up meanwhile). A
+/// listing asked again after the store failed (`retryingTransient`) starts over.
 final class ListingProgress: @unchecked Sendable {
     private let lock = NSLock()
     /// The pages offered and not yet told: each one's last key, and whether it waits to be applied.
     private var pages: [(last: String, waits: Bool)] = []
     private var first = 0
+    /// The last key offered (a page that does not start past it is a listing started over).
+    private var lastOffered: String?
     private let listed: (String) -> Void
 
     init(_ listed: @escaping (String) -> Void) { self.listed = listed }
 
     func offered(_ keys: [String], _ wanted: [Bool]) {
-        guard let last = keys.last else { return }
-        lock.withLock { pages.append((last, wanted.contains(true))) }
+        guard let start = keys.first, let last = keys.last else { return }
+        lock.withLock {
+            if let l = lastOffered, !l.utf8.lexicographicallyPrecedes(start.utf8) { pages = []; first = 0 }
+            lastOffered = last
+            pages.append((last, wanted.contains(true)))
+        }
         tell()
     }
 

@@ -297,6 +297,29 @@ import Synchronization
         b.pull()
     }
 
+    /// How far a listing is in: a page with nothing new is in once every page handed on
+    /// before it is applied, also when the store offers the next page before the last one is
+    /// applied (S3 does); a listing asked again after a failure starts over, and what it told
+    /// before stays told (those pages were applied).
+    @Test func aListingsProgressCountsOnlyWhatIsIn() {
+        let told = Mutex<[String]>([])
+        let p = ListingProgress { key in told.withLock { $0.append(key) } }
+        p.offered(["a", "b"], [false, false])
+        #expect(told.withLock { $0 } == ["b"])
+        p.offered(["c", "d"], [false, true])
+        p.offered(["e", "f"], [false, false])  // offered before c–d is applied
+        #expect(told.withLock { $0 } == ["b"])
+        p.applied()
+        #expect(told.withLock { $0 } == ["b", "f"])
+        p.offered(["g", "h"], [true, true])
+        // The store failed; the listing starts over, and its first page with something new waits.
+        p.offered(["a", "b"], [false, false])
+        p.offered(["c", "h"], [true, true])
+        #expect(told.withLock { $0 } == ["b", "f", "b"])
+        p.applied()
+        #expect(told.withLock { $0 } == ["b", "f", "b", "h"])
+    }
+
     /// Many files of the same bytes (copies of one file) say nothing of which one moved: a new
     /// device's rest of them is not looked for as moves of the ones it has (each was a lookup
     /// among all the holders and HEADs of up to eight: a million alike files took over twenty

@@ -33,8 +33,9 @@ public protocol StoreFeed: AnyObject, Sendable {
     func kick(everywhere: Bool)
     /// What it last saw of the store (the root's `store-*` attributes).
     var look: ChangeFeed.Look { get }
-    /// Whether the listing that brings in a new device's rest of the store may still bring
-    /// store key `key` (bytes), and a wait for it (`FileSystem.notListedYet`).
+    /// Whether the listing that brings in a new device's rest of the store is under way, whether
+    /// it may still bring store key `key` (bytes), and a wait for it (`FileSystem.notListedYet`).
+    var fillingIn: Bool { get }
     func mayStillBring(_ key: [UInt8]) -> Bool
     func waitForTheListing(toBring key: [UInt8], seconds: TimeInterval)
 }

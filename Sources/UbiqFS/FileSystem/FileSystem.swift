@@ -489,7 +489,9 @@ public final class FileSystem: @unchecked Sendable {
     /// meanwhile is there once the listing reaches it, not "not there" before. The FUSE
     /// binding then answers the lookup from another thread (`waitingForTheListing`).
     public func notListedYet(_ name: [UInt8], in parent: UInt64) -> Bool {
-        guard let feed = storeFeed, let key = storeKey(of: name, in: parent) else { return false }
+        // Asked at every name not found (each create is one): the folder's path only while a
+        // listing fills in.
+        guard let feed = storeFeed, feed.fillingIn, let key = storeKey(of: name, in: parent) else { return false }
         return feed.mayStillBring(key)
     }
 
