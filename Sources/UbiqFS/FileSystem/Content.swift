@@ -125,6 +125,15 @@ extension FileSystem {
         }
     }
 
+    /// `downloadWhole` until it is done, starting over after each move it waited for, at most
+    /// `tries` times (then ETIMEDOUT).
+    private func downloadWhole(_ ino: UInt64, tries: Int) throws {
+        for _ in 0 ..< tries {
+            if try downloadWhole(ino) { return }
+        }
+        throw FSError.timedOut
+    }
+
     /// What a failed download is to the caller: ENOSPC for a full local disk, else EIO.
     static func downloadError(_ error: Error) -> FSError {
         if case SyncError.noSpace = error { return .noSpace }
@@ -164,7 +173,7 @@ extension FileSystem {
             _ = try setattr(ino, AttributeChanges(size: 0, clearSetID: clearSetID), caller: .root)
         } else if !present && writable {
             // Writing needs the whole file (for now): download it first.
-            if try !downloadWhole(ino) { return nil }
+            try downloadWhole(ino, tries: 8)
         } else if !present && !hydration.mayDownload(pid: caller.pid) {
             // A thumbnailer or indexer: no download for it. (What is local already is served.)
             if materializer.localBytes(ino) == nil {
@@ -504,11 +513,7 @@ extension FileSystem {
         if let size = ch.size, waitsForStore(ino, size: size) {
             // A placeholder cut to another length than 0 is downloaded whole first, before the
             // write claim (a download whose version is gone waits for a move without it).
-            var tries = 0
-            while try !downloadWhole(ino) {
-                tries += 1
-                if tries >= 8 { throw FSError.timedOut }
-            }
+            try downloadWhole(ino, tries: 8)
         }
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }

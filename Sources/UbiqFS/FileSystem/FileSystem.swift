@@ -477,7 +477,7 @@ public final class FileSystem: @unchecked Sendable {
     /// `ChangeFeed.listingWait`).
     public func lookup(_ parent: UInt64, _ name: [UInt8], waitingForTheListing: Bool) throws -> Attributes {
         do { return try lookup(parent, name) } catch FSError.notFound where waitingForTheListing {
-            guard let feed = storeFeed, let key = storeKey(of: name, in: parent), feed.mayStillBring(key) else { throw FSError.notFound }
+            guard let (feed, key) = stillComing(name, in: parent) else { throw FSError.notFound }
             feed.waitForTheListing(toBring: key, seconds: ChangeFeed.listingWait)
             return try lookup(parent, name)
         }
@@ -491,14 +491,17 @@ public final class FileSystem: @unchecked Sendable {
     public func notListedYet(_ name: [UInt8], in parent: UInt64) -> Bool {
         // Asked at every name not found (each create is one): the folder's path only while a
         // listing fills in.
-        guard let feed = storeFeed, feed.fillingIn, let key = storeKey(of: name, in: parent) else { return false }
-        return feed.mayStillBring(key)
+        guard storeFeed?.fillingIn == true else { return false }
+        return stillComing(name, in: parent) != nil
     }
 
-    /// The store key (bytes, without a folder's "/") an item named `name` in folder `parent` has.
-    private func storeKey(of name: [UInt8], in parent: UInt64) -> [UInt8]? {
-        guard name != [UInt8(ascii: ".")], name != [UInt8(ascii: "."), UInt8(ascii: ".")], let folder = pathBytes(of: parent) else { return nil }
-        return Self.join(folder, name)
+    /// The feed and the store key (bytes, without a folder's "/") of `name` in folder `parent`
+    /// where the feed's listing may still bring that key; nil otherwise.
+    private func stillComing(_ name: [UInt8], in parent: UInt64) -> (any StoreFeed, [UInt8])? {
+        guard let feed = storeFeed, name != [UInt8(ascii: ".")], name != [UInt8(ascii: "."), UInt8(ascii: ".")],
+              let folder = pathBytes(of: parent) else { return nil }
+        let key = Self.join(folder, name)
+        return feed.mayStillBring(key) ? (feed, key) : nil
     }
 
     /// Resolves `name` in `parent` as it is here now, and counts one kernel reference to the result.
