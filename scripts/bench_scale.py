@@ -288,9 +288,16 @@ def rename_seen(s3, binary, proxy, via, writer, files):
     os.makedirs(mnt, exist_ok=True)
     r = {}
     try:
+        # A fresh device after the writer wrote files through ubiq since its snapshot (the added
+        # folder above; the writer's next full listing, which would write a snapshot of them, is
+        # an hour away): what it asks for them.
+        proxy.take()
+        t0 = time.perf_counter()
         sh(f"{binary} mount --store s3://scale/bench --s3-endpoint {via} --poll-interval 3 "
            f"--state {s3.base}/scale-rename/state {mnt}")
         sh(f"{binary} sync {mnt}")  # past 100,000 objects, the rest comes in after the mount answers
+        r["fresh_s"] = time.perf_counter() - t0
+        r["fresh_requests"] = proxy.take()
         sh(f"cat {mnt}/folder/* > /dev/null")
         proxy.take()
         r["downloaded_before"] = sum(1 for e in os.scandir(f"{mnt}/folder") if e.stat().st_blocks > 0)
@@ -376,6 +383,11 @@ def report(r):
     m = r.get("rename")
     if m:
         n = r["renamed_files"]
+        added = r.get("ubiq", {}).get("added")
+        if "fresh_s" in m:
+            print(f"\nA fresh ubiq device mounted after the writer wrote files through ubiq since its snapshot"
+                  + (f" ({added:,} and a few)" if added else "") + f": everything in after {m['fresh_s']:.1f} s, "
+                  f"{total(m['fresh_requests']):,} requests ({shown(m['fresh_requests'])}).")
         print(f"\nA folder of {n:,} files, downloaded on a fresh ubiq device (change log, poll 3 s), renamed on the writer:")
         print(f"- the writer's mv and ubiq sync (a copy and a delete a file, straight to the server): {m['writer_s']:.1f} s")
         print("- seen whole on the device (the new name with every file, the old name gone), from the mv: "

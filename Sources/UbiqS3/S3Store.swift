@@ -75,8 +75,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     public let snapshotInterval: TimeInterval
     let snapshots: S3Snapshots
     /// When the latest snapshot this device knows of was written, by this device's clock
-    /// (distantPast: there is none); nil: not looked yet.
-    private var latestSnapshot: Date?
+    /// (distantPast: there is none) and by the server's (ms; 0: none); nil: not looked yet.
+    private var latestSnapshot: (at: Date, time: Int64)?
     private var snapshotWanted = false
     private let snapshotJitter = Double.random(in: 1 ... 1.25)
     /// The last full listing for a moment after it was taken, until this device writes
@@ -260,7 +260,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         // A new device would send as many HEADs: the next full listing writes a snapshot. The
         // wish is kept in the index, so that a restart before that listing (minutes away) does
         // not leave every new device to HEADs for the day until the next one.
-        if unknown >= max(headsWorthASnapshot, all.count / 20),
+        if unknown >= snapshotWorth(all.count),
            lock.withLock({ () -> Bool in defer { snapshotWanted = true }; return !snapshotWanted }) {
             try? index.setSetting(Self.snapshotWish, "1")
         }
@@ -342,7 +342,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         do {
             guard let latest = try await snapshots.latest() else { return false }
             let written = writtenAt(latest)
-            lock.withLock { if (latestSnapshot ?? .distantPast) < written { latestSnapshot = written } }
+            lock.withLock { if (latestSnapshot?.at ?? .distantPast) < written { latestSnapshot = (written, latest.time) } }
             if try index.setting("snapshot") == latest.name { return false }
             // Where a load of its first parts stopped ("NAME PART").
             let resumed = try index.setting(Self.snapshotPartSetting).flatMap { v -> Int? in
@@ -379,19 +379,35 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// Whether the last snapshot this index read from was read only in part.
     private var snapshotReadInPart: Bool { ((try? index.setting(Self.snapshotPartSetting)) ?? nil) != nil }
 
-    /// Whether this device writes a snapshot with its full listing: when a listing needed
-    /// many HEADs (so would a new device), or when the latest is `snapshotInterval` old (each
-    /// device waits a random quarter more: of many devices, one writes it).
-    private func snapshotDue() async throws -> Bool {
+    /// Whether this device writes a snapshot with its full `listing`: when a listing needed
+    /// many HEADs (so would a new device), when as many objects were written since the latest
+    /// (a new device would need a HEAD for each: a bucket filled through one device, whose own
+    /// puts need none there, kept the snapshot of the bucket before for a day), or when the
+    /// latest is `snapshotInterval` old (each device waits a random quarter more: of many
+    /// devices, one writes it).
+    private func snapshotDue(_ listing: Listing) async throws -> Bool {
         let (wanted, known) = lock.withLock { (snapshotWanted, latestSnapshot) }
         if wanted { return true }
         let interval = snapshotInterval * snapshotJitter
-        if let known, Date().timeIntervalSince(known) < interval { return false }
+        let worth = snapshotWorth(listing.objects.count)
+        if let known, Date().timeIntervalSince(known.at) < interval, Self.written(since: known.time, in: listing) < worth { return false }
         // Due by what this device knew (or it never looked): one LIST says whether another
         // device wrote one since.
-        let last = try await snapshots.latest().map(writtenAt) ?? .distantPast
-        lock.withLock { latestSnapshot = last }
-        return Date().timeIntervalSince(last) >= interval
+        let latest = try await snapshots.latest()
+        let now = (at: latest.map(writtenAt) ?? .distantPast, time: latest?.time ?? 0)
+        lock.withLock { latestSnapshot = now }
+        return Date().timeIntervalSince(now.at) >= interval || Self.written(since: now.time, in: listing) >= worth
+    }
+
+    /// Objects a new device would ask for one by one that make a snapshot worth writing.
+    private func snapshotWorth(_ objects: Int) -> Int { max(headsWorthASnapshot, objects / 20) }
+
+    /// The listed objects a snapshot written at the server's `time` (ms) may not hold: written
+    /// after its listing's settled ones (`unsettled` before the listing's time, which its
+    /// `Date` gives in whole seconds; objects' times are in seconds too).
+    static func written(since time: Int64, in listing: Listing) -> Int {
+        let since = Date(timeIntervalSince1970: Double(time) / 1000 - unsettled - 1)
+        return listing.objects.reduce(0) { n, o in n + ((o.modified ?? .distantFuture) >= since ? 1 : 0) }
     }
 
     /// When `snapshot` was written, by this device's clock.
@@ -400,11 +416,12 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     }
 
     /// Writes a snapshot of `listing` (HEADs for what the index does not know), and prunes
-    /// the old ones. A failure is said and waits for the next interval.
+    /// the old ones. A failure is said and waits as a snapshot written would.
     private func writeSnapshot(_ listing: Listing) async {
+        let time = log.serverNow()
         do {
             var count = 0
-            let written = try await snapshots.write(time: log.serverNow(), device: index.id) { add in
+            let written = try await snapshots.write(time: time, device: index.id) { add in
                 try await describe(listing, counted: false, pagesOf: describePage) { page in
                     let settled = page.filter { Self.settled($0.0, $0.1, in: listing) }
                     count += settled.count
@@ -415,9 +432,10 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             logger.info("wrote a snapshot of the bucket's \(count) objects (\(written.parts.count) parts)")
             try await snapshots.prune(now: log.serverNow())
         } catch {
-            logger.warning("could not write a snapshot of the bucket (\(error)); trying again in \(Int(snapshotInterval)) s")
+            logger.warning("could not write a snapshot of the bucket (\(error)); trying again in \(Int(snapshotInterval)) s, or when many objects were written since")
         }
-        lock.withLock { snapshotWanted = false; latestSnapshot = Date() }
+        // (A failure too waits for the interval, or for as many objects written since.)
+        lock.withLock { snapshotWanted = false; latestSnapshot = (Date(), time) }
         try? index.setSetting(Self.snapshotWish, "0")
     }
 
@@ -653,7 +671,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         if let taken {
             (marked, listing) = (taken.marked, taken.listing)
         } else {
-            marked = try await log.look(from: nil, markOnly: true)
+            // (A fresh device's first listing reads the log since the latest snapshot.)
+            marked = try await (since == nil && index.neverListed() ? lookSinceLastRun() : log.look(from: nil, markOnly: true))
             // A device that never read a snapshot of the bucket reads the latest while it lists,
             // once the listing's first page says there is more than a page: one after the other,
             // a fresh device's mount at 100,000 objects listed for 3 s and then read it for 2.
@@ -696,7 +715,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             listed(requests: marked.requests + listing.requests)
             if askedStill { lookEverywhereNext() }
             try? await log.prune(olderThan: logRetention)
-            if (try? await snapshotDue()) == true { await writeSnapshot(listing) }
+            if (try? await snapshotDue(listing)) == true { await writeSnapshot(listing) }
         }
         // Kept a moment for `list` (any listing after the cursor's previous one will do: the
         // feed has what changed since), then let go: a large bucket's listing is large.
@@ -735,16 +754,28 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// that `describe` takes each new object the listing bears out from its entry, not a HEAD.
     /// A device back after another added 10,000 files sent 10,000 HEADs; now a GET per upload
     /// round of the writer's.
+    /// A device new to the bucket reads it from the latest snapshot on (from the log's start
+    /// without one): what was written since the snapshot, most of a bucket filled through
+    /// another device until that device's next full listing writes one, needs no HEAD either.
     /// (One page of names at most: more log objects than that are not worth reading, and a
     /// look that fails is only the HEADs it would have saved.)
     private func lookSinceLastRun() async throws -> S3ChangeLog.Read {
-        if let from = (try? index.setting(Self.logPositionSetting)).flatMap({ $0.flatMap(Int64.init) }),
+        if let from = await lastLookOrSnapshot(),
            let read = try? await log.look(from: from, markOnly: false, readingAtMost: logObjectsReadAtAMountAgain, namePages: 1),
            read.whole {
             claimOthers(read)
             return read
         }
         return try await log.look(from: nil, markOnly: true)
+    }
+
+    /// Where `lookSinceLastRun` reads the log from (the server's ms): this device's last look,
+    /// else, for a device that never listed the bucket, its latest snapshot's time (0: there is
+    /// none); nil: nowhere.
+    private func lastLookOrSnapshot() async -> Int64? {
+        if let position = (try? index.setting(Self.logPositionSetting)).flatMap({ $0.flatMap(Int64.init) }) { return position }
+        guard (try? index.neverListed()) == true else { return nil }
+        do { return try await snapshots.latest()?.time ?? 0 } catch { return nil }
     }
 
     /// Keeps what other devices' entries in `read` say their puts wrote (a delete, or a put

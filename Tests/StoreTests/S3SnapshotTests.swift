@@ -37,6 +37,7 @@ import UbiqStore
         try await Task.sleep(for: .seconds(2.2))
         let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
         defer { cleanB() }
+        b.logObjectsReadAtAMountAgain = 0  // (the snapshot alone: not the log since it, which tells "late")
         let seen = try await b.list(prefix: "")
         #expect(seen.count == 33 && b.headsForLastListing == 2, "\(seen.count) objects, \(b.headsForLastListing) HEADs")
         let heads = try await a.list(prefix: "")  // A's index: what HEADs said
@@ -50,6 +51,7 @@ import UbiqStore
         let (c, cleanC) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
         defer { cleanC() }
         c.headsWorthASnapshot = 2
+        c.logObjectsReadAtAMountAgain = 0
         c.describePage = 4  // its listing looked up four objects at a time: the same answer
         c.snapshots.entriesPerPart = 5  // and its snapshot goes up in parts as they fill
         #expect(try await c.list(prefix: "") == heads)
@@ -77,6 +79,57 @@ import UbiqStore
         _ = try await again.currentCursor()
         let after = try await again.snapshots.all()
         #expect(after.contains { !before.contains($0.name) && $0.complete }, "no snapshot written after the restart: \(after)")
+    }
+
+    /// A bucket filled through one device: its own puts need no HEAD there, so no listing
+    /// of its wished for a snapshot, and the one of the bucket before (empty) stayed for a
+    /// day, each new device sending a HEAD per object. Now a new device reads the log since
+    /// the latest snapshot, and a full listing that finds as many objects written since the
+    /// latest snapshot as a listing's HEADs that wish for one writes one; a device that knew an
+    /// older snapshot looks for a newer one first (one LIST), so of devices that all see the
+    /// bucket grow, not every one writes it.
+    @Test func aBucketFilledThroughOneDeviceGetsASnapshotForTheNext() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        a.headsWorthASnapshot = 10
+        _ = try await a.currentCursor()  // the empty bucket's snapshot
+        let first = try await a.snapshots.latest()?.name
+        #expect(first != nil)
+        for i in 0 ..< 6 { _ = try await a.put("d/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta, condition: .ifAbsent) }
+        try await Task.sleep(for: .seconds(2.2))  // settled (S3 times are in seconds)
+        _ = try await a.currentCursor()
+        #expect(try await a.snapshots.latest()?.name == first, "six objects written since are not ten")
+        // A new device meanwhile reads the log since that snapshot: no HEAD for them either.
+        try await a.publishChanges()
+        let (x, cleanX) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanX() }
+        _ = try await x.startingCursor(listingFirst: 100_000)
+        #expect(try await x.list(prefix: "") == a.list(prefix: "") && x.headsForLastListing == 0, "\(x.headsForLastListing) HEADs")
+        for i in 6 ..< 20 { _ = try await a.put("d/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta, condition: .ifAbsent) }
+        // (A snapshot may lack what was written in the 3 s before it: past that, B's count
+        // below leaves these out.)
+        try await Task.sleep(for: .seconds(4.2))
+        _ = try await a.currentCursor()
+        let second = try await a.snapshots.latest()?.name
+        #expect(second != first)
+
+        // A new device needs no HEAD; it knows the latest snapshot and writes none.
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanB() }
+        b.headsWorthASnapshot = 10
+        #expect(try await b.list(prefix: "").count == 20 && b.headsForLastListing == 0, "\(b.headsForLastListing) HEADs")
+        _ = try await b.currentCursor()
+        #expect(try await a.snapshots.latest()?.name == second)
+
+        // Both see twelve more objects; A writes a snapshot of them first, and B, which knew
+        // the one before, finds A's and writes none.
+        for i in 20 ..< 32 { _ = try await a.put("e/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta, condition: .ifAbsent) }
+        try await Task.sleep(for: .seconds(4.2))
+        _ = try await a.currentCursor()
+        let third = try await a.snapshots.latest()?.name
+        #expect(third != second)
+        _ = try await b.currentCursor()
+        #expect(try await a.snapshots.latest()?.name == third, "a second device wrote the same snapshot again")
     }
 
     /// A device that never read a snapshot reads the latest while its first full listing
@@ -201,6 +254,7 @@ import UbiqStore
 
         let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
         defer { cleanB() }
+        b.logObjectsReadAtAMountAgain = 0  // (the snapshots alone, not A's log since them)
         // The latest complete one is of a newer format: passed over whole, every object a HEAD.
         var seen = try await b.list(prefix: "")
         let heads = try await a.list(prefix: "")
@@ -209,6 +263,7 @@ import UbiqStore
         for o in ["done", "00000"] { try await a.objects.send(.DELETE, S3Snapshots.folder + newer + "/" + o, validate: false) }
         let (c, cleanC) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
         defer { cleanC() }
+        c.logObjectsReadAtAMountAgain = 0
         seen = try await c.list(prefix: "")
         #expect(c.headsForLastListing == 1, "\(c.headsForLastListing) HEADs")
         #expect(seen.map(\.key) == ["raw", "w", "x", "y"])
