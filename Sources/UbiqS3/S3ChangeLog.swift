@@ -368,15 +368,17 @@ final class S3ChangeLog: @unchecked Sendable {
 
     // MARK: - Reading
 
-    /// The log objects after `from` (ms) less the window, each of them read unless `markOnly`
-    /// (a full listing is about to cover their changes: they are only noted as read) or there
-    /// are more than `readingAtMost`; their names listed in `namePages` requests at most.
-    func look(from: Int64?, markOnly: Bool, readingAtMost: Int = .max, namePages: Int = .max) async throws -> Read {
+    /// The log objects after `from` (ms) less `reachingBack` (the window), each of them read
+    /// unless `markOnly` (a full listing is about to cover their changes: they are only noted
+    /// as read) or there are more than `readingAtMost`; their names listed in `namePages`
+    /// requests at most.
+    func look(from: Int64?, markOnly: Bool, readingAtMost: Int = .max, namePages: Int = .max,
+              reachingBack: TimeInterval = window) async throws -> Read {
         // This device's own changes first: a look never misses what was done before it (but a
         // move under way, which this device knows of already, goes when it is over).
         if !markOnly { try await publish(holdingMoves: true) }
         var out = Read()
-        let start = (from ?? serverNow()) - Int64(Self.window * 1000)
+        let start = (from ?? serverNow()) - Int64(reachingBack * 1000)
         let listed = try await listNames(after: Self.timeText(start) + "-", pages: namePages, into: &out)
         let fresh: [Listed] = lock.withLock {
             // Forget what fell out of the window: it will not be listed again.
