@@ -368,31 +368,31 @@ final class S3ChangeLog: @unchecked Sendable {
 
     // MARK: - Reading
 
-    /// The log objects after `from` (ms) less `reachingBack` (the window), each of them read
-    /// unless `markOnly` (a full listing is about to cover their changes: they are only noted
-    /// as read) or there are more than `readingAtMost`; their names listed in `namePages`
-    /// requests at most.
+    /// The log objects after `from` (ms) less the window, each of them read unless `markOnly`
+    /// (a full listing is about to cover their changes: they are only noted as read) or there
+    /// are more than `readingAtMost`; their names listed in `namePages` requests at most. Those
+    /// named before `readingFrom` (ms) are only noted as read, as if `markOnly`.
     func look(from: Int64?, markOnly: Bool, readingAtMost: Int = .max, namePages: Int = .max,
-              reachingBack: TimeInterval = window) async throws -> Read {
+              readingFrom: Int64 = .min) async throws -> Read {
         // This device's own changes first: a look never misses what was done before it (but a
         // move under way, which this device knows of already, goes when it is over).
         if !markOnly { try await publish(holdingMoves: true) }
         var out = Read()
-        let start = (from ?? serverNow()) - Int64(reachingBack * 1000)
+        let start = (from ?? serverNow()) - Int64(Self.window * 1000)
         let listed = try await listNames(after: Self.timeText(start) + "-", pages: namePages, into: &out)
         let fresh: [Listed] = lock.withLock {
             // Forget what fell out of the window: it will not be listed again.
             read = read.filter { $0.value >= start }
             return listed.filter { read[$0.name] == nil }
         }
-        let markOnly = markOnly || fresh.count > readingAtMost
+        let markOnly = markOnly || fresh.lazy.filter { $0.time >= readingFrom }.count > readingAtMost
         if markOnly { out.whole = false }
         // Noted as read only once the caller has what the whole look found (`noteRead`): a
         // look that throws part way, or whose changes the caller could not take, leaves every
         // object to the next one.
         var done: [String: Int64] = [:]
         for (name, time, size) in fresh {
-            if markOnly {
+            if markOnly || time < readingFrom {
                 done[name] = time
                 continue
             }

@@ -762,9 +762,9 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// (One page of names at most: more log objects than that are not worth reading, and a
     /// look that fails is only the HEADs it would have saved.)
     private func lookSinceLastRun() async throws -> S3ChangeLog.Read {
-        if let (from, back) = await lastLookOrSnapshot(),
+        if let (from, reading) = await lastLookOrSnapshot(),
            let read = try? await log.look(from: from, markOnly: false, readingAtMost: logObjectsReadAtAMountAgain, namePages: 1,
-                                          reachingBack: back),
+                                          readingFrom: reading),
            read.whole {
             claimOthers(read)
             return read
@@ -772,19 +772,24 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         return try await log.look(from: nil, markOnly: true)
     }
 
-    /// Where `lookSinceLastRun` reads the log from (the server's ms), and how far before it:
-    /// this device's last look, less the log's window; else, for a device that never listed
-    /// the bucket, its latest snapshot's time (0: there is none), less a few seconds (what was
-    /// logged before holds only puts the snapshot's listing saw, settled: reading the window's
-    /// minute before it too was 196 GETs for nothing at a fresh mount after a folder of 10,000
-    /// files); nil: nowhere.
-    private func lastLookOrSnapshot() async -> (Int64, TimeInterval)? {
+    /// Where `lookSinceLastRun` looks at the log from (the server's ms, less the log's window),
+    /// and from when on it reads what it finds (the rest is only marked as read): this device's
+    /// last look, all read; else, for a device that never listed the bucket, the latest
+    /// snapshot's time (0: there is none) less a few seconds, and at most the window before
+    /// now: what was logged before that holds only puts the snapshot's listing saw, settled
+    /// (reading the window's minute before it was 196 GETs for nothing at a fresh mount after
+    /// a folder of 10,000 files, and leaving those unmarked had the first poll read them);
+    /// nil: nowhere.
+    private func lastLookOrSnapshot() async -> (from: Int64, reading: Int64)? {
         if let position = (try? index.setting(Self.logPositionSetting)).flatMap({ $0.flatMap(Int64.init) }) {
-            return (position, S3ChangeLog.window)
+            return (position, .min)
         }
         guard (try? index.neverListed()) == true else { return nil }
         // (`unsettled`, and the server's time as each device reckons it: a second or so each.)
-        do { return (try await snapshots.latest()?.time ?? 0, Self.unsettled + 3) } catch { return nil }
+        guard let time = try? await snapshots.latest()?.time ?? 0 else { return nil }
+        let reading = time - Int64((Self.unsettled + 3) * 1000)
+        let window = Int64(S3ChangeLog.window * 1000)
+        return (min(reading + window, log.serverNow()), reading)
     }
 
     /// Keeps what other devices' entries in `read` say their puts wrote (a delete, or a put

@@ -106,18 +106,26 @@ import UbiqStore
         _ = try await x.startingCursor(listingFirst: 100_000)
         #expect(try await x.list(prefix: "") == a.list(prefix: "") && x.headsForLastListing == 0, "\(x.headsForLastListing) HEADs")
         for i in 6 ..< 20 { _ = try await a.put("d/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta, condition: .ifAbsent) }
+        try await a.publishChanges()
         // (A snapshot may lack what was written in the 3 s before it: past that, B's count
-        // below leaves these out.)
-        try await Task.sleep(for: .seconds(4.2))
+        // below leaves these out; and B reads the log from 5 s before it: this log object is
+        // older, and in the window still.)
+        try await Task.sleep(for: .seconds(7.5))
         _ = try await a.currentCursor()
         let second = try await a.snapshots.latest()?.name
         #expect(second != first)
 
-        // A new device needs no HEAD; it knows the latest snapshot and writes none.
+        // A new device needs no HEAD; it knows the latest snapshot and writes none. The log
+        // objects from before the snapshot, in the window still, are marked read: its first
+        // look reads none of them (one LIST).
+        try await a.publishChanges()
         let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
         defer { cleanB() }
         b.headsWorthASnapshot = 10
+        let bStart = try await b.startingCursor(listingFirst: 100_000)
         #expect(try await b.list(prefix: "").count == 20 && b.headsForLastListing == 0, "\(b.headsForLastListing) HEADs")
+        let look = try await b.changes(since: bStart, limit: 1000)
+        #expect(look.changes.isEmpty && b.lastLook == (1, false), "\(look.changes.map(\.key)) \(b.lastLook)")
         _ = try await b.currentCursor()
         #expect(try await a.snapshots.latest()?.name == second)
 
