@@ -12,8 +12,11 @@ public struct RemoteChange: Sendable, Equatable {
     /// application; a recorded version that differs by then says so, and the change is looked
     /// at again at the next poll rather than applied over what was just uploaded.
     public var recordedBefore: String?
-    public init(key: String, info: ObjectInfo?, recordedBefore: String? = nil) {
-        self.key = key; self.info = info; self.recordedBefore = recordedBefore
+    /// When the store was asked, in this device's count of its writes (`StoreWrites`): a key
+    /// this device wrote since is looked at again at the next poll (nil: not checked).
+    public var askedAt: UInt64?
+    public init(key: String, info: ObjectInfo?, recordedBefore: String? = nil, askedAt: UInt64? = nil) {
+        self.key = key; self.info = info; self.recordedBefore = recordedBefore; self.askedAt = askedAt
     }
 }
 
@@ -66,8 +69,13 @@ public final class ChangeFeed: @unchecked Sendable {
     /// The listing the first poll brings in before it reads the changes (`importFirst`; under `pollLock`).
     private var importer: Importer?
 
+    /// This device's writes to the store (the uploader's): what a poll asked is stale for a key
+    /// written since.
+    let writes: StoreWrites
+
     public init(store: any CloudStore, state: LocalState, deviceID: String, logger: Logger, interval: TimeInterval = 3,
-                changes: any RemoteChangeSink, keyValues: (any KeyValueSink)? = nil) {
+                changes: any RemoteChangeSink, keyValues: (any KeyValueSink)? = nil, writes: StoreWrites = StoreWrites()) {
+        self.writes = writes
         self.store = store; self.state = state; self.deviceID = deviceID; self.logger = logger
         self.interval = interval; self.changes = changes; self.keyValues = keyValues
         loop = BackgroundLoop(time: state.time)
@@ -227,6 +235,13 @@ public final class ChangeFeed: @unchecked Sendable {
 
     private func pollLocked() throws -> Int {
         let store = self.store
+        // Everything this poll asks of the store is asked from here on: a key this device
+        // writes meanwhile is not taken from the answers (`StoreWrites`).
+        let question = writes.asked()
+        defer { writes.done(question) }
+        func stamped(_ changes: [RemoteChange]) -> [RemoteChange] {
+            changes.map { var c = $0; c.askedAt = question.at; return c }
+        }
         if let importer {
             // Before the cursor's changes: the cursor is from before this listing, so whatever
             // changed meanwhile comes after what the listing showed (a delete after a put).
@@ -239,7 +254,7 @@ public final class ChangeFeed: @unchecked Sendable {
                     var asked = Set(page.map { KeyBytes($0.key) })
                     let all = page + (try movedAway(page, asked: &asked))
                     handed += all.count
-                    retry += all.isEmpty ? [] : self.changes.applyRemote(all)
+                    retry += all.isEmpty ? [] : self.changes.applyRemote(stamped(all))
                 }
             } catch {
                 cond.lock(); listingHalted = true; cond.broadcast(); cond.unlock()
@@ -414,7 +429,7 @@ public final class ChangeFeed: @unchecked Sendable {
             changes.removeAll(where: held)
         }
         changes += try movedAway(changes, asked: &seen)
-        let retry = Set(((changes.isEmpty ? [] : self.changes.applyRemote(changes)) + unread).map(KeyBytes.init)).map(\.key)
+        let retry = Set(((changes.isEmpty ? [] : self.changes.applyRemote(stamped(changes))) + unread).map(KeyBytes.init)).map(\.key)
         keyValues?.apply(objectKeys: kvKeys, initial: reconcile)  // also when none changed: it sends what waits
         let newCursor = cursor
         try state.write { tx in

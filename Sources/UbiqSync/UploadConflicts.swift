@@ -10,7 +10,7 @@ import UbiqStore
 extension Uploader {
     /// The versions the store keeps of `key`, newest first (`ubiq versions --all`).
     public func history(of key: String) throws -> [ObjectInfo] {
-        let store = self.store
+        let store = self.store, writes = self.writes
         return try runBlocking { try await store.versions(of: key) }
     }
 
@@ -25,9 +25,9 @@ extension Uploader {
         meta.origin = "restore:\(deviceID)"
         meta.device = deviceName
         let restored = meta
-        let store = self.store
+        let store = self.store, writes = self.writes
         return try runBlocking {
-            try await store.copy(from: key, version: old.version, to: key, metadata: restored, condition: .ifMatch(current))
+            try await writes.writing(key) { try await store.copy(from: key, version: old.version, to: key, metadata: restored, condition: .ifMatch(current)) }
         }.version
     }
 
@@ -40,13 +40,13 @@ extension Uploader {
     /// caller's tombstone or upload tries again). `movedTo`: where the store copied `version`
     /// (a move's second half, `CloudStore.deleteMoved`).
     func deleteNoLongerNamed(_ key: String, version: String?, why: String, movedTo: String? = nil) throws {
-        let store = self.store
+        let store = self.store, writes = self.writes
         do {
             trace("delete \(key) \(version ?? "always") (\(why))")
             if let version, let movedTo {
-                try runBlocking { try await store.deleteMoved(key, version: version, to: movedTo) }
+                try runBlocking { try await writes.writing(key) { try await store.deleteMoved(key, version: version, to: movedTo) } }
             } else {
-                try runBlocking { try await store.delete(key, condition: version.map { .ifMatch($0) } ?? .always) }
+                try runBlocking { try await writes.writing(key) { try await store.delete(key, condition: version.map { .ifMatch($0) } ?? .always) } }
             }
         } catch StoreError.notFound {
         } catch StoreError.preconditionFailed {
@@ -64,9 +64,9 @@ extension Uploader {
     /// there, `preconditionFailed` when it changed meanwhile.
     func deleteUnrecordedOfOurs(_ key: String, why: String) throws -> Bool {
         guard let leftover = try leftoverOfOurs(key) else { return false }
-        let store = self.store
+        let store = self.store, writes = self.writes
         trace("delete \(key) ifMatch(\(leftover)) (\(why): our own unrecorded upload)")
-        try runBlocking { try await store.delete(key, condition: .ifMatch(leftover)) }
+        try runBlocking { try await writes.writing(key) { try await store.delete(key, condition: .ifMatch(leftover)) } }
         return true
     }
 
@@ -74,7 +74,7 @@ extension Uploader {
     /// it: an upload whose answer never came (a lost reply, a crash), from an item since deleted,
     /// renamed or written again here. Nil otherwise (another device's version, or one recorded).
     func leftoverOfOurs(_ key: String) throws -> String? {
-        let store = self.store
+        let store = self.store, writes = self.writes
         let info = try runBlocking { try await store.head(key) }
         return try isUnrecordedOfOurs(info, at: key) ? info.version : nil
     }
@@ -92,7 +92,7 @@ extension Uploader {
     /// A conditional write found the key taken. Decide whose it is.
     func resolveTaken(key: String, entryID: Int64, ino: UInt64, generation: Int64, isDir: Bool,
                               condition: WriteCondition, current: String?) throws -> Taken {
-        let store = self.store
+        let store = self.store, writes = self.writes
         let info: ObjectInfo
         do { info = try runBlocking { try await store.head(key) } } catch StoreError.notFound {
             // Deleted in the store meanwhile: an edit beats a delete.
@@ -133,7 +133,7 @@ extension Uploader {
     /// Copies (in the store) `theirs` to a conflict copy's name beside `key`. Nil when no
     /// name could be had. A copy left by an attempt that crashed is found and used again.
     func keepAsConflictCopy(key: String, theirs: ObjectInfo) throws -> (key: String, version: String)? {
-        let store = self.store
+        let store = self.store, writes = self.writes
         let slash = key.lastIndex(of: "/")
         let folder = slash.map { String(key[...$0]) } ?? ""
         let name = slash.map { String(key[key.index(after: $0)...]) } ?? key
@@ -149,7 +149,7 @@ extension Uploader {
             let copyKey = folder + ConflictName.make(for: name, device: device, date: date, counter: n)
             do {
                 let made = try runBlocking {
-                    try await store.copy(from: key, version: theirs.version, to: copyKey, metadata: meta, condition: .ifAbsent)
+                    try await writes.writing(copyKey) { try await store.copy(from: key, version: theirs.version, to: copyKey, metadata: meta, condition: .ifAbsent) }
                 }
                 return (copyKey, made.version)
             } catch StoreError.preconditionFailed {
@@ -164,7 +164,7 @@ extension Uploader {
     /// Removes a conflict copy made for a write that then lost another race (it starts over).
     func undoSetAside(_ copy: (key: String, version: String)?) {
         guard let copy else { return }
-        let store = self.store
-        try? runBlocking { try await store.delete(copy.key, condition: .ifMatch(copy.version)) }
+        let store = self.store, writes = self.writes
+        try? runBlocking { try await writes.writing(copy.key) { try await store.delete(copy.key, condition: .ifMatch(copy.version)) } }
     }
 }

@@ -59,7 +59,7 @@ extension Uploader {
             if let staged, stagedIsCopy { unlink(staged.path) }
             if let heldClaim { coordinator.release(heldClaim) }
         }
-        let store = self.store
+        let store = self.store, writes = self.writes
 
         for (entry, path) in s.entries {
             guard let path else {
@@ -111,7 +111,7 @@ extension Uploader {
                         let report: @Sendable (Int64) -> Void = { sent in progress.set(ino, Int(min(99, sent * 100 / total))) }
                         trace("put \(key) \(condition) ino \(ino) gen \(s.rec.contentGen)")
                         return try runBlocking {
-                            try await store.put(key, contentsOf: source, metadata: meta, condition: condition, progress: report)
+                            try await writes.writing(key) { try await store.put(key, contentsOf: source, metadata: meta, condition: condition, progress: report) }
                         }
                     }
                     // Should the answer never come and the item be removed, the key is checked then.
@@ -148,7 +148,7 @@ extension Uploader {
                 func copy(_ condition: WriteCondition) throws -> ObjectInfo {
                     trace("copy \(oldKey)@\(oldVersion) to \(key) \(condition) ino \(ino)")
                     return try runBlocking {
-                        try await store.copy(from: oldKey, version: oldVersion, to: key, metadata: meta, condition: condition)
+                        try await writes.writing(oldKey, key) { try await store.copy(from: oldKey, version: oldVersion, to: key, metadata: meta, condition: condition) }
                     }
                 }
                 try state.write { try $0.markSent(ino, key: key) }
@@ -186,7 +186,7 @@ extension Uploader {
                 do {
                     trace("copy \(key)@\(oldVersion) onto itself (metadata) ino \(ino)")
                     let info = try runBlocking {
-                        try await store.copy(from: key, version: oldVersion, to: key, metadata: meta, condition: .ifMatch(oldVersion))
+                        try await writes.writing(key) { try await store.copy(from: key, version: oldVersion, to: key, metadata: meta, condition: .ifMatch(oldVersion)) }
                     }
                     try state.write { try $0.recordRemote(entryID: entry.id, key: key, info) }
                 } catch let e as StoreError where e.isPreconditionFailed || e.isNotFound {
@@ -212,7 +212,7 @@ extension Uploader {
     /// When those bytes are new to this device, the entry is left at its old version, and the
     /// merged version is not marked as this device's own, so the ChangeFeed brings the bytes.
     func mergeMetadata(key: String, entry: EntryRecord, meta: ObjectMetadata, isPlaceholder: Bool) throws -> Merge {
-        let store = self.store
+        let store = self.store, writes = self.writes
         let current: ObjectInfo
         do { current = try runBlocking { try await store.head(key) } } catch StoreError.notFound {
             // Deleted in the store. What is here in full is written again (an edit beats a
@@ -233,7 +233,7 @@ extension Uploader {
         let info: ObjectInfo
         do {
             info = try runBlocking {
-                try await store.copy(from: key, version: current.version, to: key, metadata: final, condition: .ifMatch(current.version))
+                try await writes.writing(key) { try await store.copy(from: key, version: current.version, to: key, metadata: final, condition: .ifMatch(current.version)) }
             }
         } catch StoreError.preconditionFailed { return .again } catch StoreError.notFound { return .again }
         if sameBytes { try state.write { try $0.recordRemote(entryID: entry.id, key: key, info) } }

@@ -19,6 +19,8 @@ import UbiqStore
 public final class Uploader: @unchecked Sendable {
     let state: LocalState
     let store: any CloudStore
+    /// Each write it makes, noted for the change feed (`StoreWrites`).
+    public let writes: StoreWrites
     let coordinator: Coordinator
     let cache: ContentCache
     let deviceID: String
@@ -90,7 +92,8 @@ public final class Uploader: @unchecked Sendable {
     let tracing: Bool
 
     public init(state: LocalState, store: any CloudStore, coordinator: Coordinator, cache: ContentCache,
-                deviceID: String, logger: Logger, tracing: Bool = false) {
+                deviceID: String, logger: Logger, tracing: Bool = false, writes: StoreWrites = StoreWrites()) {
+        self.writes = writes
         self.state = state; self.store = store; self.coordinator = coordinator; self.cache = cache
         loop = BackgroundLoop(time: state.time)
         self.deviceID = deviceID; self.logger = logger; self.tracing = tracing

@@ -72,7 +72,7 @@ public struct Engine {
         // (no cycle: a test that starts a device again from its state directory lets the old
         // one go). The uploader and downloads reach the file system weakly too (its init).
         feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: options.pollInterval,
-                          changes: fs, keyValues: keyValues)
+                          changes: fs, keyValues: keyValues, writes: uploader.writes)
         fs.attach(feed: feed)
     }
 

@@ -47,25 +47,29 @@ extension FileSystem {
         // each run made in one transaction (`addFromRemote(run:)`); the rest one at a time.
         let plain = plainAdditions(puts, moves)
         var run: [(key: String, info: ObjectInfo)] = []
+        var runAsked: UInt64?
         func flush() {
             guard !run.isEmpty else { return }
-            retry += addFromRemote(run: run)
+            retry += addFromRemote(run: run, askedAt: runAsked)
             run.removeAll()
+            runAsked = nil
         }
         for c in puts + deletes {
             if let info = c.info, plain.contains(KeyBytes(c.key)) {
                 if let last = run.last, Self.parentFolder(last.key) != Self.parentFolder(c.key) || run.count >= Self.runSize { flush() }
                 run.append((c.key, info))
+                // The earliest question of the run stands for all of it.
+                runAsked = [runAsked, c.askedAt].compactMap { $0 }.min()
                 continue
             }
             flush()
             do {
                 let done: Bool
                 if let info = c.info, let from = moves.items[KeyBytes(c.key)] {
-                    done = try applyRemoteMove(from, to: c.key, info)
+                    done = try applyRemoteMove(from, to: c.key, info, askedAt: c.askedAt)
                 } else {
-                    done = try c.info.map { try applyRemotePut(c.key, $0, before: c.recordedBefore) }
-                        ?? applyRemoteDelete(c.key, before: c.recordedBefore)
+                    done = try c.info.map { try applyRemotePut(c.key, $0, before: c.recordedBefore, askedAt: c.askedAt) }
+                        ?? applyRemoteDelete(c.key, before: c.recordedBefore, askedAt: c.askedAt)
                     if done, let old = moves.pinsFrom[KeyBytes(c.key)], inodes.locked({ t in t[old]?.rec.pinned }) == true,
                        let new = try state.read({ try $0.entries(remoteKey: c.key).first?.ino }) {
                         try setPinned(new, true)
@@ -122,7 +126,7 @@ extension FileSystem {
     /// transaction under one claim of their folder; what cannot be made so (a name taken
     /// here, a folder changed meanwhile) goes as `addFromRemote` takes it. Returns the keys to
     /// try again later.
-    private func addFromRemote(run: [(key: String, info: ObjectInfo)]) -> [String] {
+    private func addFromRemote(run: [(key: String, info: ObjectInfo)], askedAt: UInt64?) -> [String] {
         var slow: [(key: String, info: ObjectInfo)] = []
         var retry: [String] = []
         var made: [(ino: UInt64, name: [UInt8], isFile: Bool, size: Int64)] = []
@@ -156,7 +160,9 @@ extension FileSystem {
                 }
                 // Asked again here, under the folder's claim, as `applyRemotePut` asks each just
                 // before it makes it: a key this device recorded since the first read waits.
-                let since = try state.read { tx in Set(try tx.recordedKeys(among: rows.map(\.info.key)).map(KeyBytes.init)) }
+                var since = try state.read { tx in Set(try tx.recordedKeys(among: rows.map(\.info.key)).map(KeyBytes.init)) }
+                // And one this device wrote since the store was asked (a tombstone made and gone).
+                for r in rows where writtenHere(since: askedAt, r.info.key) { since.insert(KeyBytes(r.info.key)) }
                 retry += rows.filter { since.contains(KeyBytes($0.info.key)) }.map(\.info.key)
                 rows.removeAll { since.contains(KeyBytes($0.info.key)) }
                 for r in rows where r.rec.type == UInt32(S_IFREG) && r.rec.size == 0 { try cache.createEmpty(r.rec.ino) }
@@ -187,7 +193,7 @@ extension FileSystem {
             }
         }
         for (key, info) in slow {
-            do { if !(try addFromRemote(key, info)) { retry.append(key) } } catch {
+            do { if !(try applyRemotePut(key, info, before: nil, askedAt: askedAt)) { retry.append(key) } } catch {
                 logger.warning("could not apply the store's change of \(key): \(error)")
                 retry.append(key)
             }
@@ -397,7 +403,8 @@ extension FileSystem {
     /// has it as `info`, then takes `info`'s metadata, and its bytes when they are not the ones
     /// here (an item paired by its id, moved and edited at once): bytes that are the same are
     /// not downloaded again. An item already there (its folder moved first) only takes the new key.
-    private func applyRemoteMove(_ e: EntryRecord, to key: String, _ info: ObjectInfo) throws -> Bool {
+    private func applyRemoteMove(_ e: EntryRecord, to key: String, _ info: ObjectInfo, askedAt: UInt64?) throws -> Bool {
+        if writtenHere(since: askedAt, key) || e.remoteKey.map({ writtenHere(since: askedAt, $0) }) == true { return false }
         // What the entry records of its bytes: the store's words for them at the new key when
         // they are the same, else the old ones, so that `updateFromRemote` takes the new bytes.
         let same = e.holdsTheBytes(of: info)
@@ -482,8 +489,13 @@ extension FileSystem {
 
     // MARK: - Additions and updates
 
-    private func applyRemotePut(_ key: String, _ info: ObjectInfo, before: String?) throws -> Bool {
+    private func applyRemotePut(_ key: String, _ info: ObjectInfo, before: String?, askedAt: UInt64?) throws -> Bool {
         let (known, doomed) = try state.read { tx in (try tx.entries(remoteKey: key), try tx.hasTombstone(key: key)) }
+        // Written here since the store was asked (read after the rows: a write recorded since
+        // was noted before it was): what the store said is older than what this device did.
+        // A folder renamed away here came back, empty, from a listing taken just before its
+        // old marker's delete (its tombstone gone by the time this ran).
+        if writtenHere(since: askedAt, key) { return false }
         if let e = known.first {
             if e.remoteVersion == info.version { return true }
             // This device wrote the key since the store was asked: looked at again next poll.
@@ -651,6 +663,13 @@ extension FileSystem {
         return true
     }
 
+    /// Whether this device wrote `key` in the store after a question asked at `askedAt`
+    /// (`StoreWrites`); call after reading what it records of the key.
+    func writtenHere(since askedAt: UInt64?, _ key: String) -> Bool {
+        guard let askedAt, let writes = uploader?.writes else { return false }
+        return writes.writtenSince(askedAt, key)
+    }
+
     // MARK: - Removals
 
     /// Tries in a row, a poll apart, in which a folder deleted in the store did not empty before
@@ -671,8 +690,9 @@ extension FileSystem {
     }
 
     /// `before`: the version recorded for `key` when the store said it was gone (see RemoteChange).
-    private func applyRemoteDelete(_ key: String, before: String?) throws -> Bool {
+    private func applyRemoteDelete(_ key: String, before: String?, askedAt: UInt64? = nil) throws -> Bool {
         guard let e = try state.read({ try $0.entries(remoteKey: key).first }) else { return true }
+        if writtenHere(since: askedAt, key) { return false }
         // This device wrote the key since the store said it was gone (a rename onto it, a new
         // file of that name): that version is not the one deleted. Looked at again next poll.
         if e.remoteVersion != before { return false }
