@@ -25,6 +25,8 @@ final class S3Snapshots: @unchecked Sendable {
     static let maxPartBytes = 32 << 20
     /// Parts a reader takes of one snapshot at most (a hostile `done` may say anything).
     static let maxParts = 10_000
+    /// How far past the server's time a snapshot's name may be (clocks differ a little).
+    static let aheadAllowed: Int64 = 10 * 60 * 1000
     static let kept = 2
     static let abandonedAfter: TimeInterval = 86_400
     static let format = 1
@@ -77,13 +79,17 @@ final class S3Snapshots: @unchecked Sendable {
         var entries = 0
         var unreadable = PassedOver()
         var requests = 0
+        /// Parts whose seal did not hold (passed over).
+        var unsealed = 0
         /// The part the load stopped before, where it stopped at its bound (nil: it read to
         /// the end, or the snapshot could not be read).
         var next: Int?
     }
 
     let objects: S3Objects
-    init(objects: S3Objects) { self.objects = objects }
+    /// Seals the parts written here, and checks those read (`BucketSeal`).
+    let seal: BucketSeal
+    init(objects: S3Objects) { self.objects = objects; seal = objects.seal }
 
     // MARK: - Reading
 
@@ -92,10 +98,12 @@ final class S3Snapshots: @unchecked Sendable {
         let folder = objects.prefix + Self.folder
         var byName: [String: Found] = [:]
         var token: String?
+        var serverNow: Date?
         repeat {
             var query = [("list-type", "2"), ("prefix", folder), ("max-keys", "1000")]
             if let token { query.append(("continuation-token", token)) }
             let r = try await objects.client.send(.GET, key: nil, query: query)
+            serverNow = serverNow ?? r.header("Date").flatMap(S3Time.httpDate)
             for block in S3Client.xmlBlocks("Contents", in: r.text) {
                 guard let key = S3Client.xmlValue("Key", in: block), key.hasPrefix(folder) else { continue }
                 let rest = key.dropFirst(folder.count).split(separator: "/", omittingEmptySubsequences: false)
@@ -110,13 +118,24 @@ final class S3Snapshots: @unchecked Sendable {
             }
             token = S3Client.xmlValue("IsTruncated", in: r.text) == "true" ? S3Client.xmlValue("NextContinuationToken", in: r.text) : nil
         } while token != nil
-        return byName.values.sorted { ($0.time, $0.name) < ($1.time, $1.name) }
+        // A snapshot named for a time to come is no device's (a forged "latest" would shadow
+        // the real ones for good): passed over.
+        let latestTaken = serverNow.map { Int64($0.timeIntervalSince1970 * 1000) + Self.aheadAllowed } ?? .max
+        return byName.values.filter { $0.time <= latestTaken }.sorted { ($0.time, $0.name) < ($1.time, $1.name) }
     }
 
-    /// The latest complete snapshot (nil: none).
+    /// The latest complete snapshot (nil: none), but for those found forged (`forged`).
     func latest() async throws -> Found? {
-        try await all().last { $0.complete }
+        let forged = lock.withLock { self.forged }
+        return try await all().last { $0.complete && !forged.contains($0.name) }
     }
+
+    /// Snapshots found to hold no sealed part (`load`): passed over from then on, so that a
+    /// forged "latest" shadows the real ones for one look only.
+    private let lock = NSLock()
+    private var forged = Set<String>()
+
+    func noteForged(_ name: String) { lock.withLock { _ = forged.insert(name) } }
 
     /// Reads `snapshot`'s entries into `index`, part by part (a part at a time in memory),
     /// from part `from` on. Entries that cannot be read are described and passed over; a part
@@ -164,7 +183,16 @@ final class S3Snapshots: @unchecked Sendable {
                                                      expectedLength: snapshot.sizes[part].map { min($0, Self.maxPartBytes) }).data
             var good: [(stamp: String, info: ObjectInfo)] = []
             var line = 0
-            let lines = data.withUnsafeBytes { raw in
+            // A part not sealed with this bucket's key is no device's word: passed over whole,
+            // its objects asked of the bucket (a forged snapshot's metadata was shown as the
+            // files' own, and its digests failed every read).
+            let (body, sealed) = seal.opened(data, name: snapshot.name + "/" + part)
+            guard sealed else {
+                out.unreadable.add("snapshot \(snapshot.name) part \(part) is not sealed with this bucket's key: passed over (its objects are asked of the bucket)")
+                out.unsealed += 1
+                continue
+            }
+            let lines = body.withUnsafeBytes { raw in
                 raw.bindMemory(to: UInt8.self).split(separator: 0x0A, omittingEmptySubsequences: true)
                     .map { Entry.read(UnsafeBufferPointer(rebasing: $0), decoder) }
             }
@@ -242,7 +270,7 @@ final class S3Snapshots: @unchecked Sendable {
                 body.append(0x0A)
             }
             let part = String(format: "%05d", found.parts.count)
-            try await objects.send(.PUT, base + part, headers: conditions, body: .data(body), validate: false)
+            try await objects.send(.PUT, base + part, headers: conditions, body: .data(seal.sealed(body, name: name + "/" + part)), validate: false)
             found.parts.append(part)
             entries += chunk.count
         }

@@ -13,6 +13,12 @@ import UbiqStore
         try await store.objects.client.send(.PUT, key: store.objects.prefix + key, body: .data(Data(body.utf8)))
     }
 
+    /// A snapshot's part as a device with the bucket's key writes it (`BucketSeal`), whatever it holds.
+    func putSealedPart(_ store: S3Store, snapshot name: String, _ part: String, _ body: String) async throws {
+        let sealed = store.snapshots.seal.sealed(Data(body.utf8), name: name + "/" + part)
+        try await store.objects.client.send(.PUT, key: store.objects.prefix + S3Snapshots.folder + name + "/" + part, body: .data(sealed))
+    }
+
     /// Device A's first full listing finds no snapshot and writes one; a new device B then
     /// lists the bucket with a HEAD only for what came after (A's later file, another tool's),
     /// and learns the same metadata a HEAD gives. B writes none while A's is recent, and
@@ -249,7 +255,11 @@ import UbiqStore
         ]
         let now = a.log.serverNow()
         func put(_ name: String, _ object: String, _ body: String) async throws {
-            try await putRaw(a, S3Snapshots.folder + name + "/" + object, body)
+            // Written by a device with the bucket's key (a buggy or newer one): what it holds is
+            // checked all the same.
+            if object == "done" { try await putRaw(a, S3Snapshots.folder + name + "/" + object, body) } else {
+                try await putSealedPart(a, snapshot: name, object, body)
+            }
         }
         let name = S3ChangeLog.name(time: now - 2000, device: "other")
         try await put(name, "00000", lines.joined(separator: "\n"))
@@ -298,7 +308,7 @@ import UbiqStore
         let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
         defer { cleanA() }
         let name = S3ChangeLog.name(time: a.log.serverNow(), device: "flood")
-        try await putRaw(a, S3Snapshots.folder + name + "/00000", String(repeating: "x\n", count: 50_000))
+        try await putSealedPart(a, snapshot: name, "00000", String(repeating: "x\n", count: 50_000))
         try await putRaw(a, S3Snapshots.folder + name + "/done", #"{"format":1,"parts":1,"entries":50000}"#)
         let loaded = try await a.snapshots.load(try #require(try await a.snapshots.latest()), into: a.index)
         #expect(loaded.unreadable.count == 50_000 && loaded.unreadable.said.count == PassedOver.kept && loaded.entries == 0)
@@ -309,7 +319,9 @@ import UbiqStore
     /// is asked for again, by its size in the listing: its entries are read, not passed over.
     @Test func aPartABusyServerAnswersEmptyIsAskedAgain() async throws {
         let entry = S3Snapshots.Entry(key: "x", stamp: "\"abc\"|1700000000000|1", version: "\"abc\"", size: 1, tag: "\"abc\"", meta: fileMeta)
-        let part = try JSONEncoder().encode(entry) + Data("\n".utf8)
+        let name = "1796000000000-dev-1"
+        let seal = BucketSeal(secret: "s", bucket: "b", prefix: "drive/")
+        let part = seal.sealed(try JSONEncoder().encode(entry) + Data("\n".utf8), name: name + "/00000")
         let done = try JSONEncoder().encode(S3Snapshots.Done(format: S3Snapshots.format, parts: 1, entries: 1))
         let server = try ScriptedHTTPServer([.init(200, body: done), .init(200, body: Data()), .init(200, body: part)])
         defer { server.stop() }
@@ -317,7 +329,7 @@ import UbiqStore
                                                    credentials: S3Credentials(accessKey: "k", secretKey: "s")),
                               logger: Logger(label: "s3-test"), attempts: 4)
         let snapshots = S3Snapshots(objects: S3Objects(client: client, prefix: "drive", versioned: false))
-        let found = S3Snapshots.Found(name: "1796000000000-dev-1", time: 1_796_000_000_000, parts: ["00000"], complete: true,
+        let found = S3Snapshots.Found(name: name, time: 1_796_000_000_000, parts: ["00000"], complete: true,
                                       sizes: ["done": done.count, "00000": part.count])
         let index = try S3Index(path: TempPaths.make("ubiq-s3-index").path)
         let loaded = try await snapshots.load(found, into: index)
@@ -338,6 +350,51 @@ import UbiqStore
         #expect(loaded.entries == 0 && loaded.requests == 2)
         #expect(loaded.unreadable.lines == ["snapshot \(name): its done object is not one (HTTP 206, 7 bytes: \"<done/>\")"],
                 "\(loaded.unreadable.lines)")
+    }
+
+    /// A snapshot forged by a writer without the bucket's key (an entry for every object at its
+    /// true ETag, time and size, with mode 0777, uid 0, an xattr and a wrong digest) changes
+    /// nothing a new device shows or reads: one named for a time to come is not even looked
+    /// at; one named for now is read, found unsealed, and passed over for the real one before
+    /// it (which is then taken), and then for good. (Every new device showed the forged
+    /// metadata, and every read failed its digest, also after a full listing.)
+    @Test func aForgedSnapshotChangesNothingADeviceShows() async throws {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        defer { cleanA() }
+        var meta = fileMeta
+        meta.xattrs = ["user.kept": Data("yes".utf8)]
+        for k in ["x", "y"] { _ = try await a.put(k, contentsOf: try tempFile([1, 2]), metadata: meta, condition: .ifAbsent) }
+        try await Task.sleep(for: .seconds(2.2))
+        // The real snapshot, by A.
+        let listing = try await a.objects.listAll(under: "")
+        let heads = try await a.list(prefix: "")
+        let real = try await a.snapshots.write(zip(listing.objects, heads).map { ($0, $1) }, time: a.log.serverNow() - 5000, device: "a")
+        func forged(_ name: String) async throws {
+            var lines: [String] = []
+            for (o, h) in zip(listing.objects, heads) {
+                var bad = h.metadata
+                bad.mode = 0o777; bad.uid = 0; bad.xattrs = ["user.evil": Data("x".utf8)]
+                bad.sha256 = String(repeating: "0", count: 64)
+                let e = S3Snapshots.Entry(key: o.key, stamp: o.stamp, version: h.version, size: h.size, tag: h.contentTag, meta: bad)
+                lines.append(String(decoding: try JSONEncoder().encode(e), as: UTF8.self))
+            }
+            try await putRaw(a, S3Snapshots.folder + name + "/00000", lines.joined(separator: "\n") + "\n")
+            try await putRaw(a, S3Snapshots.folder + name + "/done", #"{"format":1,"parts":1,"entries":2}"#)
+        }
+        let future = S3ChangeLog.name(time: 9_999_999_999_000, device: "evil")
+        let now = S3ChangeLog.name(time: a.log.serverNow(), device: "evil")
+        try await forged(future)
+        try await forged(now)
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        defer { cleanB() }
+        b.logObjectsReadAtAMountAgain = 0
+        #expect(try await b.snapshots.latest()?.name == now, "the one named for a time to come was taken")
+        let seen = try await b.list(prefix: "")
+        #expect(seen == heads, "\(seen)")
+        #expect(seen.allSatisfy { $0.metadata.mode == fileMeta.mode && $0.metadata.xattrs["user.evil"] == nil })
+        #expect(b.headsForLastListing == 0, "the real snapshot was not taken: \(b.headsForLastListing) HEADs")
+        #expect(try b.index.setting("snapshot") == real.name)
+        #expect(try await b.snapshots.latest()?.name == real.name)
     }
 
     /// Old snapshots go when one is written: the latest two complete ones stay, with one
