@@ -128,6 +128,10 @@ final class S3ChangeLog: @unchecked Sendable {
         /// Whether every log object after `from` was listed and read (not cut short by
         /// `namePages`, nor only marked: `look`).
         var whole = true
+        /// Log objects that did not read, left for the next look.
+        var unreadLeft = 0
+        /// Log objects read whose seal did not hold (their entries are hints only).
+        var unsealed = 0
     }
 
     let objects: any LogObjects
@@ -169,8 +173,12 @@ final class S3ChangeLog: @unchecked Sendable {
     /// before the log object turn it off).
     var publishesBySelf = true
 
-    init(objects: any LogObjects, device: String, logged: @escaping @Sendable ([Entry]) -> Void = { _ in }) {
-        self.objects = objects; self.device = device; self.logged = logged
+    /// What seals this device's log objects, and checks others' (nil: none is sealed, and no
+    /// object's claims are taken).
+    let seal: BucketSeal?
+
+    init(objects: any LogObjects, device: String, seal: BucketSeal?, logged: @escaping @Sendable ([Entry]) -> Void = { _ in }) {
+        self.objects = objects; self.device = device; self.seal = seal; self.logged = logged
     }
 
     // MARK: - Writing
@@ -339,8 +347,9 @@ final class S3ChangeLog: @unchecked Sendable {
 
     /// One log object of `batch`.
     private func write(_ batch: [Entry]) async throws {
-        let body = try Self.lines(batch)
-        try await objects.create(Self.folder + Self.name(time: serverNow(), device: device), body)
+        let name = Self.name(time: serverNow(), device: device)
+        let lines = try Self.lines(batch)
+        try await objects.create(Self.folder + name, seal?.sealed(lines, name: name) ?? lines)
     }
 
     static func name(time ms: Int64, device: String) -> String {
@@ -396,6 +405,12 @@ final class S3ChangeLog: @unchecked Sendable {
                 done[name] = time
                 continue
             }
+            // An empty object holds no entry (and a ranged GET of it is refused: 416, which
+            // failed the whole look, every poll, and held back every other device's changes).
+            if size == 0 {
+                done[name] = time
+                continue
+            }
             let data: Data
             do {
                 out.requests += 1
@@ -406,11 +421,17 @@ final class S3ChangeLog: @unchecked Sendable {
             } catch {
                 // Gone too (listed, then not there) counts as a failure: an object in the window
                 // is younger than any retention, so that is the server's hiccup, not a prune.
+                // It is left for the next look (the others are read now: one object that does
+                // not read holds back no other change), and passed over after a few.
                 let n = lock.withLock { () -> Int in
                     failures[name, default: 0] += 1
                     return failures[name]!
                 }
-                guard n >= Self.attemptsPerObject else { throw error }
+                out.whole = false
+                guard n >= Self.attemptsPerObject else {
+                    out.unreadLeft += 1
+                    continue
+                }
                 out.unreadable.add("log object \(name): \(error) (\(n) times; its changes are found by the full listing)")
                 lock.withLock { failures[name] = nil }
                 done[name] = time
@@ -460,7 +481,20 @@ final class S3ChangeLog: @unchecked Sendable {
     }
 
     /// The entries of one log object; what cannot be read is described, and passed over.
-    func parse(_ data: Data, of name: String, into out: inout Read) {
+    func parse(_ raw: Data, of name: String, into out: inout Read) {
+        // What an object not sealed with this bucket's key says it wrote is not taken: each key
+        // it names is asked of the bucket (a forged entry's metadata was shown as the file's).
+        let (data, sealed) = seal?.opened(raw, name: name) ?? (raw, false)
+        let first = out.changes.count
+        defer {
+            if !sealed {
+                for i in first ..< out.changes.count {
+                    out.changes[i].claimed = nil
+                    out.notes[i].at = nil
+                }
+                out.unsealed += 1
+            }
+        }
         let decoder = JSONDecoder()
         let parts = name.split(separator: "-", omittingEmptySubsequences: false)
         let mine = parts.count == 3 && parts[1] == device
@@ -509,13 +543,26 @@ final class S3ChangeLog: @unchecked Sendable {
     /// Deletes log objects older than `retention` (any device's: a delete of one already gone
     /// is no harm), up to a thousand at a time.
     func prune(olderThan retention: TimeInterval) async throws {
-        var out = Read()
         let cutoff = serverNow() - Int64(retention * 1000)
-        let names = try await listNames(after: "", pages: 1, into: &out)
-        for (name, time, _) in names where time < cutoff {
-            try await objects.remove(Self.folder + name)
+        // Names sort by their time, so the listing starts where a log object's name can (names
+        // that sort before the digits are passed over unlisted) and goes page after page until
+        // it reaches one that stays. Names that are not a log object's are left alone, however
+        // many come first: one page of them stopped every prune before (2026-12-07).
+        var after = Self.timeText(0)
+        for _ in 0 ..< Self.prunePages {
+            let page = try await objects.listPage(Self.folder, after: after, token: nil)
+            for (name, _) in page.names {
+                guard let time = Self.time(of: name) else { continue }
+                if time >= cutoff { return }
+                try await objects.remove(Self.folder + name)
+            }
+            guard page.next != nil, let last = page.names.last?.name else { return }
+            after = last
         }
     }
+
+    /// Pages of names a prune lists at most (of 1,000 each).
+    static let prunePages = 50
 }
 
 /// What a reader of the bucket's own objects (log, snapshots) could not take: the first `kept`

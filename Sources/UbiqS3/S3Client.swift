@@ -45,6 +45,9 @@ public final class S3Client: Sendable {
     public let endpoint: S3Endpoint
     let http: HTTPClient
     let logger: Logger
+    /// Every request but a GET goes to the log with its answer (UBIQ_TRACE_S3=1: to follow a
+    /// crash test's history, scripts/crash-loop --trace).
+    static let tracing = ProcessInfo.processInfo.environment["UBIQ_TRACE_S3"] == "1"
     /// Tries of a request that fails transiently (the first included).
     public let attempts: Int
     public let timeout: TimeAmount
@@ -225,7 +228,15 @@ public final class S3Client: Sendable {
                       body: S3Body, maxResponse: Int) async throws -> S3Response {
         let request = prepare(method, key: key, query: query, headers: headers, body: body)
         let response = try await http.execute(request, timeout: timeout)
-        let bytes = try await response.body.collect(upTo: maxResponse)
+        if Self.tracing && method != .GET {
+            logger.info("S3 trace: \(method) \(key ?? "") \(headers.filter { $0.key.hasPrefix("If-") || $0.key == "x-amz-copy-source" }) -> \(response.status.code)")
+        }
+        let bytes: ByteBuffer
+        do { bytes = try await response.body.collect(upTo: maxResponse) } catch is NIOTooManyBytesError {
+            // Not the link's fault, and the same next time: never tried again (a hostile
+            // object of 200 MB was fetched again and again, 347 MiB in 10 s).
+            throw StoreError.failed("\(method) \(key ?? "the bucket"): the answer is larger than the \(maxResponse) bytes this request takes")
+        }
         return S3Response(status: Int(response.status.code), headers: response.headers, body: bytes)
     }
 

@@ -1,5 +1,6 @@
 import Foundation
 import NIOHTTP1
+import Synchronization
 import UbiqStore
 
 /// Objects in an S3 bucket as the store sees them: versions, metadata, conditions.
@@ -37,6 +38,12 @@ public struct S3Objects: Sendable {
     static let maxMetadataBytes = 2000
     /// Keys under this folder (in the prefix) belong to the S3 store itself: never listed.
     public static let reserved = ReservedKeys.root + "s3/"
+    /// What each sidecar read turned out to be (`decode`).
+    let sidecars = SidecarCache()
+    /// Seals what devices write for each other here (`BucketSeal`).
+    public var seal: BucketSeal {
+        BucketSeal(secret: client.endpoint.credentials.secretKey, bucket: client.endpoint.bucket, prefix: prefix)
+    }
 
     public init(client: S3Client, prefix: String, versioned: Bool, checksConditions: Bool = true,
                 multipartThreshold: Int64 = 64 << 20, journal: (any MultipartJournal)? = nil, keepsFolderMetadata: Bool = true) {
@@ -118,13 +125,33 @@ public struct S3Objects: Sendable {
             // A sidecar is named by its bytes' SHA-256: an answer that does not hash to its name
             // is asked for once more (a busy server has answered with a body that was not the
             // object), then read as not ubiq's (a sidecar someone rewrote).
-            let named = { (d: Data) in SigV4.sha256Hex(d) == name.lowercased() }
-            for _ in 0 ..< 2 where !(data.map(named) ?? false) {
-                do { data = try await send(.GET, Self.reserved + "meta/" + name, validate: false).data } catch StoreError.notFound {
-                    return .unreadable(key: key, why: "its sidecar is missing")
+            // Named by its bytes, a sidecar read once is that for good: kept, as is one too large
+            // to be metadata (a hostile sidecar of 200 MB was fetched again and again).
+            switch sidecars.withLock({ $0[name.lowercased()] }) {
+            case .read(let d)?: data = d
+            case .refused(let why)?: return .unreadable(key: key, why: why)
+            case nil:
+                let named = { (d: Data) in SigV4.sha256Hex(d) == name.lowercased() }
+                for _ in 0 ..< 2 where !(data.map(named) ?? false) {
+                    let answer: S3Response
+                    do {
+                        answer = try await client.send(.GET, key: prefix + Self.reserved + "meta/" + name,
+                                                       headers: ["Range": "bytes=0-\(Self.maxSidecarBytes)"],
+                                                       maxResponse: Self.maxSidecarBytes + (64 << 10))
+                    } catch StoreError.notFound {
+                        return .unreadable(key: key, why: "its sidecar is missing")
+                    }
+                    if answer.data.count > Self.maxSidecarBytes {
+                        return rememberSidecar(name, .refused("its sidecar is larger than any metadata (over \(Self.maxSidecarBytes) bytes)"), key)!
+                    }
+                    data = answer.data
                 }
+                guard let d = data, named(d) else {
+                    // Not kept: a busy server has answered with other bytes.
+                    return .unreadable(key: key, why: "its sidecar does not hold what its name says")
+                }
+                rememberSidecar(name, .read(d), key)
             }
-            if let d = data, !named(d) { return .unreadable(key: key, why: "its sidecar does not hold what its name says") }
         } else {
             data = Data(base64Encoded: text)
         }
@@ -133,6 +160,32 @@ public struct S3Objects: Sendable {
             return .unreadable(key: key, why: "not ubiq's metadata JSON")
         }
     }
+
+    /// A sidecar as read (by its name), or why it was not taken.
+    enum Sidecar: Sendable { case read(Data), refused(String) }
+
+    /// Sidecars by name, shared by the copies of an `S3Objects`.
+    final class SidecarCache: Sendable {
+        private let kept = Mutex<[String: Sidecar]>([:])
+        func withLock<R>(_ body: (inout [String: Sidecar]) -> R) -> R { kept.withLock { body(&$0) } }
+    }
+
+    /// Keeps what sidecar `name` turned out to be (at most `sidecarsKept`); the metadata of
+    /// `key` it makes when refused.
+    @discardableResult
+    private func rememberSidecar(_ name: String, _ s: Sidecar, _ key: String) -> ObjectMetadata? {
+        sidecars.withLock {
+            if $0.count >= Self.sidecarsKept { $0.removeAll() }
+            $0[name.lowercased()] = s
+        }
+        if case .refused(let why) = s { return .unreadable(key: key, why: why) }
+        return nil
+    }
+
+    /// The largest sidecar taken: metadata of the largest xattrs a file can have here (256 KiB,
+    /// base64 in JSON) and a link's target come to about 350 KiB.
+    static let maxSidecarBytes = 1 << 20
+    static let sidecarsKept = 1_000
 
     static func conditionHeaders(_ c: WriteCondition) -> [String: String] {
         switch c {
@@ -410,7 +463,12 @@ public struct S3Objects: Sendable {
             // the others leave a short window (documented).
             let current: ObjectInfo
             do { current = try await head(key) } catch StoreError.notFound { throw StoreError.preconditionFailed(key: key, current: nil) }
-            guard current.version == version || (current.contentTag == Version(version).etag && !versioned) else {
+            // The whole version where it names the metadata too (`ETAG~DIGEST`): every empty
+            // file has one ETag, and a delete of one empty file's version took another's, written
+            // at that key since. Only a version that is an ETag alone (a folder's marker on a
+            // server that keeps no metadata on it, another tool's object) is matched by its ETag.
+            let named = !versioned && version.contains("~")
+            guard current.version == version || (current.contentTag == Version(version).etag && !versioned && !named) else {
                 throw StoreError.preconditionFailed(key: key, current: current.version)
             }
             try await send(.DELETE, key, headers: checksConditions ? ["If-Match": Version(version).etag] : [:])

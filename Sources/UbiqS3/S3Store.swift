@@ -103,7 +103,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     init(objects: S3Objects, index: S3Index, logger: Logger, fullListingInterval: TimeInterval, snapshotInterval: TimeInterval) {
         self.objects = objects; self.index = index; self.logger = logger
         self.fullListingInterval = fullListingInterval; self.snapshotInterval = snapshotInterval
-        log = S3ChangeLog(objects: objects, device: index.id, logged: { [index] in index.logged($0) })
+        log = S3ChangeLog(objects: objects, device: index.id, seal: objects.seal, logged: { [index] in index.logged($0) })
         let deletes = S3DeferredDeletes(objects: objects, index: index)
         self.deletes = deletes
         log.settleDeletes = { try await deletes.settleForLog($0, ahead: $1) }
@@ -339,11 +339,25 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     }
 
     private func loadLatestSnapshotNow(through: String?, parts: Int) async -> Bool {
+        // A snapshot none of whose parts is sealed with this bucket's key (forged, or written
+        // with other credentials) is passed over for the one before it, once.
+        for _ in 0 ..< 2 {
+            let (read, forged) = await loadLatestSnapshotOnce(through: through, parts: parts)
+            guard let forged else { return read }
+            snapshots.noteForged(forged)
+            lock.withLock { latestSnapshot = nil }
+        }
+        return false
+    }
+
+    /// One try of `loadLatestSnapshotNow`; the name of the snapshot if none of its parts read
+    /// was sealed.
+    private func loadLatestSnapshotOnce(through: String?, parts: Int) async -> (Bool, forged: String?) {
         do {
-            guard let latest = try await snapshots.latest() else { return false }
+            guard let latest = try await snapshots.latest() else { return (false, nil) }
             let written = writtenAt(latest)
             lock.withLock { if (latestSnapshot?.at ?? .distantPast) < written { latestSnapshot = (written, latest.time) } }
-            if try index.setting("snapshot") == latest.name { return false }
+            if try index.setting("snapshot") == latest.name { return (false, nil) }
             // Where a load of its first parts stopped ("NAME PART").
             let resumed = try index.setting(Self.snapshotPartSetting).flatMap { v -> Int? in
                 let p = v.split(separator: " ")
@@ -351,6 +365,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             } ?? 0
             let loaded = try await snapshots.load(latest, into: index, from: resumed, through: through, parts: parts)
             for what in loaded.unreadable.lines { logger.warning("passing over what a snapshot holds but cannot be read: \(what)") }
+            if loaded.entries == 0 && loaded.unsealed > 0 { return (false, latest.name) }
             if let next = loaded.next {
                 try index.setSetting(Self.snapshotPartSetting, "\(latest.name) \(next)")
             } else {
@@ -359,10 +374,10 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             }
             let which = loaded.next.map { " (parts \(resumed) to \($0 - 1))" } ?? (resumed > 0 ? " (parts \(resumed) on)" : "")
             logger.info("learned \(loaded.entries) objects' metadata from the bucket's snapshot \(latest.name)\(which) (\(loaded.requests) requests)")
-            return true
+            return (true, nil)
         } catch {
             logger.warning("could not read the bucket's snapshot (\(error)); asking for each object instead")
-            return false
+            return (false, nil)
         }
     }
 

@@ -17,9 +17,11 @@ import UbiqStore
               at: 1_800_000_000_000, row: row, from: from)
     }
 
+    static let seal = BucketSeal(secret: "the devices' secret", bucket: "b", prefix: "drive/")
+
     func devices() -> (FolderLogObjects, S3ChangeLog, S3ChangeLog) {
         let folder = FolderLogObjects(TempPaths.make("ubiq-log"))
-        let a = S3ChangeLog(objects: folder, device: "a"), b = S3ChangeLog(objects: folder, device: "b")
+        let a = S3ChangeLog(objects: folder, device: "a", seal: Self.seal), b = S3ChangeLog(objects: folder, device: "b", seal: Self.seal)
         a.publishesBySelf = false
         b.publishesBySelf = false
         return (folder, a, b)
@@ -109,6 +111,97 @@ import UbiqStore
     }
 }
 
+extension ChangeLogInAFolderTests {
+    /// An empty log object (its ranged GET is refused) and one that does not read hold back no
+    /// other device's change: the look reads the rest and takes the empty one as read; the one
+    /// that failed is read at a later look, and passed over, said once, after a few. (An empty
+    /// object failed every look, and every device fell behind: 21 s for a change instead of 3.)
+    @Test func anObjectThatDoesNotReadHoldsBackNoOther() async throws {
+        let (folder, a, b) = devices()
+        let start = b.serverNow()
+        try await folder.create(S3ChangeLog.folder + S3ChangeLog.name(time: start, device: "x"), Data())
+        let stuck = S3ChangeLog.name(time: start + 1, device: "y")
+        try await folder.create(S3ChangeLog.folder + stuck, Data(#"{"op":"put","key":"late","version":"v"}"#.utf8))
+        folder.failing.withLock { _ = $0.insert(S3ChangeLog.folder + stuck) }
+        a.record(put("docs/x", "v1"))
+        try await a.publish()
+        let first = try await b.look(from: start, markOnly: false)
+        #expect(first.changes.map(\.key) == ["docs/x"], "\(first.changes)")
+        #expect(first.unreadLeft == 1 && !first.whole)
+        b.noteRead(first)
+        // Read once it reads.
+        folder.failing.withLock { $0.removeAll() }
+        let second = try await b.look(from: first.position, markOnly: false)
+        #expect(second.changes.map(\.key) == ["late"], "\(second.changes)")
+        b.noteRead(second)
+        // One that never reads is passed over at its third try, and said.
+        let never = S3ChangeLog.name(time: start + 2, device: "z")
+        try await folder.create(S3ChangeLog.folder + never, Data(#"{"op":"put","key":"never","version":"v"}"#.utf8))
+        folder.failing.withLock { _ = $0.insert(S3ChangeLog.folder + never) }
+        var said: [String] = []
+        for _ in 0 ..< S3ChangeLog.attemptsPerObject {
+            let look = try await b.look(from: second.position, markOnly: false)
+            b.noteRead(look)
+            said += look.unreadable.lines
+        }
+        #expect(said.count == 1 && said[0].contains(never), "\(said)")
+        let after = try await b.look(from: second.position, markOnly: false)
+        #expect(after.changes.isEmpty && after.unreadLeft == 0 && after.requests == 1, "\(after)")
+    }
+
+    /// Pruning passes over names that are not a log object's, however many sort before the
+    /// log's own (a page of 1,000 of them stopped every prune), and deletes the old ones.
+    @Test func junkNamesDoNotStopThePruning() async throws {
+        let (folder, a, _) = devices()
+        let now = a.serverNow()
+        for i in 0 ..< 1_100 {
+            try await folder.create(S3ChangeLog.folder + "+junk\(i)", Data("x".utf8))
+        }
+        for i in 0 ..< 1_100 {
+            try await folder.create(S3ChangeLog.folder + String(format: "0000000000000junk%04d", i), Data("x".utf8))
+        }
+        let old = S3ChangeLog.name(time: now - 3_600_000, device: "x")
+        let young = S3ChangeLog.name(time: now - 60_000, device: "x")
+        for name in [old, young] { try await folder.create(S3ChangeLog.folder + name, Data(#"{"op":"put","key":"k"}"#.utf8)) }
+        try await a.prune(olderThan: 1800)
+        let left = Set(try folder.names())
+        #expect(!left.contains(old) && left.contains(young) && left.count == 2_201)
+    }
+}
+
+extension ChangeLogInAFolderTests {
+    /// What a log object not sealed with the bucket's key says its puts wrote is not taken: its
+    /// entries stay hints (the reader asks the bucket for each key), whether the object has no
+    /// seal (another tool's, a forger's), another key's, or bytes changed after sealing. A
+    /// device's own sealed object is taken at its word. (A forged entry matching an object's
+    /// listing made a reader show its false metadata.)
+    @Test func onlySealedLogObjectsAreTakenAtTheirWord() async throws {
+        let (folder, a, b) = devices()
+        let start = b.serverNow()
+        a.record(put("docs/real", "v1"))
+        try await a.publish()
+        let forged = #"{"at":1800000000000,"key":"docs/x","meta":{"kind":"file","mode":511,"uid":0,"gid":0,"mtimeNs":0,"xattrs":{"user.evil":"eA=="}},"op":"put","size":3,"tag":"\"t\"","version":"\"t\"~abc"}"#
+        let unsealed = S3ChangeLog.name(time: start + 1, device: "x")
+        try await folder.create(S3ChangeLog.folder + unsealed, Data((forged + "\n").utf8))
+        let otherKey = S3ChangeLog.name(time: start + 2, device: "y")
+        let other = BucketSeal(secret: "another secret", bucket: "b", prefix: "drive/")
+        try await folder.create(S3ChangeLog.folder + otherKey, other.sealed(Data((forged + "\n").utf8), name: otherKey))
+        // Sealed with the right key, then changed.
+        let changed = S3ChangeLog.name(time: start + 3, device: "z")
+        var body = Self.seal.sealed(Data((forged + "\n").utf8), name: changed)
+        body[body.startIndex + 20] ^= 1
+        try await folder.create(S3ChangeLog.folder + changed, body)
+        // The right seal on another object's name.
+        let moved = S3ChangeLog.name(time: start + 4, device: "w")
+        try await folder.create(S3ChangeLog.folder + moved, Self.seal.sealed(Data((forged + "\n").utf8), name: "elsewhere"))
+        let read = try await b.look(from: start, markOnly: false)
+        #expect(read.changes.count == 5, "\(read.changes)")
+        #expect(read.changes[0].key == "docs/real" && read.changes[0].claimed != nil && read.notes[0].at != nil)
+        #expect(read.changes.dropFirst().allSatisfy { $0.key == "docs/x" && $0.claimed == nil }, "\(read.changes)")
+        #expect(read.notes.dropFirst().allSatisfy { $0.at == nil } && read.unsealed == 4)
+    }
+}
+
 /// A value behind a lock, for closures the log calls from its own tasks.
 final class Locked<T>: @unchecked Sendable {
     private let lock = NSLock()
@@ -138,8 +231,14 @@ final class FolderLogObjects: LogObjects, @unchecked Sendable {
         }
     }
 
+    /// Objects whose reads fail (the server's hiccup, or one it never serves), by path.
+    let failing = Locked<Set<String>>([])
+
     func read(_ path: String, atMost: Int, expectedLength: Int?) async throws -> Data {
+        if failing.withLock({ $0.contains(path) }) { throw StoreError.unavailable("\(path): 503 SlowDown") }
         guard let data = FileManager.default.contents(atPath: url(path).path) else { throw StoreError.notFound(key: path) }
+        // As S3 answers a ranged GET of an empty object: 416 InvalidRange.
+        if data.isEmpty { throw StoreError.failed("GET \(path) answered 416: The requested range is not satisfiable") }
         return data.prefix(atMost)
     }
 

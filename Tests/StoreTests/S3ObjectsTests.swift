@@ -229,4 +229,22 @@ func scriptedObjects(_ server: ScriptedHTTPServer) -> S3Objects {
         let copied = try await s.copy(from: "x", version: put.version, to: "x", metadata: small, condition: .ifMatch(put.version))
         #expect(try await s.head("x").metadata == small && copied.version != put.version)
     }
+
+    /// A sidecar far larger than any metadata (a hostile one of megabytes, named by its true
+    /// digest) is read to its bound, refused with one reason, and never fetched again: the
+    /// object reads as one whose metadata cannot be used. (One of 200 MB was fetched at every
+    /// poll, by every device, without end.)
+    @Test func aHugeSidecarIsRefusedOnceAndNotFetchedAgain() async throws {
+        let s = try await objects(versioned: false)
+        let huge = Data(repeating: 0x7B, count: S3Objects.maxSidecarBytes * 3)
+        let name = SigV4.sha256Hex(huge)
+        try await s.client.send(.PUT, key: "drive/" + S3Objects.reserved + "meta/" + name, body: .data(huge))
+        try await s.client.send(.PUT, key: "drive/x", headers: ["x-amz-meta-ubiq": "ref:" + name], body: .data(Data("x".utf8)))
+        let first = try await s.head("x")
+        #expect(first.metadata.issues.contains { $0.contains("larger than any metadata") }, "\(first.metadata.issues)")
+        // Gone from the bucket now: a second read that fetched it would say it is missing.
+        try await s.client.send(.DELETE, key: "drive/" + S3Objects.reserved + "meta/" + name)
+        let second = try await s.head("x")
+        #expect(second.metadata.issues == first.metadata.issues, "\(second.metadata.issues)")
+    }
 }
