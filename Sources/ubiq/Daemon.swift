@@ -47,6 +47,24 @@ struct Daemon {
             ContentCache.clearStaging(in: cacheDir)
             state = try LocalState(path: plan.stateDir + "/state.db", exclusive: true,
                                    report: { [logger] in logger.error("\($0)") })
+            // A state serves the store it was made with: on another, its pending edits would go
+            // there, and the other's files would read as this device's deletes (a dir: state on
+            // an S3 store was taken, and uploaded its files there).
+            let address = plan.store.address
+            let bound = try state.read { try $0.meta("store_address") }
+            if let bound, bound != address {
+                die("state directory \(plan.stateDir) belongs to \(bound), not \(address): mount \(address) with a new --state to start another device there")
+            }
+            if bound == nil {
+                // A state from before 2026-12-07 is not bound yet: a directory store's has its
+                // store_id, an S3 device's its S3 index.
+                let was = try state.read { try $0.meta("store_id") } != nil ? "a directory store (dir:)"
+                    : plan.store.address == "dir:" && FileManager.default.fileExists(atPath: plan.stateDir + "/s3-index.db") ? "an S3 store" : nil
+                if let was, (was.hasPrefix("a directory")) != (plan.store.address == "dir:") {
+                    die("state directory \(plan.stateDir) belongs to \(was), not \(address): mount \(address) with a new --state to start another device there")
+                }
+                try state.write { try $0.setMeta("store_address", address) }
+            }
             store = try MountPlan.openStore(plan.store, indexPath: plan.stateDir + "/s3-index.db", logger: logger,
                                             fullListingInterval: plan.fullListingInterval)
             if let dir = store as? DirectoryStore {

@@ -161,6 +161,16 @@ struct MountPlan {
     enum Store {
         case directory(path: String)
         case s3(S3Location, endpoint: URL, region: String)
+
+        /// What a state directory is bound to (its meta `store_address`): a bucket and prefix,
+        /// whatever the endpoint is called; a directory store by its kind only, as it may be
+        /// moved (its own identity, `store_id`, tells it from another).
+        var address: String {
+            switch self {
+            case .directory: return "dir:"
+            case .s3(let l, _, _): return "s3://\(l.bucket)/\(l.prefix)"
+            }
+        }
     }
     var mountpoint: String
     var storeURL: String

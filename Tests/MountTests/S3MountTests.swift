@@ -433,6 +433,35 @@ final class S3Server: @unchecked Sendable {
         #expect(log.contains("working with what this device knew"))
     }
 
+    /// A device's state serves the store it was made with: an S3 device's state on a directory
+    /// store or another bucket, and a directory store's state on S3, are refused with one clear
+    /// line, and nothing of theirs goes there (an S3 state on a dir: store mounted, and
+    /// uploaded its pending files into it). Its own store still mounts.
+    @Test func aStateServesOnlyItsOwnStore() throws {
+        let s3 = try S3Server.shared()
+        let bucket = s3.bucket("bound")
+        let a = try s3.mount(bucket, extra: "--upload-delay 600")
+        defer { a.cleanup() }
+        expectOK(a.sh("echo pending > p.txt"))
+        expectOK(a.ubiq("unmount --timeout 0 \(a.mnt)"))
+        let other = a.base + "/other"
+        try FileManager.default.createDirectory(atPath: other, withIntermediateDirectories: true)
+        let env = s3.env.merging(a.env) { x, _ in x }
+        let onDir = shell("\(ubiqBinary) mount --store dir:\(other) --state \(a.state) \(a.mnt)", env: env)
+        #expect(onDir.status != 0 && onDir.err.contains("belongs to s3://\(bucket)/drive/"), "\(onDir.out)\(onDir.err)")
+        #expect(shell("ls -A \(other)").out.isEmpty, "the refused mount touched the other store")
+        let onBucket = shell("\(ubiqBinary) mount --store s3://\(bucket)-x/drive --s3-endpoint \(s3.endpoint) --state \(a.state) \(a.mnt)", env: env)
+        #expect(onBucket.status != 0 && onBucket.err.contains("belongs to s3://\(bucket)/drive/"), "\(onBucket.err)")
+        try a.mount()
+        expectOK(a.sh("[ \"$(cat p.txt)\" = pending ]"))
+        // And a directory store's state on S3.
+        let d = try MountFixture()
+        defer { d.cleanup() }
+        expectOK(d.unmount())
+        let onS3 = shell("\(ubiqBinary) mount --store s3://\(bucket)/drive --s3-endpoint \(s3.endpoint) --state \(d.state) \(d.mnt)", env: env)
+        #expect(onS3.status != 0 && onS3.err.contains("belongs to dir:"), "\(onS3.err)")
+    }
+
     /// `ubiq kv` works on an S3 store too, beside a mount of it that does not show its objects.
     @Test func keyValueStoreOnS3() throws {
         let s3 = try S3Server.shared()
