@@ -151,6 +151,19 @@ import Synchronization
         #expect(try b.state.read { try $0.outboxCount() } == 0)
     }
 
+    /// Objects `fa` and `fa/b` in the store (another tool's): `fa` is a file here, and `fa/b`
+    /// waits at every poll, said once (it was said at every poll: 3,200 lines in 33 minutes).
+    @Test func aKeyBelowAFileWaitsAndIsSaidOnce() async throws {
+        let store = try newStore()
+        let b = try Device(store: store)
+        let file = ObjectMetadata(kind: .file, mode: 0o644, uid: 0, gid: 0, mtimeNs: 1)
+        _ = try await store.put("fa", contentsOf: nil, metadata: file, condition: .ifAbsent)
+        _ = try await store.put("fa/b", contentsOf: nil, metadata: file, condition: .ifAbsent)
+        for _ in 0 ..< 4 { b.pull() }
+        #expect(try b.names("") == ["fa"])
+        #expect(b.log.count("not adding fa/b yet") == 1, "\(b.log.all)")
+    }
+
     /// A store failing a third of all operations and cutting a third of the reads short: every
     /// poll brings what it could read (a key whose lookup failed waits for the next poll, the
     /// rest go on), and reads retry until they have every byte.

@@ -429,6 +429,10 @@ final class S3Server: @unchecked Sendable {
                          env: s3.env.merging(a.env) { x, _ in x })
         expectOK(back, "remount while the store is down")
         expectOK(a.sh("grep -qx kept here.txt && echo new > offline.txt"), "work offline")
+        // A sync says the store cannot be reached, rather than wait out a minute for the upload
+        // of offline.txt (it said nothing until its caller gave up).
+        let sync = a.sh("timeout 45 \(ubiqBinary) sync .")
+        #expect(sync.status == 1 && (sync.out + sync.err).contains("could not be reached"), "\(sync.status): \(sync.out)\(sync.err)")
         let log = (try? String(contentsOfFile: a.state + "/ubiq.log", encoding: .utf8)) ?? ""
         #expect(log.contains("working with what this device knew"))
     }
