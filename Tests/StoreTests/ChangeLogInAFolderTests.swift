@@ -73,7 +73,9 @@ import UbiqStore
         let names = try folder.names()
         #expect(names.count == 1)
         #expect(made.withLock { $0.count == 1 && $0[0].logObjects == 0 && Set($0[0].keys) == Set((0 ..< 6).map { "old/f\($0)" }) })
-        let body = String(decoding: try folder.contents(names[0]), as: UTF8.self)
+        let (opened, sealed) = Self.seal.opened(try folder.contents(names[0]), name: names[0])
+        #expect(sealed)
+        let body = String(decoding: opened, as: UTF8.self)
         let lines = body.split(separator: "\n")
         #expect(lines.count == 2 && lines.contains { $0.contains(#""op":"move""#) }, "\(body)")
         let read = try await b.look(from: start, markOnly: false)
@@ -188,8 +190,8 @@ extension ChangeLogInAFolderTests {
         try await folder.create(S3ChangeLog.folder + otherKey, other.sealed(Data((forged + "\n").utf8), name: otherKey))
         // Sealed with the right key, then changed.
         let changed = S3ChangeLog.name(time: start + 3, device: "z")
-        var body = Self.seal.sealed(Data((forged + "\n").utf8), name: changed)
-        body[body.startIndex + 20] ^= 1
+        let sealedBody = String(decoding: Self.seal.sealed(Data((forged + "\n").utf8), name: changed), as: UTF8.self)
+        let body = Data(sealedBody.replacingOccurrences(of: #""mode":511"#, with: #""mode":510"#).utf8)
         try await folder.create(S3ChangeLog.folder + changed, body)
         // The right seal on another object's name.
         let moved = S3ChangeLog.name(time: start + 4, device: "w")

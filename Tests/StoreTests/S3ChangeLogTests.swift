@@ -854,7 +854,10 @@ import UbiqStore
         var lines = try (0 ..< 10).map { try entry("f/k\($0)") }
         lines.append(try entry("f/k10", tag: "\"00000000000000000000000000000000\""))
         lines.append(try entry("f/k11", size: 99))
-        lines.append(try entry("f/k12", at: now - 60_000))
+        // Written a minute before the object the listing shows (reckoned from the object's own
+        // time: from now, a slow run made the object itself a minute old, and the entry held).
+        let k12 = try await b.objects.listAll(under: "f/").objects.first { $0.key == "f/k12" }?.modified ?? Date()
+        lines.append(try entry("f/k12", at: Int64(k12.timeIntervalSince1970 * 1000) - 60_000))
         lines.append(#"{"op":"put","key":"f/k13","version":"v"}"#)
         lines.append(try entry("f/k14"))
         lines.append(#"{"op":"delete","key":"f/k14"}"#)

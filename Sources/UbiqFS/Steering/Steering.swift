@@ -50,11 +50,11 @@ extension FileSystem {
     /// A look that fails for a moment (the store unavailable: a timeout, a 503) is tried again
     /// twice, 0.2 s and 0.4 s later, before it says the store could not be reached (each of a
     /// look's requests is retried a little already; this rides out a store down a little longer).
-    /// A store the last poll could not reach is asked first: still unreachable, the sync says so
+    /// A store the last poll could not reach (or none has yet) is asked first: still unreachable, the sync says so
     /// at once, rather than wait out the uploads' minute (`ubiq sync` with the server down said
     /// nothing until its caller gave up).
     public func syncWithStore(everywhere: Bool, flushing: Bool = true) throws {
-        if flushing, let feed = storeFeed, feed.look.error != nil {
+        if flushing, let feed = storeFeed, case let look = feed.look, look.error != nil || look.reached == nil {
             do { _ = try feed.poll(everywhere: false) } catch let e as StoreError where e.isTransient {
                 logger.warning("sync with the store failed: \(e)")
                 throw FSError.io("the store could not be reached: \(e)")
