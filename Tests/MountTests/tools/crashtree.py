@@ -18,7 +18,6 @@ may hold either state, and what is there now is noted in the journal so that the
 starts from it. Exit status 0 when DIR is as the journal says.
 """
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -30,18 +29,7 @@ DEPTH = 3  # a path has at most this many parts
 DIR = "dir"
 
 
-def sha(data):
-    return hashlib.sha256(data).hexdigest()
-
-
-class Journal:
-    def __init__(self, path):
-        self.f = open(path, "a")
-
-    def note(self, **entry):
-        self.f.write(json.dumps(entry) + "\n")
-        self.f.flush()
-        os.fsync(self.f.fileno())
+from crashload import Journal, sha  # noqa: E402 (beside this file: its journal and digest)
 
 
 def under(path, prefix):
