@@ -54,21 +54,21 @@ extension FileSystem {
     /// at once, rather than wait out the uploads' minute (`ubiq sync` with the server down said
     /// nothing until its caller gave up).
     public func syncWithStore(everywhere: Bool, flushing: Bool = true) throws {
-        if flushing, let feed = storeFeed, case let look = feed.look, look.error != nil || look.reached == nil {
-            do { _ = try feed.poll(everywhere: false) } catch let e as StoreError where e.isTransient {
-                logger.warning("sync with the store failed: \(e)")
-                throw FSError.io("the store could not be reached: \(e)")
-            } catch {}
+        func look(everywhere: Bool) throws {
+            guard let feed = storeFeed else { return }
+            do {
+                try retryingTransient(pause: 200_000) { _ = try feed.poll(everywhere: everywhere) }
+            } catch {
+                logger.warning("sync with the store failed: \(error)")
+                throw FSError.io("the store could not be reached: \(error)")
+            }
+        }
+        if flushing, let feed = storeFeed, case let seen = feed.look, seen.error != nil || seen.reached == nil {
+            try look(everywhere: false)
         }
         if flushing { uploader?.flush(timeout: syncWait) }
         defer { if !flushing { uploader?.kick() } }
-        guard let feed = storeFeed else { return }
-        do {
-            try retryingTransient(pause: 200_000) { _ = try feed.poll(everywhere: everywhere) }
-        } catch {
-            logger.warning("sync with the store failed: \(error)")
-            throw FSError.io("the store could not be reached: \(error)")
-        }
+        try look(everywhere: everywhere)
     }
 
     /// Starts downloading a placeholder, or every placeholder under a folder. Returns at once.
