@@ -168,6 +168,19 @@ public final class ChangeFeed: @unchecked Sendable {
         }
     }
 
+    /// Whether the store answers now: one question of a key no one writes (`ubiq sync` asks
+    /// before it waits for uploads, when the last poll could not reach the store: a poll of a
+    /// store that is down takes its requests' retries many times over, 15 s and more).
+    public func storeAnswers() -> Bool {
+        let store = self.store
+        do { _ = try runBlocking { try await store.head(Self.probeKey) } } catch let e as StoreError where e.isTransient {
+            return false
+        } catch {}
+        return true
+    }
+
+    static let probeKey = ReservedKeys.root + "reachable"
+
     public var look: Look {
         cond.lock(); defer { cond.unlock() }
         return Look(reached: lastReached, error: lastPoll?.error, listing: listingPending, polled: lastPoll?.at)

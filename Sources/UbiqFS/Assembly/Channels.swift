@@ -33,6 +33,8 @@ public protocol StoreFeed: AnyObject, Sendable {
     func kick(everywhere: Bool)
     /// What it last saw of the store (the root's `store-*` attributes).
     var look: ChangeFeed.Look { get }
+    /// Whether the store answers now (one request, its own retries only).
+    func storeAnswers() -> Bool
     /// Whether the listing that brings in a new device's rest of the store is under way, whether
     /// it may still bring store key `key` (bytes), and a wait for it (`FileSystem.notListedYet`).
     var fillingIn: Bool { get }

@@ -50,9 +50,10 @@ extension FileSystem {
     /// A look that fails for a moment (the store unavailable: a timeout, a 503) is tried again
     /// twice, 0.2 s and 0.4 s later, before it says the store could not be reached (each of a
     /// look's requests is retried a little already; this rides out a store down a little longer).
-    /// A store the last poll could not reach (or none has yet) is asked first: still unreachable, the sync says so
-    /// at once, rather than wait out the uploads' minute (`ubiq sync` with the server down said
-    /// nothing until its caller gave up).
+    /// A store the last poll could not reach (or none has yet) is asked first, with one request
+    /// (`StoreFeed.storeAnswers`): still unreachable, the sync says so at once, in a second or
+    /// two, rather than wait out the uploads' minute (`ubiq sync` with the server down said
+    /// nothing until its caller gave up; a poll of a store that is down takes 15 s and more).
     public func syncWithStore(everywhere: Bool, flushing: Bool = true) throws {
         func look(everywhere: Bool) throws {
             guard let feed = storeFeed else { return }
@@ -63,8 +64,9 @@ extension FileSystem {
                 throw FSError.io("the store could not be reached: \(error)")
             }
         }
-        if flushing, let feed = storeFeed, case let seen = feed.look, seen.error != nil || seen.reached == nil {
-            try look(everywhere: false)
+        if flushing, let feed = storeFeed, case let seen = feed.look, seen.error != nil || seen.reached == nil, !feed.storeAnswers() {
+            logger.warning("sync with the store failed: it does not answer")
+            throw FSError.io("the store could not be reached (it does not answer)")
         }
         if flushing { uploader?.flush(timeout: syncWait) }
         defer { if !flushing { uploader?.kick() } }
