@@ -230,6 +230,29 @@ func scriptedObjects(_ server: ScriptedHTTPServer) -> S3Objects {
         #expect(try await s.head("x").metadata == small && copied.version != put.version)
     }
 
+    /// SeaweedFS keeps a file `a` and a folder's marker `a/` as one entry: a DELETE of `a/`
+    /// removed an empty file `a` (the marker's version is its ETag, an empty file's too, and a
+    /// HEAD of `a/` answers for the file), and a DELETE of `a` an empty folder `a/`. A folder
+    /// renamed away, then an empty file made at its name, lost the file to the old marker's
+    /// delete. Each delete now finds its own kind of key there first: the other stays.
+    @Test func aFoldersDeleteLeavesAFileOfItsName() async throws {
+        let client = try await SeaweedFS.shared().newBucket("m")
+        let s = S3Objects(client: client, prefix: "drive", versioned: false, keepsFolderMetadata: false)
+        let folder = ObjectMetadata(kind: .directory, mode: 0o755, uid: 0, gid: 0, mtimeNs: 1)
+        let marker = try await s.put("d/", contentsOf: nil, metadata: folder, condition: .ifAbsent)
+        try await s.delete("d/", condition: .ifMatch(marker.version))  // the folder goes (renamed away)
+        _ = try await s.put("d", contentsOf: nil, metadata: meta, condition: .ifAbsent)  // an empty file takes its name
+        await #expect(throws: StoreError.self) { try await s.delete("d/", condition: .ifMatch(marker.version)) }
+        try await s.delete("d/", condition: .always)
+        #expect(try await s.head("d").size == 0, "the empty file d is gone")
+        // And the other way round: a file's delete leaves an empty folder of its name.
+        let file = try await s.put("e", contentsOf: nil, metadata: meta, condition: .ifAbsent)
+        try await s.delete("e", condition: .ifMatch(file.version))
+        _ = try await s.put("e/", contentsOf: nil, metadata: folder, condition: .ifAbsent)
+        try await s.delete("e", condition: .always)
+        #expect(try await s.listsMarker("e/"), "the empty folder e/ is gone")
+    }
+
     /// A sidecar far larger than any metadata (a hostile one of megabytes, named by its true
     /// digest) is read to its bound, refused with one reason, and never fetched again: the
     /// object reads as one whose metadata cannot be used. (One of 200 MB was fetched at every
