@@ -137,29 +137,31 @@ def run(root, journal_path, seed, limit=None):
     return 0
 
 
+def matches(journal_path, tree, have, skipped, touches, most=6):
+    """Whether `have` (found) holds what `tree` (acknowledged) does, paths `skipped` aside; what
+    differs is printed, with the journal lines whose paths `touches` one of them, last first."""
+    bad = [f"{p}: acknowledged {tree.get(p)}, found {have.get(p)}"
+           for p in sorted(set(tree) | set(have)) if not skipped(p) and tree.get(p) != have.get(p)]
+    if not bad:
+        return True
+    print("lost or changed after the crash:\n  " + "\n  ".join(bad))
+    names = {b.split(":")[0] for b in bad}
+    with open(journal_path) as f:
+        lines = f.readlines()
+    shown = 0
+    for i in range(len(lines) - 1, -1, -1):
+        if touches(json.loads(lines[i]).get("paths", []), names):
+            print(f"  journal line {i + 1} of {len(lines)}: {lines[i].strip()}")
+            shown += 1
+            if shown == most:
+                break
+    return False
+
+
 def verify(root, journal_path):
     tree, uncertain = read_journal(journal_path)
     have = scan(root)
-    bad = []
-    for name in sorted(set(tree) | set(have)):
-        if name in uncertain:
-            continue
-        if tree.get(name) != have.get(name):
-            bad.append(f"{name}: acknowledged {tree.get(name)}, found {have.get(name)}")
-    if bad:
-        print("lost or changed after the crash:\n  " + "\n  ".join(bad))
-        # What the journal says of those paths, last first.
-        names = {b.split(":")[0] for b in bad}
-        with open(journal_path) as f:
-            lines = f.readlines()
-        shown = 0
-        for i in range(len(lines) - 1, -1, -1):
-            e = json.loads(lines[i])
-            if set(e.get("paths", [])) & names:
-                print(f"  journal line {i + 1} of {len(lines)}: {lines[i].strip()}")
-                shown += 1
-                if shown == 6:
-                    break
+    if not matches(journal_path, tree, have, lambda p: p in uncertain, lambda paths, names: set(paths) & names):
         return 1
     Journal(journal_path).note(e="observed", paths={p: have.get(p) for p in uncertain})
     print(f"{len(tree)} acknowledged files intact ({len(uncertain)} uncertain paths)")

@@ -29,7 +29,7 @@ DEPTH = 3  # a path has at most this many parts
 DIR = "dir"
 
 
-from crashload import Journal, sha  # noqa: E402 (beside this file: its journal and digest)
+from crashload import Journal, matches, sha  # noqa: E402 (beside this file: its journal, check and digest)
 
 
 def under(path, prefix):
@@ -176,25 +176,8 @@ def run(root, journal_path, seed, limit=None, pace=0.0):
 def verify(root, journal_path, quiet=False):
     tree, uncertain = read_journal(journal_path)
     have = scan(root)
-    bad = []
-    for p in sorted(set(tree) | set(have)):
-        if any(under(p, u) for u in uncertain):
-            continue
-        if tree.get(p) != have.get(p):
-            bad.append(f"{p}: acknowledged {tree.get(p)}, found {have.get(p)}")
-    if bad:
-        print("lost or changed after the crash:\n  " + "\n  ".join(bad))
-        names = {b.split(":")[0] for b in bad}
-        with open(journal_path) as f:
-            lines = f.readlines()
-        shown = 0
-        for i in range(len(lines) - 1, -1, -1):
-            e = json.loads(lines[i])
-            if any(under(n, p) or under(p, n) for p in e.get("paths", []) for n in names):
-                print(f"  journal line {i + 1} of {len(lines)}: {lines[i].strip()}")
-                shown += 1
-                if shown == 8:
-                    break
+    if not matches(journal_path, tree, have, lambda p: any(under(p, u) for u in uncertain),
+                   lambda paths, names: any(under(n, p) or under(p, n) for p in paths for n in names), most=8):
         return 1
     if not quiet:
         found = {p: v for p, v in have.items() if any(under(p, u) for u in uncertain)}
