@@ -142,7 +142,9 @@ public struct S3Objects: Sendable {
                         return .unreadable(key: key, why: "its sidecar is missing")
                     }
                     if answer.data.count > Self.maxSidecarBytes {
-                        return rememberSidecar(name, .refused("its sidecar is larger than any metadata (over \(Self.maxSidecarBytes) bytes)"), key)!
+                        let why = "its sidecar is larger than any metadata (over \(Self.maxSidecarBytes) bytes)"
+                        remember(sidecar: name, .refused(why))
+                        return .unreadable(key: key, why: why)
                     }
                     data = answer.data
                 }
@@ -150,7 +152,7 @@ public struct S3Objects: Sendable {
                     // Not kept: a busy server has answered with other bytes.
                     return .unreadable(key: key, why: "its sidecar does not hold what its name says")
                 }
-                rememberSidecar(name, .read(d), key)
+                remember(sidecar: name, .read(d))
             }
         } else {
             data = Data(base64Encoded: text)
@@ -170,16 +172,12 @@ public struct S3Objects: Sendable {
         func withLock<R>(_ body: (inout [String: Sidecar]) -> R) -> R { kept.withLock { body(&$0) } }
     }
 
-    /// Keeps what sidecar `name` turned out to be (at most `sidecarsKept`); the metadata of
-    /// `key` it makes when refused.
-    @discardableResult
-    private func rememberSidecar(_ name: String, _ s: Sidecar, _ key: String) -> ObjectMetadata? {
+    /// Keeps what sidecar `name` turned out to be (at most `sidecarsKept`).
+    private func remember(sidecar name: String, _ s: Sidecar) {
         sidecars.withLock {
             if $0.count >= Self.sidecarsKept { $0.removeAll() }
             $0[name.lowercased()] = s
         }
-        if case .refused(let why) = s { return .unreadable(key: key, why: why) }
-        return nil
     }
 
     /// The largest sidecar taken: metadata of the largest xattrs a file can have here (256 KiB,
