@@ -39,14 +39,13 @@ static inline int ubiq_fi_flags(const struct fuse_file_info *fi) { return fi->fl
 static inline int ubiq_errno(void) { return errno; }
 
 /* Negotiates what ubiq asks of the kernel; see docs/posix.md "Kernel options". */
-static inline void ubiq_conn_configure(struct fuse_conn_info *conn, unsigned max_write, int writeback) {
+static inline void ubiq_conn_configure(struct fuse_conn_info *conn, unsigned max_write) {
     conn->max_write = max_write;
     conn->max_readahead = max_write;
     conn->time_gran = 1;
-    if (writeback && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
-        conn->want |= FUSE_CAP_WRITEBACK_CACHE;
-    else
-        conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+    /* Never the writeback cache: with it the kernel keeps its own size of a file, and a
+       version from another device would read cut short or run on (docs/kernel-options.md). */
+    conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
     if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
     if (conn->capable & FUSE_CAP_READDIRPLUS_AUTO) conn->want |= FUSE_CAP_READDIRPLUS_AUTO;
     if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;

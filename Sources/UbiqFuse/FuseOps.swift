@@ -12,7 +12,7 @@ enum FuseOps {
     static func install(_ ops: inout fuse_lowlevel_ops) {
         ops.`init` = { userdata, conn in
             let s = Unmanaged<FuseServer>.fromOpaque(userdata!).takeUnretainedValue()
-            ubiq_conn_configure(conn, s.options.maxWrite, s.options.writebackCache ? 1 : 0)
+            ubiq_conn_configure(conn, s.options.maxWrite)
             cubiqfuse_init_reply_follows()
         }
         ops.lookup = { req, parent, n in
@@ -194,7 +194,7 @@ enum FuseOps {
                     // it). The kernel then asks for no `security.capability` before its first
                     // write (ubiq clears that itself, as FUSE_HANDLE_KILLPRIV_V2 requires), and
                     // copies no page: docs/kernel-options.md.
-                    if isNew && (flags & O_ACCMODE) == O_WRONLY && !s.options.writebackCache { ubiq_fi_set_direct_io(fi, 1) }
+                    if isNew && (flags & O_ACCMODE) == O_WRONLY { ubiq_fi_set_direct_io(fi, 1) }
                     var e = s.entry(a, timeout: s.entryTimeout(in: folder, req))
                     if fuse_reply_create(req, &e, fi) != 0 {
                         s.fs.release(fh)

@@ -16,8 +16,6 @@ public struct FuseOptions: Sendable {
     /// all here is kept a second at most (`attrTimeout(_:)`).
     public var attrTimeout: Double = 30
     public var entryTimeout: Double = 30
-    /// Let the kernel buffer writes (FUSE writeback cache).
-    public var writebackCache = false
     /// Extra `-o` mount options (e.g. allow_other).
     public var mountOptions: [String] = []
     public var maxThreads: UInt32 = 16

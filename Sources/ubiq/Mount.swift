@@ -81,7 +81,9 @@ struct Mount: ParsableCommand {
     @Flag(help: "Let every program trigger downloads (no thumbnailer/indexer policy).")
     var downloadForAll = false
 
-    @Flag(help: "Let the kernel buffer writes (FUSE writeback cache).")
+    /// Accepted from older command lines, fstab and config files, and ignored with a warning
+    /// (`Mount.run`): docs/kernel-options.md.
+    @Flag(help: .hidden)
     var writebackCache = false
 
     @Flag(help: "Make close(2) sync what was written to disk, as fsync(2) does (slower). By default close is safe against a killed daemon, and fsync against power loss, as on ext4.")
@@ -97,6 +99,13 @@ struct Mount: ParsableCommand {
     var mountpoint: String
 
     func run() throws {
+        if writebackCache {
+            FileHandle.standardError.write(Data("""
+                ubiq: writeback-cache is ignored: with it the kernel keeps its own size of a file, and a \
+                file another device changed would read cut short or run on (docs/kernel-options.md)
+
+                """.utf8))
+        }
         let plan: MountPlan
         do { plan = try MountPlan.check(self) } catch { fail("\(error)") }
         if foreground {
@@ -116,7 +125,6 @@ struct Mount: ParsableCommand {
                     "--poll-interval", String(pollInterval), "--full-listing-interval", String(fullListingInterval),
                     "--read-timeout", String(readTimeout), "--transfers", String(plan.transfers)]
         for o in options { args += ["-o", o] }
-        if writebackCache { args.append("--writeback-cache") }
         if syncOnClose { args.append("--sync-on-close") }
         if let noDownloadFor { args += ["--no-download-for", noDownloadFor] }
         args += ["--cache-size", String(plan.cacheSize)]
@@ -306,7 +314,6 @@ struct MountPlan {
             cacheSize = max(1 << 30, free / 4)
         }
         var fo = FuseOptions()
-        fo.writebackCache = m.writebackCache
         fo.operationStats = ProcessInfo.processInfo.environment["UBIQ_OP_STATS"] == "1"
         fo.mountOptions = m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" }
         let storeURL: String

@@ -50,6 +50,49 @@ import UbiqStore
 
     func status(_ d: Device, _ path: String) throws -> ItemStatus { try d.fs.itemStatus(try d.ino(path)) }
 
+    /// An O_APPEND write goes at the end of the file as this device has it, whatever offset the
+    /// kernel sent: after another device's version came in, the kernel's offset is the size it
+    /// knew before (it does not ask again before an append), and the line went over the other
+    /// device's (a longer version) or after a hole of zeros (a shorter one).
+    @Test func anAppendGoesAtTheEndThisDeviceHas() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        func append(_ d: Device, _ path: String, _ text: String, kernelSays offset: Int64) throws {
+            let fh = try d.fs.open(try d.ino(path), flags: O_WRONLY | O_APPEND)
+            let bytes = Array(text.utf8)
+            let n = try bytes.withUnsafeBytes { try d.fs.write(fh, offset: offset, count: $0.count, from: $0.baseAddress!) }
+            #expect(n == bytes.count)
+            try d.fs.flush(fh)
+            d.fs.release(fh)
+        }
+        try a.write("log", "one\n")
+        a.sync()
+        b.pull()
+        #expect(try b.read("log") == "one\n")
+        try append(a, "log", "two, from a\n", kernelSays: 4)
+        a.sync()
+        b.pull()
+        // B's kernel still says 4 bytes.
+        try append(b, "log", "three, from b\n", kernelSays: 4)
+        b.sync()
+        a.pull()
+        for d in [a, b] { #expect(try d.read("log") == "one\ntwo, from a\nthree, from b\n") }
+        // Shorter: A writes it anew; B's kernel says 30 bytes.
+        try a.write("log", "new\n")
+        a.sync()
+        b.pull()
+        try append(b, "log", "four, from b\n", kernelSays: 30)
+        b.sync()
+        a.pull()
+        for d in [a, b] { #expect(try d.read("log") == "new\nfour, from b\n") }
+        // A handle without O_APPEND writes where it is told, hole and all, as on a local disk.
+        let fh = try b.fs.open(try b.ino("log"), flags: O_WRONLY)
+        _ = try Array("x".utf8).withUnsafeBytes { try b.fs.write(fh, offset: 20, count: 1, from: $0.baseAddress!) }
+        b.fs.release(fh)
+        #expect(try b.read("log") == "new\nfour, from b\n\0\0\0x")
+    }
+
     @Test func bothEditsAreKeptOnEveryDevice() throws {
         let store = try newStore()
         let a = try Device(store: store)

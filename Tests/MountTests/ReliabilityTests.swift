@@ -202,7 +202,10 @@ extension ReliabilityTests {
     /// Six processes on one device and three on another replace, read, append to, rename and
     /// delete the same few files for 20 s, while both devices upload and apply each other's
     /// changes. A watchdog fails the test if the run does not end (a deadlock); no read may
-    /// find a file torn or mixed; afterwards both devices hold the same, whole files.
+    /// find a file torn or mixed; afterwards both devices hold the same, whole files, and every
+    /// append that returned is in its log or in a conflict copy of it. (In bursts, where a log
+    /// sits still on one device and takes the other's version between appends, reads still tear
+    /// now and then: `scripts/stress-loop`, docs/reliability.md.)
     @Test func concurrentProcessesOnTwoDevicesTearNothing() throws {
         let seed = Self.seed()
         print("stress seed \(seed) (replay: UBIQ_SEED=\(seed))")
@@ -212,8 +215,10 @@ extension ReliabilityTests {
         defer { b.cleanup() }
         // The watchdog: 20 s of work given 120 s to end.
         let both = shell("""
-            python3 \(Self.stress) run \(a.mnt)/s --seconds 20 --workers 6 --seed \(seed) > \(a.base)/stress-a 2>&1 & pa=$!
-            python3 \(Self.stress) run \(b.mnt)/s --seconds 20 --workers 3 --seed \(seed + 1) > \(a.base)/stress-b 2>&1 & pb=$!
+            python3 \(Self.stress) run \(a.mnt)/s --seconds 20 --workers 6 --seed \(seed) --tag A \\
+                --journal \(a.base)/journal-a > \(a.base)/stress-a 2>&1 & pa=$!
+            python3 \(Self.stress) run \(b.mnt)/s --seconds 20 --workers 3 --seed \(seed + 1) --tag B \\
+                --journal \(a.base)/journal-b > \(a.base)/stress-b 2>&1 & pb=$!
             wait $pa; ra=$?; wait $pb; rb=$?
             cat \(a.base)/stress-a \(a.base)/stress-b
             [ $ra = 0 ] && [ $rb = 0 ]
@@ -225,8 +230,9 @@ extension ReliabilityTests {
         let same = "diff <(cd \(a.mnt)/s && sha256sum * | sort) <(cd \(b.mnt)/s && sha256sum * | sort)"
         expectOK(eventually(a, "\(ubiqBinary) sync \(a.mnt) >/dev/null && \(ubiqBinary) sync \(b.mnt) >/dev/null && \(same)", seconds: 60),
                  "seed \(seed): both devices agree")
-        expectOK(a.sh("python3 \(Self.stress) check s"), "seed \(seed): every file on A whole")
-        expectOK(b.sh("python3 \(Self.stress) check s"), "seed \(seed): every file on B whole")
+        let journals = "--journal \(a.base)/journal-a --journal \(a.base)/journal-b"
+        expectOK(a.sh("python3 \(Self.stress) check s \(journals)"), "seed \(seed): every file on A whole, every append there")
+        expectOK(b.sh("python3 \(Self.stress) check s \(journals)"), "seed \(seed): every file on B whole, every append there")
     }
 }
 

@@ -36,6 +36,41 @@ import Testing
         #expect(a.sh("\(ubiqBinary) sync .").out.hasPrefix("synced "))
     }
 
+    /// `>>` on a file another device changed since this one looked at it: the line goes after
+    /// the other device's lines, not over them at the size the kernel last learned (a longer
+    /// version), nor after a hole of zeros (a shorter one). On both devices the file reads the
+    /// same, line by line. Whether the kernel asks for the size again before the append depends
+    /// on what it still holds of the name (its timeouts), so the turns are taken a few times.
+    /// Also with `--writeback-cache` asked for: it is ignored now (with it the kernel keeps its
+    /// own size, and the other device's line was lost every time).
+    @Test(arguments: ["", "--writeback-cache"])
+    func anAppendGoesAfterAnotherDevicesVersion(mode: String) throws {
+        let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1 \(mode)")
+        defer { a.cleanup() }
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--upload-delay 0 --poll-interval 1 \(mode)")
+        defer { b.cleanup() }
+        let sync = "\(ubiqBinary) sync \(a.mnt) > /dev/null && \(ubiqBinary) sync \(b.mnt) > /dev/null"
+        expectOK(a.sh("printf 'one\\n' > f && \(sync)"))
+        expectOK(eventually(b, "[ \"$(cat f)\" = one ]"))
+        var lines = "one\n"
+        for turn in 1 ... 5 {
+            // B looks at the file: the kernel learns its size and keeps its pages.
+            expectOK(b.sh("stat f > /dev/null && cat f > /dev/null"))
+            expectOK(a.sh("printf 'a\(turn)\\n' >> f && \(sync)"))
+            expectOK(b.sh("printf 'b\(turn)\\n' >> f && \(sync) && \(sync)"))
+            lines += "a\(turn)\nb\(turn)\n"
+            let onB = b.sh("cat f").out, onA = a.sh("cat f").out
+            #expect(onB == lines && onA == lines, "turn \(turn), over a longer version: B has \(onB.debugDescription), A \(onA.debugDescription)")
+            if onB != lines || onA != lines { return }
+        }
+        // A shorter version: A writes the file anew; B, which knew it longer, appends.
+        expectOK(b.sh("stat f > /dev/null && cat f > /dev/null"))
+        expectOK(a.sh("printf 'new\\n' > f && \(sync)"))
+        expectOK(b.sh("printf 'b, after\\n' >> f && \(sync) && \(sync)"))
+        let onB = b.sh("cat f").out, onA = a.sh("cat f").out
+        #expect(onB == "new\nb, after\n" && onA == onB, "over a shorter version: B has \(onB.debugDescription), A \(onA.debugDescription)")
+    }
+
     /// `ubiq watch` on one device sees what another device does; `ubiq query --watch` sees
     /// its results change; the control socket is its owner's alone.
     @Test func watchAndQuerySeeAnotherDevicesChanges() throws {

@@ -344,6 +344,14 @@ extension FileSystem {
 
     /// Writes `count` bytes from `data` at `offset`; returns how many were written.
     /// `clearSetID`: the writer may not keep setuid/setgid (`Node.clearSetID`).
+    ///
+    /// A handle opened with O_APPEND writes at the end of the file as this device has it, not
+    /// at `offset`: the kernel's offset is the size it last learned, and a version from another
+    /// device may have replaced the content since (its invalidation drops the size the kernel
+    /// keeps, but an append does not ask again). Written at the kernel's offset, the append went
+    /// over the other device's lines, or left a hole of zeros after a shorter version. The
+    /// kernel's pages then hold the bytes where it thought they went: they are dropped.
+    /// (The writeback cache, where the kernel appends itself, is never asked for.)
     public func write(_ fh: UInt64, offset: Int64, count: Int, from data: UnsafeRawPointer,
                       clearSetID: SetIDClearing? = nil) throws -> Int {
         let (ino, fd, canWrite) = try handle(fh)
@@ -352,6 +360,13 @@ extension FileSystem {
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
         try markBeingWritten(ino)
+        var offset = offset
+        let end = inodes.locked { t -> Int64? in
+            guard let h = t.handle(fh), h.flags & O_APPEND != 0 else { return nil }
+            return t[ino]?.rec.size
+        }
+        let relocated = end.map { $0 != offset } ?? false
+        if let end { offset = end }
         var freedForThis = false
         if !state.reserve.contentHasRoom(for: Int64(count)) {
             // The disk filled up and the state database took its reserve: content may not use
@@ -386,6 +401,7 @@ extension FileSystem {
             return (clearSetID.map { n.clearSetID(inGroup: $0.inGroup) } ?? false, n.xattrs[Self.fileCapabilities] != nil)
         }
         if hasCapabilities { try dropFileCapabilities(ino) }
+        if relocated { invalidateKernelCache(ino) }
         Self.startWriteback(fd, from: offset, to: offset + Int64(done))
         // The kernel keeps the mode it had (a write refreshes only size and times).
         if modeChanged { invalidateKernelAttributes(ino) }
