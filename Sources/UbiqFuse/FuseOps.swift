@@ -168,6 +168,8 @@ enum FuseOps {
                 let info = FileInfo(fi!.pointee)
                 let clearSetID = setIDClearing(req)
                 do { try s.permit(req, ino, PermissionRules.forOpen(flags: flags)) } catch { s.replyError(req, error); return }
+                // Another device's version came in since: the kernel looks again first.
+                if s.fs.kernelShouldLookAgain(ino) { fuse_reply_err(req, ESTALE); return }
                 s.answer(req, later: s.fs.waitsForStore(ino, flags: flags)) { req in
                     do {
                         let fh = try s.fs.open(ino, flags: flags, caller: caller(req), clearSetID: clearSetID)

@@ -152,6 +152,25 @@ extension FileSystem {
         }
     }
 
+    /// Whether an open of `ino` should be answered "stale" (ESTALE), so that the kernel looks
+    /// the name up again (its one retry, with LOOKUP_REVAL) and learns the size before it
+    /// opens: another device's version replaced the content since the kernel last opened the
+    /// file, and the kernel keeps the size it knew until it asks. With the old size an O_APPEND
+    /// write went at that size (`write` now moves it to the end, but the kernel then holds a
+    /// size the file does not have), and a read that came back shorter than the old size was
+    /// filled with zeros. Once per replacement, and not again within a second (a second
+    /// version while the kernel looks again: the retry is not answered "stale").
+    public func kernelShouldLookAgain(_ ino: UInt64) -> Bool {
+        inodes.locked { t in
+            guard let n = t[ino], n.kernelSizeStale else { return false }
+            n.kernelSizeStale = false
+            let now = nowNanos()
+            if now - n.lookAgainAskedNs < 1_000_000_000 { return false }
+            n.lookAgainAskedNs = now
+            return true
+        }
+    }
+
     /// `clearSetID`: an O_TRUNC open whose caller may not keep setuid/setgid.
     public func open(_ ino: UInt64, flags: Int32, caller: Caller = .root, clearSetID: SetIDClearing? = nil) throws -> UInt64 {
         // A remote version may replace the content while this open prepares: then it starts over.

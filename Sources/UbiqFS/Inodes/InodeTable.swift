@@ -203,6 +203,7 @@ final class Inodes {
     func replacedContent(_ n: Node) {
         epochClock += 1
         n.contentEpoch = epochClock
+        n.kernelSizeStale = true
     }
 
     /// Lets the least recently seen nodes of files go from memory, past `residentLimit`, of
@@ -331,12 +332,17 @@ final class Node {
     /// Changes when the content is replaced by a remote version (an open in progress starts
     /// over), and when the node is read in again (`Inodes.replacedContent`, `admit`).
     fileprivate(set) var contentEpoch = 0
+    /// A remote version replaced the content since the kernel last opened the file: it may
+    /// still hold the old size (`FileSystem.kernelShouldLookAgain`).
+    var kernelSizeStale = false
+    /// When an open was last sent back to look again (nanoseconds; 0: never).
+    var lookAgainAskedNs: Int64 = 0
 
     /// Whether it may leave memory and be read from its rows again when asked for: nothing
     /// about it lives only here but an access time, which is recorded as it leaves. (Folders
     /// never leave: their names are the tree.)
     var mayLeaveMemory: Bool {
-        !isDirectory && nlink > 0 && opens == 0 && writers == 0 && !unpersisted && !rowsDeleted
+        !isDirectory && nlink > 0 && opens == 0 && writers == 0 && !unpersisted && !rowsDeleted && !kernelSizeStale
     }
 
     init(_ rec: InodeRecord) { self.rec = rec }
