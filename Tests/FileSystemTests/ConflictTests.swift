@@ -99,6 +99,29 @@ import UbiqStore
         #expect(try b.read("log") == "new\nfour, from b\n\0\0\0x")
     }
 
+    /// A file not downloaded here whose name another file took (a rename over it) cannot be
+    /// read: its version is no longer one the store keeps for it. An open that reaches it
+    /// through a name the kernel still held is sent back to look the name up again (ESTALE),
+    /// and opens the file that stands there now; a file here in full still opens.
+    @Test func anOpenOfAFileWhoseNameWentLooksAgain() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        let b = try Device(store: store)
+        try a.write("s1", "old")
+        try a.write("kept", "kept")
+        a.sync()
+        b.pull()
+        let old = try b.ino("s1"), kept = try b.ino("kept")
+        #expect(try b.read("kept") == "kept")
+        #expect(!b.fs.kernelShouldLookAgain(old), "a file with a name opens")
+        try b.write("tmp", "new")
+        try b.fs.rename(rootIno, n("tmp"), rootIno, n("s1"))
+        #expect(b.fs.kernelShouldLookAgain(old), "not here, and no name: the kernel looks again")
+        #expect(try b.read("s1") == "new")
+        try b.fs.rename(rootIno, n("s1"), rootIno, n("kept"))
+        #expect(!b.fs.kernelShouldLookAgain(kept), "here in full: it opens, as on a local disk")
+    }
+
     @Test func bothEditsAreKeptOnEveryDevice() throws {
         let store = try newStore()
         let a = try Device(store: store)

@@ -159,13 +159,22 @@ extension FileSystem {
     /// write went at that size (`write` now moves it to the end, but the kernel then holds a
     /// size the file does not have), and a read that came back shorter than the old size was
     /// filled with zeros. Once per replacement, and not again within a second (a second
-    /// version while the kernel looks again: the retry is not answered "stale").
+    /// version while the kernel looks again: the retry is not answered "stale", and the next
+    /// open looks again).
+    ///
+    /// Also a file not here whose last name went (written over by a rename, removed, moved by
+    /// another device) while the kernel still held the name: its version is no longer one the
+    /// store keeps for it, so it cannot be read, where a local disk would have opened the old
+    /// file. The kernel looks the name up again and opens what stands there now, or says
+    /// ENOENT: as if the open had come just after the change.
     public func kernelShouldLookAgain(_ ino: UInt64) -> Bool {
         inodes.locked { t in
-            guard let n = t[ino], n.kernelSizeStale else { return false }
-            n.kernelSizeStale = false
+            guard let n = t[ino] else { return false }
+            if n.nlink == 0 && n.isRegular && !n.rec.present && materializer.localBytes(ino) == nil { return true }
+            guard n.kernelSizeStale else { return false }
             let now = nowNanos()
             if now - n.lookAgainAskedNs < 1_000_000_000 { return false }
+            n.kernelSizeStale = false
             n.lookAgainAskedNs = now
             return true
         }
