@@ -343,6 +343,8 @@ public final class FuseServer: @unchecked Sendable {
         // Evict of a file whose changes are not uploaded yet: try again once they are. Not
         // EAGAIN, which the kernel turns into EOPNOTSUPP on its way back from setxattr(2).
         case .notUploaded: return EINPROGRESS
+        // The kernel's one retry of an open looks the name up again (LOOKUP_REVAL).
+        case .stale: return ESTALE
         case .io: return EIO
         case .system(let code): return code
         }

@@ -117,6 +117,9 @@ import UbiqStore
         try b.write("tmp", "new")
         try b.fs.rename(rootIno, n("tmp"), rootIno, n("s1"))
         #expect(b.fs.kernelShouldLookAgain(old), "not here, and no name: the kernel looks again")
+        // The name went while the open prepared (after the kernel was told it may open): the
+        // open itself answers "stale", not EIO.
+        #expect(throws: FSError.stale) { try b.fs.open(old, flags: O_RDONLY) }
         #expect(try b.read("s1") == "new")
         try b.fs.rename(rootIno, n("s1"), rootIno, n("kept"))
         #expect(!b.fs.kernelShouldLookAgain(kept), "here in full: it opens, as on a local disk")

@@ -197,29 +197,49 @@ extension FileSystem {
             return (n.isDirectory, n.rec.present, n.contentEpoch)
         }
         if isDir { throw FSError.isDirectory }
-        if truncate {
-            _ = try setattr(ino, AttributeChanges(size: 0, clearSetID: clearSetID), caller: .root)
-        } else if !present && writable {
-            // Writing needs the whole file (for now): download it first.
-            try downloadWhole(ino, tries: 8)
-        } else if !present && !hydration.mayDownload(pid: caller.pid) {
-            // A thumbnailer or indexer: no download for it. (What is local already is served.)
-            if materializer.localBytes(ino) == nil {
-                logger.info("not downloading inode \(ino) for a program that may not (pid \(caller.pid))")
-                throw FSError.accessDenied
+        do {
+            if truncate {
+                _ = try setattr(ino, AttributeChanges(size: 0, clearSetID: clearSetID), caller: .root)
+            } else if !present && writable {
+                // Writing needs the whole file (for now): download it first.
+                try downloadWhole(ino, tries: 8)
+            } else if !present && !hydration.mayDownload(pid: caller.pid) {
+                // A thumbnailer or indexer: no download for it. (What is local already is served.)
+                if materializer.localBytes(ino) == nil {
+                    logger.info("not downloading inode \(ino) for a program that may not (pid \(caller.pid))")
+                    throw FSError.accessDenied
+                }
+            } else if !present {
+                // Reading streams: start the download (or join it); reads wait for their own range.
+                do { try materializer.start(ino, background: false) } catch {
+                    if try changedWhileOpening(ino, epoch: epoch) { return nil }
+                    logger.error("download of inode \(ino) could not start: \(error)")
+                    throw FSError.io("download failed: \(error)")
+                }
             }
-        } else if !present {
-            // Reading streams: start the download (or join it); reads wait for their own range.
-            do { try materializer.start(ino, background: false) } catch {
-                logger.error("download of inode \(ino) could not start: \(error)")
-                throw FSError.io("download failed: \(error)")
-            }
+        } catch let error as FSError where error != .stale {
+            if try changedWhileOpening(ino, epoch: epoch) { return nil }
+            throw error
         }
         return try inodes.locked { t -> UInt64? in
             let n = try t.node(ino)
             if n.contentEpoch != epoch { return nil }
             return try openHandle(n, t, flags: flags & ~O_TRUNC)
         }
+    }
+
+    /// Whether what an open prepared for went while it did: another version came in (true: the
+    /// open starts over), or the file, not here, lost its last name (a rename over it, another
+    /// device's change; FSError.stale: the kernel looks the name up again and opens what stands
+    /// there now, as `kernelShouldLookAgain` has it when that was so before the open). Its
+    /// download could not start, or failed: the version it was for is not one the store keeps
+    /// for it any more. False: the failure is the open's.
+    private func changedWhileOpening(_ ino: UInt64, epoch: Int) throws -> Bool {
+        let now = inodes.locked { t in t[ino].map { ($0.contentEpoch, $0.nlink == 0 && !$0.rec.present) } }
+        guard let (nowEpoch, gone) = now else { throw FSError.stale }
+        if nowEpoch != epoch { return true }
+        if gone && materializer.localBytes(ino) == nil { throw FSError.stale }
+        return false
     }
 
     /// Reads up to `count` bytes at `offset` into `buffer`; returns how many (0 at end of file).

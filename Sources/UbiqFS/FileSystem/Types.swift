@@ -22,6 +22,7 @@ public enum FSError: Error, Equatable, CustomStringConvertible {
     case fileTooLarge       // EFBIG
     case timedOut           // a coordinated claim could not be had in time (EBUSY)
     case notUploaded        // EINPROGRESS: refused until the item's changes are in the store
+    case stale              // ESTALE: what the kernel holds went; it looks the name up again
     case io(String)         // EIO: the store or the disk failed; the reason goes to the log
     case system(Int32)      // an errno from a local system call, passed through
 
@@ -46,6 +47,7 @@ public enum FSError: Error, Equatable, CustomStringConvertible {
         case .fileTooLarge: return "file too large"
         case .timedOut: return "timed out waiting for sync work on the item"
         case .notUploaded: return "changes not yet in the store"
+        case .stale: return "stale file handle"
         case .io(let why): return "I/O error: \(why)"
         case .system(let e): return String(cString: strerror(e))
         }
