@@ -61,11 +61,13 @@ final class MountFixture: @unchecked Sendable {
     /// What `ubiq mount` printed, the last time.
     private(set) var mountSaid = ""
 
-    /// The state directory is a tmpfs of this many MiB (a small disk that fills up).
+    /// The state directory is a tmpfs of this many MiB (a small disk that fills up), or with
+    /// `stateDiskExt4` an ext4 of that size on a loop device (a disk that keeps what a failed
+    /// call took, as tmpfs does not).
     let stateDiskMiB: Int?
 
     init(store: String? = nil, name: String = "mnt", extra: String = "", stateDiskMiB: Int? = nil,
-         daemonEnv: [String: String] = [:]) throws {
+         stateDiskExt4: Bool = false, daemonEnv: [String: String] = [:]) throws {
         self.extra = extra
         self.stateDiskMiB = stateDiskMiB
         base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-mt-\(UUID().uuidString.prefix(8))").path
@@ -78,8 +80,10 @@ final class MountFixture: @unchecked Sendable {
         if store == nil { try FileManager.default.createDirectory(atPath: self.store, withIntermediateDirectories: true) }
         if let mib = stateDiskMiB {
             try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
-            let r = shell("mount -t tmpfs -o size=\(mib)m ubiq-test-state '\(state)'")
-            if r.status != 0 { throw FixtureError("cannot mount a tmpfs for the state: \(r.err)") }
+            let r = stateDiskExt4
+                ? shell("truncate -s \(mib)M '\(base)/state.img' && mkfs.ext4 -q -F '\(base)/state.img' && mount -o loop '\(base)/state.img' '\(state)'")
+                : shell("mount -t tmpfs -o size=\(mib)m ubiq-test-state '\(state)'")
+            if r.status != 0 { throw FixtureError("cannot mount a small disk for the state: \(r.err)") }
         }
         try mount()
     }

@@ -2,6 +2,11 @@
 #define CUBIQ_H
 #include <sys/types.h>
 #include <stdint.h>
+#include <linux/falloc.h>
+
+/* lseek(2) whences that Swift's Glibc module leaves out (GNU). */
+#define CUBIQ_SEEK_DATA 3
+#define CUBIQ_SEEK_HOLE 4
 
 /* GNU-only system calls that Swift's Glibc module does not expose. */
 ssize_t cubiq_copy_file_range(int fd_in, int fd_out, size_t len);

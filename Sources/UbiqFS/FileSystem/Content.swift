@@ -645,7 +645,8 @@ extension FileSystem {
     /// fallocate(2): every mode the disk under the cache supports (allocate,
     /// KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE, COLLAPSE_RANGE, INSERT_RANGE); the
     /// new size is read back from the cache file, so each mode's effect on
-    /// the size is the disk's own.
+    /// the size is the disk's own. One that fails leaves the disk as it found it
+    /// (`AllocationUndo`).
     /// `clearSetID`: the caller may not keep setuid/setgid (the kernel does not say so for a
     /// fallocate when the file system handles it: the binding passes "not root").
     public func fallocate(_ fh: UInt64, mode: Int32, offset: Int64, length: Int64, clearSetID: SetIDClearing? = nil) throws {
@@ -654,9 +655,18 @@ extension FileSystem {
         guard canWrite else { throw FSError.badHandle }
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
-        if cubiq_fallocate(fd, mode, offset, length) != 0 {
-            let e = cubiq_errno()
-            throw e == EOPNOTSUPP ? FSError.notSupported : FSError.fromErrno(e)
+        let undo = AllocationUndo(fd: fd, mode: mode, offset: offset, length: length)
+        let failure = cubiq_fallocate(fd, mode, offset, length) == 0 ? nil
+            : { (e: Int32) in e == EOPNOTSUPP ? FSError.notSupported : FSError.fromErrno(e) }(cubiq_errno())
+        if let failure {
+            // A disk that failed it may keep what it took (ext4 does): given back.
+            undo?.giveBack()
+            // A mode that changes bytes in place may have changed some before it failed (ext4's
+            // ZERO_RANGE zeroes the range first): what the cache file holds is the content now,
+            // recorded as a change below, and the kernel's pages of it go.
+            let inPlace = FALLOC_FL_ZERO_RANGE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE
+            if mode & Int32(inPlace) == 0 { throw failure }
+            invalidateKernelCache(ino)
         }
         var st = stat()
         if fstat(fd, &st) != 0 { throw FSError.fromErrno(errno) }
@@ -671,6 +681,7 @@ extension FileSystem {
             return clearSetID.map { n.clearSetID(inGroup: $0.inGroup) } ?? false
         }
         if modeChanged { invalidateKernelAttributes(ino) }
+        if let failure { throw failure }
     }
 
     // MARK: - Extended attributes
