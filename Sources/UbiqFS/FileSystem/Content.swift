@@ -36,10 +36,11 @@ extension FileSystem {
     }
 
     /// What an open file handle refers to (takes the inode table's lock).
-    private func handle(_ fh: UInt64) throws -> (ino: UInt64, fd: Int32, canWrite: Bool) {
+    /// `appends`: opened with O_APPEND.
+    private func handle(_ fh: UInt64) throws -> (ino: UInt64, fd: Int32, canWrite: Bool, appends: Bool) {
         try inodes.locked { t in
             guard let h = t.handle(fh) else { throw FSError.badHandle }
-            return (h.ino, h.fd, h.canWrite)
+            return (h.ino, h.fd, h.canWrite, h.flags & O_APPEND != 0)
         }
     }
 
@@ -263,7 +264,7 @@ extension FileSystem {
         noteRead()  // uploads wait a little for reads to settle too: they share the disk
         let ino: UInt64, fd: Int32, c: Claim
         do {
-            (ino, fd, _) = try handle(fh)
+            (ino, fd, _, _) = try handle(fh)
             c = try claim([ino], .read)
         } catch { reply(.failure(error)); return }
         let local = inodes.locked { t in t[ino]?.rec.present ?? true }
@@ -402,17 +403,15 @@ extension FileSystem {
     /// (The writeback cache, where the kernel appends itself, is never asked for.)
     public func write(_ fh: UInt64, offset: Int64, count: Int, from data: UnsafeRawPointer,
                       clearSetID: SetIDClearing? = nil) throws -> Int {
-        let (ino, fd, canWrite) = try handle(fh)
+        let (ino, fd, canWrite, appends) = try handle(fh)
         guard canWrite else { throw FSError.badHandle }
         if offset < 0 { throw FSError.invalid }
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
         try markBeingWritten(ino)
         var offset = offset
-        let end = inodes.locked { t -> Int64? in
-            guard let h = t.handle(fh), h.flags & O_APPEND != 0 else { return nil }
-            return t[ino]?.rec.size
-        }
+        // Read under the claim: no other write moves the end meanwhile.
+        let end = appends ? inodes.locked { t in t[ino]?.rec.size } : nil
         let relocated = end.map { $0 != offset } ?? false
         if let end { offset = end }
         var freedForThis = false
@@ -496,7 +495,7 @@ extension FileSystem {
     /// killed daemon loses nothing of it: the cache file's bytes and the committed WAL frames
     /// are in the kernel's page cache. With `syncOnClose`, also durable as fsync makes it.
     public func flush(_ fh: UInt64) throws {
-        let (ino, fd, _) = try handle(fh)
+        let (ino, fd, _, _) = try handle(fh)
         try commitWrites(ino, fd: fd, sync: syncOnClose)
     }
 
@@ -504,7 +503,7 @@ extension FileSystem {
     /// database durable against power loss before it returns (whatever was committed
     /// before, by a close on another handle, too).
     public func fsync(_ fh: UInt64, dataOnly: Bool) throws {
-        let (ino, fd, _) = try handle(fh)
+        let (ino, fd, _, _) = try handle(fh)
         try commitWrites(ino, fd: fd, sync: true, evenIfCommitted: true)
     }
 
@@ -651,7 +650,7 @@ extension FileSystem {
     /// fallocate when the file system handles it: the binding passes "not root").
     public func fallocate(_ fh: UInt64, mode: Int32, offset: Int64, length: Int64, clearSetID: SetIDClearing? = nil) throws {
         if offset < 0 || length <= 0 { throw FSError.invalid }
-        let (ino, fd, canWrite) = try handle(fh)
+        let (ino, fd, canWrite, _) = try handle(fh)
         guard canWrite else { throw FSError.badHandle }
         let c = try claim([ino], .write)
         defer { coordinator.release(c) }
