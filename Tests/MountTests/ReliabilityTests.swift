@@ -201,11 +201,13 @@ extension ReliabilityTests {
 
     /// Six processes on one device and three on another replace, read, append to, rename and
     /// delete the same few files for 20 s, while both devices upload and apply each other's
-    /// changes. A watchdog fails the test if the run does not end (a deadlock); no read may
-    /// find a file torn or mixed; afterwards both devices hold the same, whole files, and every
-    /// append that returned is in its log or in a conflict copy of it. (In bursts, where a log
-    /// sits still on one device and takes the other's version between appends, reads still tear
-    /// now and then: `scripts/stress-loop`, docs/reliability.md.)
+    /// changes. In bursts: a device works 1.5 s and rests 1.5 s, the other half a rest later,
+    /// and they take turns at the logs, so a log sits still on one device, its upload goes,
+    /// and the other's version comes in between appends (without a rest no upload goes while
+    /// the processes work: an upload waits for half a second of quiet). A watchdog fails the
+    /// test if the run does not end (a deadlock); no read may find a file torn or mixed;
+    /// afterwards both devices hold the same, whole files, and every append that returned is
+    /// in its log or in a conflict copy of it. (Longer: `scripts/stress-loop`.)
     @Test func concurrentProcessesOnTwoDevicesTearNothing() throws {
         let seed = Self.seed()
         print("stress seed \(seed) (replay: UBIQ_SEED=\(seed))")
@@ -215,9 +217,9 @@ extension ReliabilityTests {
         defer { b.cleanup() }
         // The watchdog: 20 s of work given 120 s to end.
         let both = shell("""
-            python3 \(Self.stress) run \(a.mnt)/s --seconds 20 --workers 6 --seed \(seed) --tag A \\
+            python3 \(Self.stress) run \(a.mnt)/s --seconds 20 --workers 6 --seed \(seed) --burst 1.5 --tag A \\
                 --journal \(a.base)/journal-a > \(a.base)/stress-a 2>&1 & pa=$!
-            python3 \(Self.stress) run \(b.mnt)/s --seconds 20 --workers 3 --seed \(seed + 1) --tag B \\
+            python3 \(Self.stress) run \(b.mnt)/s --seconds 20 --workers 3 --seed \(seed + 1) --burst 1.5 --tag B \\
                 --journal \(a.base)/journal-b > \(a.base)/stress-b 2>&1 & pb=$!
             wait $pa; ra=$?; wait $pb; rb=$?
             cat \(a.base)/stress-a \(a.base)/stress-b
