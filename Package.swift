@@ -51,7 +51,7 @@ let package = Package(
         // The control socket: its typed requests and answers, the daemon's server, and the
         // connection the CLI and the tests ask on.
         .target(name: "UbiqControl", dependencies: [
-            "UbiqFS", "UbiqState", "UbiqSync", "CUbiq",
+            "UbiqFS", "UbiqState", "UbiqStore", "UbiqSync", "CUbiq",
             .product(name: "Logging", package: "swift-log"),
         ]),
         // The FUSE device's traffic, for what libfuse 3.14 does not pass on (KILLPRIV_V2).
@@ -61,7 +61,7 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "ubiq", dependencies: [
-            "UbiqFuse", "UbiqFS", "UbiqControl", "UbiqStore", "UbiqS3", "UbiqState", "UbiqSync", "CUbiq",
+            "UbiqFuse", "UbiqFS", "UbiqControl", "UbiqStore", "UbiqS3", "UbiqState", "UbiqSync", "UbiqCoordinator", "CUbiq",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
