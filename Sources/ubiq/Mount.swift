@@ -95,6 +95,9 @@ struct Mount: ParsableCommand {
     @Flag(help: .hidden)
     var notifyReady = false
 
+    @Flag(help: "Print nothing once mounted (errors still go to stderr); a mount by mount(8) or fstab is quiet, as its helpers are.")
+    var quiet = false
+
     @Argument(help: "Where to mount (an existing, empty directory).")
     var mountpoint: String
 
@@ -152,7 +155,7 @@ struct Mount: ParsableCommand {
         let first = line.split(separator: "\n").first.map(String.init) ?? ""
         if first == "ready" {
             let what = plan.container.map { "container \($0)\(plan.scope == "documents" ? " (its Documents)" : "") of \(plan.storeURL)" } ?? plan.storeURL
-            print("Mounted \(what) at \(plan.mountpoint). Unmount with: ubiq unmount \(plan.mountpoint)")
+            if !quiet { print("Mounted \(what) at \(plan.mountpoint). Unmount with: ubiq unmount \(plan.mountpoint)") }
             return
         }
         // Not mounted: what this mount made goes (nothing was acknowledged in it).

@@ -17,7 +17,8 @@ enum MountHelper {
     static func rewrite(_ args: [String]) -> [String]? {
         guard args.count >= 2, !args[0].hasPrefix("-"), args[1].hasPrefix("/"),
               !Ubiq.configuration.subcommands.contains(where: { $0._commandName == args[0] }) else { return nil }
-        var out = ["mount", "--store", args[0]]
+        // Silent once mounted, as mount(8)'s helpers are.
+        var out = ["mount", "--quiet", "--store", args[0]]
         var fuse: [String] = []
         var i = 2
         while i < args.count {

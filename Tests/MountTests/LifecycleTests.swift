@@ -96,7 +96,9 @@ import TestSupport
         // type "fuse.ubiq" and a plain SOURCE do the same (README).
         let line = "\(ubiqBinary)#dir:\(base)/store \(mnt) fuse noauto,state=\(base)/state,cache_size=1G,poll_interval=2,create_store,sync_on_close 0 0\n"
         try line.write(toFile: base + "/fstab", atomically: true, encoding: .utf8)
-        expectOK(shell("mount -T \(base)/fstab \(mnt)"), "mount from fstab")
+        let mounted = shell("mount -T \(base)/fstab \(mnt)")
+        expectOK(mounted, "mount from fstab")
+        #expect(mounted.out.isEmpty, "a mount helper says nothing once mounted: \(mounted.out)")
         let options = shell("grep ' \(mnt) ' /proc/mounts").out
         #expect(options.contains("fuse.ubiq") && options.contains("nosuid,nodev"), "as ubiq mount makes it: \(options)")
         expectOK(shell("echo via-fstab > \(mnt)/f && [ \"$(getfattr -n user.ubiq.cache-limit --only-values \(mnt))\" = 1073741824 ]"))
