@@ -334,6 +334,21 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(Set(all).count == 52)
     }
 
+    /// POSIX: after `rewinddir` the stream shows the directory as it is now (a read from 0
+    /// again); the first read of a handle is the listing opendir took.
+    @Test func aRewoundDirectoryShowsWhatItHoldsNow() throws {
+        let d = try Device(store: try newStore())
+        try d.write("old", "1")
+        let fh = try d.fs.opendir(rootIno)
+        defer { d.fs.releasedir(fh) }
+        try d.write("before-first-read", "2")
+        let names = { (entries: [DirEntry]) in Set(entries.map { String(decoding: $0.name, as: UTF8.self) }) }
+        #expect(names(try d.fs.readdir(fh, offset: 0)) == [".", "..", "old"])
+        try d.write("new", "3")
+        try d.fs.unlink(rootIno, n("old"))
+        #expect(names(try d.fs.readdir(fh, offset: 0)) == [".", "..", "before-first-read", "new"])
+    }
+
     @Test func attributesAndXattrs() throws {
         let d = try Device(store: try newStore())
         try d.write("f", "0123456789")

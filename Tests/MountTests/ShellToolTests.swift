@@ -62,6 +62,15 @@ import Testing
             """), "shell workload")
     }
 
+    /// `rewinddir` shows the names the folder holds now (POSIX), through the kernel: a name
+    /// made and one removed after the first pass.
+    @Test func aRewoundDirectoryShowsItsNamesNow() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let r = m.sh(#"touch old gone && perl -e 'opendir(D, ".") or die; my @a = sort grep { !/^\./ } readdir(D); open(F, ">new") or die; close F; unlink "gone" or die; rewinddir(D); my @b = sort grep { !/^\./ } readdir(D); print join(",", @a), " ", join(",", @b), "\n"'"#)
+        #expect(r.out == "gone,old new,old\n", "\(r.out)\(r.err)")
+    }
+
     @Test func tarRoundTripKeepsEveryByte() throws {
         let m = try MountFixture()
         defer { m.cleanup() }

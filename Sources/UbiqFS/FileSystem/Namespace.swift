@@ -346,34 +346,43 @@ extension FileSystem {
     /// Opens a directory, taking the listing that readdir will page through.
     public func opendir(_ ino: UInt64) throws -> UInt64 {
         try inodes.locked { t in
-            let dir = try t.directory(ino)
             let h = Handle(ino: ino, fd: -1, flags: O_RDONLY)
-            var list: [DirEntry] = [
-                DirEntry(name: [UInt8(ascii: ".")], ino: ino, type: UInt32(S_IFDIR), nextOffset: 1),
-                DirEntry(name: [UInt8(ascii: "."), UInt8(ascii: ".")], ino: dir.parent, type: UInt32(S_IFDIR), nextOffset: 2),
-            ]
-            list.reserveCapacity(dir.children.count + 2)
-            // The files' nodes read in at once (readdirplus asks for each next), or, in a folder
-            // too large for that, the types of those not in memory in one query.
-            t.readInChildren(of: dir)
-            var stored: [UInt64: UInt32]?
-            for (name, child) in dir.children {
-                var type = t.resident(child)?.rec.type
-                if type == nil {
-                    if stored == nil { stored = (try? state.read { tx in try tx.childTypes(of: ino) }) ?? [:] }
-                    type = stored?[child]
-                }
-                list.append(DirEntry(name: name, ino: child, type: type ?? UInt32(S_IFREG), nextOffset: Int64(list.count + 1)))
-            }
-            h.listing = list
+            h.listing = try listing(of: ino, t)
             return t.add(h)
         }
     }
 
-    /// Entries from `offset` on (0: from the start), at most `limit`.
+    /// What a directory handle pages through: `.`, `..` and the names `ino` holds now.
+    private func listing(of ino: UInt64, _ t: Inodes) throws -> [DirEntry] {
+        let dir = try t.directory(ino)
+        var list: [DirEntry] = [
+            DirEntry(name: [UInt8(ascii: ".")], ino: ino, type: UInt32(S_IFDIR), nextOffset: 1),
+            DirEntry(name: [UInt8(ascii: "."), UInt8(ascii: ".")], ino: dir.parent, type: UInt32(S_IFDIR), nextOffset: 2),
+        ]
+        list.reserveCapacity(dir.children.count + 2)
+        // The files' nodes read in at once (readdirplus asks for each next), or, in a folder
+        // too large for that, the types of those not in memory in one query.
+        t.readInChildren(of: dir)
+        var stored: [UInt64: UInt32]?
+        for (name, child) in dir.children {
+            var type = t.resident(child)?.rec.type
+            if type == nil {
+                if stored == nil { stored = (try? state.read { tx in try tx.childTypes(of: ino) }) ?? [:] }
+                type = stored?[child]
+            }
+            list.append(DirEntry(name: name, ino: child, type: type ?? UInt32(S_IFREG), nextOffset: Int64(list.count + 1)))
+        }
+        return list
+    }
+
+    /// Entries from `offset` on (0: from the start), at most `limit`. A read from the start
+    /// after others (`rewinddir`, or a seek to 0) takes the listing again: POSIX has a rewound
+    /// stream show the directory as it is now.
     public func readdir(_ fh: UInt64, offset: Int64, limit: Int = .max) throws -> [DirEntry] {
         try inodes.locked { t in
             guard let h = t.handle(fh) else { throw FSError.badHandle }
+            if offset <= 0 && h.listingRead { h.listing = try listing(of: h.ino, t) }
+            h.listingRead = true
             let start = Int(max(0, offset))
             if start >= h.listing.count { return [] }
             return Array(h.listing[start ..< min(h.listing.count, start + min(limit, h.listing.count))])

@@ -384,8 +384,11 @@ final class Handle {
     /// The cache file, for regular files; -1 otherwise.
     let fd: Int32
     let flags: Int32
-    /// Directories: the listing taken at opendir, so readdir is stable while the directory changes.
+    /// Directories: the listing taken at opendir, so readdir is stable while the directory
+    /// changes; taken again when a read starts over from 0 (`rewinddir`).
     var listing: [DirEntry] = []
+    /// Directories: whether readdir has answered from `listing` yet.
+    var listingRead = false
     init(ino: UInt64, fd: Int32, flags: Int32) { self.ino = ino; self.fd = fd; self.flags = flags }
     var canWrite: Bool { (flags & O_ACCMODE) != O_RDONLY }
 }
