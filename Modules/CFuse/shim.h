@@ -46,6 +46,13 @@ static inline void ubiq_conn_configure(struct fuse_conn_info *conn, unsigned max
     /* Never the writeback cache: with it the kernel keeps its own size of a file, and a
        version from another device would read cut short or run on (docs/kernel-options.md). */
     conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+    /* The kernel drops a file's cached pages only when ubiq says so (another device's version,
+       an eviction, an append moved to the end), never on its own because the mtime or size it
+       was told moved: it dropped them while a write through them was on its way to ubiq, and a
+       read in between cached the file's old end with zeros after it, which readers of the
+       appended lines then read (docs/kernel-options.md). */
+    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+    if (conn->capable & FUSE_CAP_EXPLICIT_INVAL_DATA) conn->want |= FUSE_CAP_EXPLICIT_INVAL_DATA;
     if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
     if (conn->capable & FUSE_CAP_READDIRPLUS_AUTO) conn->want |= FUSE_CAP_READDIRPLUS_AUTO;
     if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;

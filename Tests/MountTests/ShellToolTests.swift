@@ -71,6 +71,24 @@ import Testing
         #expect(r.out == "gone,old new,old\n", "\(r.out)\(r.err)")
     }
 
+    /// The kernel drops a file's cached pages only when ubiq asks (another device's version,
+    /// an eviction), not when a write here moved its mtime: with the kernel's own invalidation
+    /// (auto_inval_data) every write emptied the file's cache for the next open, stat or read,
+    /// and one that fell while an append was on its way cached the file's old end with zeros
+    /// after it, which a reader of the appended lines read (`scripts/stress-loop`,
+    /// docs/reliability.md). Pages counted with fincore(1).
+    @Test func aWriteKeepsWhatTheKernelCachedOfTheFile() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let r = m.sh("""
+            head -c 1048576 /dev/urandom > f && cat f > /dev/null && fincore -n -o PAGES f
+            printf x | dd of=f bs=1 seek=5000 conv=notrunc status=none && echo y >> f && sleep 1.2 && stat f > /dev/null
+            fincore -n -o PAGES f
+            """)
+        let pages = r.out.split(separator: "\n").map { Int($0.trimmingCharacters(in: .whitespaces)) ?? -1 }
+        #expect(pages.count == 2 && pages[0] >= 256 && pages[1] >= 255, "pages cached before and after: \(r.out)\(r.err)")
+    }
+
     @Test func tarRoundTripKeepsEveryByte() throws {
         let m = try MountFixture()
         defer { m.cleanup() }
