@@ -34,7 +34,6 @@ struct Daemon {
         guard let lockFD = StateLock.acquire(plan.stateDir) else {
             die("state directory \(plan.stateDir) is in use by another ubiq daemon (pid \(StateLock.holder(plan.stateDir) ?? -1))")
         }
-        _ = lockFD
         if notify { setsid() }
         var store: any CloudStore
         var faulty: FaultyStore?
@@ -263,6 +262,8 @@ struct Daemon {
         // Reads still waiting for the store: their mount is gone.
         materializer.answerAllWaiting(SyncError.local("the mount is ending"))
         server.unmount()
+        // A mount of this state from now on waits for this daemon to exit, not refuses.
+        StateLock.markUnmounted(lockFD)
         materializer.saveAllProgress()
         do { try fs.commitPendingCreates() } catch { logger.error("could not write new files' rows: \(error)") }
         fs.writeAccessTimes()

@@ -268,7 +268,7 @@ struct MountPlan {
         let stateDir = m.state.map(Paths.absolute) ?? Paths.defaultState(for: mp)
         if stateDir == mp || stateDir.hasPrefix(mp + "/") { throw UserError("the state directory cannot be inside the mount point") }
         try Self.checkDirectory(stateDir, what: "state directory")
-        if let holder = StateLock.holder(stateDir) {
+        if let holder = StateLock.waitForUnmounted(stateDir, seconds: 120) {
             throw UserError("state directory \(stateDir) is in use by another ubiq daemon (pid \(holder))")
         }
         if let why = StateCheck.unusableDatabase(in: stateDir) {
@@ -442,7 +442,41 @@ enum StateLock {
         defer { close(fd) }
         if flock(fd, LOCK_EX | LOCK_NB) == 0 { flock(fd, LOCK_UN); return nil }
         let text = (try? String(contentsOfFile: dir + "/lock", encoding: .utf8)) ?? ""
-        return Int32(text.trimmingCharacters(in: .whitespacesAndNewlines)) ?? -1
+        return text.split(separator: "\n").first.flatMap { Int32($0.trimmingCharacters(in: .whitespaces)) } ?? -1
+    }
+
+    /// What the holder writes below its pid once its mount is gone and it only uploads what is
+    /// pending before it exits (`markUnmounted`).
+    static let unmountedMark = "unmounted"
+
+    /// Says in the lock file (`fd`, from `acquire`) that this daemon's mount is gone: a mount
+    /// of the same state may wait for it to exit (`waitForUnmounted`).
+    static func markUnmounted(_ fd: Int32) {
+        let line = "\(unmountedMark)\n"
+        _ = line.withCString { pwrite(fd, $0, strlen($0), off_t("\(getpid())\n".utf8.count)) }
+    }
+
+    /// Whether the holder of `dir`'s lock said its mount is gone.
+    static func holderUnmounted(_ dir: String) -> Bool {
+        let text = (try? String(contentsOfFile: dir + "/lock", encoding: .utf8)) ?? ""
+        return text.split(separator: "\n").dropFirst().first == Substring(unmountedMark)
+    }
+
+    /// A mount of `dir` right after its last one was unmounted: that daemon still holds the
+    /// state while it uploads what is pending (up to its drain timeout). Waits for it to exit,
+    /// at most `seconds`, saying so once on standard error; returns the holder that is still
+    /// there (nil: free).
+    static func waitForUnmounted(_ dir: String, seconds: Double) -> Int32? {
+        guard let first = holder(dir) else { return nil }
+        guard holderUnmounted(dir) else { return first }
+        FileHandle.standardError.write(Data("ubiq: waiting for the last mount of this state (pid \(first)) to finish its uploads\n".utf8))
+        let end = Date(timeIntervalSinceNow: seconds)
+        while Date() < end {
+            usleep(50_000)
+            guard let h = holder(dir) else { return nil }
+            if !holderUnmounted(dir) { return h }
+        }
+        return holder(dir)
     }
 
     /// Takes the lock for this process; returns the fd to keep open, or nil if held.

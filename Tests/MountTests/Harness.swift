@@ -135,7 +135,8 @@ final class MountFixture: @unchecked Sendable {
 
     var daemonPID: Int32? {
         guard let text = try? String(contentsOfFile: state + "/lock", encoding: .utf8) else { return nil }
-        return Int32(text.trimmingCharacters(in: .whitespacesAndNewlines))
+        // Its pid, then "unmounted" once its mount is gone (it uploads what is pending, then exits).
+        return text.split(separator: "\n").first.flatMap { Int32($0.trimmingCharacters(in: .whitespaces)) }
     }
 
     /// Sends `signal` to the daemon and waits up to `seconds` for it to exit; true if it did.

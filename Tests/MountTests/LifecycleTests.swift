@@ -457,6 +457,20 @@ import TestSupport
         #expect(m.sh("cat last").out == "bye\n")
     }
 
+    /// umount(8), and at once a mount of the same state: the last daemon still holds it while it
+    /// uploads what is pending, and the new mount waits for it to exit (saying so on stderr),
+    /// where it failed with "in use by another ubiq daemon".
+    @Test func aMountRightAfterUmountWaitsForTheLastDaemon() throws {
+        let m = try MountFixture(extra: "--upload-delay 30")
+        defer { m.cleanup() }
+        expectOK(m.sh("head -c 3000000 /dev/urandom > f && sha256sum f > \(m.base)/sum"))
+        let r = shell("umount \(m.mnt) && \(ubiqBinary) mount --store dir:\(m.store) --state \(m.state) --upload-delay 30 \(m.mnt)",
+                      env: m.env)
+        expectOK(r, "umount, then mount at once")
+        #expect(m.isMounted)
+        expectOK(m.sh("sha256sum -c \(m.base)/sum > /dev/null"), "the file, as it was")
+    }
+
     /// `ubiq unmount` from another environment (another XDG_STATE_HOME, where the mount's
     /// registry file is not): the daemon is found through the mount itself, drains its queue
     /// and stops, instead of being taken for dead and the mount detached under it.

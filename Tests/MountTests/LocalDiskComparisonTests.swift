@@ -88,7 +88,7 @@ import TestSupport
         let (store, mnt, local, home) = (base + "/store", base + "/b", base + "/local", base + "/home")
         defer {
             let pid = (try? String(contentsOfFile: home + "/ubiq-state/lock", encoding: .utf8))
-                .flatMap { Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+                .flatMap { $0.split(separator: "\n").first.flatMap { Int32($0) } }
             shell("fusermount3 -u -z '\(mnt)' 2>/dev/null || true")
             if let pid {
                 waitUntil(seconds: 10, every: 0.05) { kill(pid, 0) != 0 }
