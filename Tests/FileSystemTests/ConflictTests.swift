@@ -125,6 +125,39 @@ import UbiqStore
         #expect(!b.fs.kernelShouldLookAgain(kept), "here in full: it opens, as on a local disk")
     }
 
+    /// A reader that opened a file not here reads it to its end after its name went (a rename
+    /// over it, here), as on a local disk: the download that ends after that is kept for it
+    /// (it was thrown away: "stands for none now", and every read after failed with EIO).
+    @Test func aReaderOfAFileWhoseNameWentReadsItToTheEnd() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        // Fetching only what reads ask for: the download ends after the rename.
+        let b = try Device(store: store, completeInBackground: false)
+        let text = (0 ..< 300_000).map { String(format: "%09d\n", $0) }.joined()
+        let old = Array(text.utf8)
+        try a.write("s", text)
+        a.sync()
+        b.pull()
+        let fh = try b.fs.open(try b.ino("s"), flags: O_RDONLY)
+        defer { b.fs.release(fh) }
+        func read(_ offset: Int, _ count: Int) throws -> [UInt8] {
+            var buf = [UInt8](repeating: 0, count: count)
+            let k = try buf.withUnsafeMutableBytes { try b.fs.read(fh, offset: Int64(offset), count: count, into: $0.baseAddress!) }
+            return Array(buf[..<k])
+        }
+        var got = try read(0, 1000)
+        try b.write("tmp", "new")
+        try b.fs.rename(rootIno, n("tmp"), rootIno, n("s"))
+        try b.state.applyRecordedNow()  // the name's row gone from the database too, as 50 ms later
+        while true {
+            let piece = try read(got.count, 1 << 20)
+            if piece.isEmpty { break }
+            got += piece
+        }
+        #expect(got == old)
+        #expect(try b.read("s") == "new")
+    }
+
     @Test func bothEditsAreKeptOnEveryDevice() throws {
         let store = try newStore()
         let a = try Device(store: store)

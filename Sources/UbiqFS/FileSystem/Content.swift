@@ -51,6 +51,13 @@ extension FileSystem {
             // Only if the item still stands for the version downloaded: a remote update may have
             // made it the placeholder of a newer one meanwhile (its cache file removed).
             let current = try? state.read { tx in try tx.entries(of: ino).first { $0.remoteKey != nil }?.remoteVersion }
+            // A file whose last name went while it was open (a rename over it, a delete) stands
+            // for nothing, and is no one's but its readers': they read the version they opened,
+            // as on a local disk, until the last close takes it. Its rows are gone: memory only.
+            if n.nlink == 0 && n.isRegular && current == nil {
+                n.rec.present = true
+                return
+            }
             guard current == version else {
                 logger.info("download of inode \(ino) finished for version \(version), but it stands for \(current.flatMap { $0 } ?? "none") now: not kept")
                 return
@@ -270,7 +277,10 @@ extension FileSystem {
         let local = inodes.locked { t in t[ino]?.rec.present ?? true }
         // What the download reads from (set at open): a read that finds it gone waits for it to change.
         let source = local ? nil : materializer.source(ino)
-        let finish: @Sendable (Error?) -> Void = { [self] downloadFailure in
+        let finish: @Sendable (Error?) -> Void = { [self] failure in
+            // The download ended between this read's look and its wait (its job gone): what it
+            // brought is read.
+            let downloadFailure = failure != nil && inodes.locked({ t in t[ino]?.rec.present ?? false }) ? nil : failure
             if let e = downloadFailure, case StoreError.notFound = e, let source {
                 let deadline = waitingForAMoveUntil ?? Date(timeIntervalSinceNow: movedVersionWait)
                 if Date() < deadline {
