@@ -123,6 +123,8 @@ public final class Materializer: @unchecked Sendable {
         var failed: [Int: Error] = [:]
         /// Dropped by `cancel`: no more fetching; the last worker closes `fd`.
         var cancelled = false
+        /// `fd` was taken to be closed (`closingLocked`): never closed twice.
+        var fdTaken = false
         /// Reads waiting for chunks (`whenLocal`).
         var waiters: [Waiter] = []
         /// When progress was last saved, and whether a save is under way.
@@ -436,7 +438,7 @@ public final class Materializer: @unchecked Sendable {
         job.cancelled = true
         job.error = SyncError.superseded(ino: ino)
         for c in job.present.indices where !job.present[c] { job.failed[c] = job.error }
-        if job.workers == 0 { cache.closeHeld(job.ino, job.fd) }
+        if job.workers == 0, let fd = closingLocked(job) { cache.closeHeld(job.ino, fd) }
         cond.broadcast()
         settleLocked(job)
     }
@@ -448,7 +450,7 @@ public final class Materializer: @unchecked Sendable {
               job.waiters.isEmpty else { return }
         if let e = job.error { failures[ino] = "\(e)" }
         jobs[ino] = nil
-        cache.closeHeld(job.ino, job.fd)
+        if let fd = closingLocked(job) { cache.closeHeld(job.ino, fd) }
         cond.broadcast()
     }
 
@@ -610,18 +612,22 @@ public final class Materializer: @unchecked Sendable {
         job.workers -= 1
         workerEndedLocked()
         if job.cancelled {
-            if job.workers == 0 { cache.closeHeld(job.ino, job.fd) }
+            if job.workers == 0, let fd = closingLocked(job) { cache.closeHeld(job.ino, fd) }
             cond.broadcast()
             cond.unlock()
             return
         }
         let finished = job.done && job.workers == 0 && jobs[job.ino] === job
+        // Taken here, under the lock: a cancel before the job is dropped below leaves it alone.
+        let fd = finished ? closingLocked(job) : nil
         let sink = self.sink, version = job.version
         cond.broadcast()
         cond.unlock()
         if finished {
-            _ = fsync(job.fd)
-            cache.closeHeld(job.ino, job.fd)
+            if let fd {
+                _ = fsync(fd)
+                cache.closeHeld(job.ino, fd)
+            }
             sink?.contentArrived(job.ino, version: version)  // persists `present` before the job is dropped (see `start`)
             try? state.write { try $0.removeDownload(job.ino, version: version) }
             cond.lock()
@@ -717,6 +723,8 @@ public final class Materializer: @unchecked Sendable {
     /// Runs beside the fetches, on a copy of the descriptor: syncing waits for the disk,
     /// fetching need not. Called with `cond` held.
     private func saveProgressLocked(_ job: Job) {
+        // Once taken to be closed, its number may be another file's.
+        guard !job.fdTaken else { return }
         let fd = dup(job.fd)
         guard fd >= 0 else { return }
         job.saving = true
@@ -733,10 +741,22 @@ public final class Materializer: @unchecked Sendable {
         }
     }
 
+    /// `job`'s cache file, to be closed by the caller, the first time only (`cond` held). A
+    /// download's end and a cancel can meet (the end closes it outside the lock, and a cancel
+    /// before the job is dropped found no worker): closed twice, the second close took
+    /// whatever the number had become meanwhile in another thread, a store's blob being read
+    /// (its copy failed with EBADF) or any other file of the daemon.
+    private func closingLocked(_ job: Job) -> Int32? {
+        if job.fdTaken { return nil }
+        job.fdTaken = true
+        return job.fd
+    }
+
     private func finishLocked(_ job: Job) {
         let sink = self.sink, version = job.version
+        let fd = closingLocked(job)
         DispatchQueue.global().async { [self] in
-            cache.closeHeld(job.ino, job.fd)
+            if let fd { cache.closeHeld(job.ino, fd) }
             sink?.contentArrived(job.ino, version: version)
             cond.lock()
             if jobs[job.ino] === job { jobs[job.ino] = nil }
