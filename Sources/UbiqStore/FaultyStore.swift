@@ -4,11 +4,10 @@ import Synchronization
 /// Wraps a store and makes chosen operations fail, to test what the device does
 /// when the store is down or answers wrongly. Faults are switched on and off while
 /// it runs.
-public final class FaultyStore: CloudStore, Sendable {
+public final class FaultyStore: StoreDecorator, Sendable {
     public enum Operation: Sendable, Hashable { case head, list, read, put, copy, delete, changes }
 
     public let inner: any CloudStore
-    public var keepsPriorVersions: Bool { inner.keepsPriorVersions }
     /// Operations that fail, with what, and how many more times (nil: until healed).
     private let failing = Mutex<[Operation: (error: StoreError, times: Int?)]>([:])
     private let losing = Mutex<Set<Operation>>([])
@@ -274,9 +273,9 @@ public final class FaultyStore: CloudStore, Sendable {
     }
 
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
-                    condition: WriteCondition) async throws -> ObjectInfo {
+                    condition: WriteCondition, progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
         try await check(.put)
-        return try answer(.put, try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition))
+        return try answer(.put, try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: progress))
     }
 
     public func copy(from source: String, version: String, to destination: String,
@@ -309,6 +308,4 @@ public final class FaultyStore: CloudStore, Sendable {
     public func versions(of key: String) async throws -> [ObjectInfo] { try await check(.head); return try await inner.versions(of: key) }
     public func usage() async throws -> StoreUsage? { try await check(.head); return try await inner.usage() }
     public func publishChanges(holdingMoves: Bool) async throws { try await check(.put); try await inner.publishChanges(holdingMoves: holdingMoves) }
-    public func lookEverywhereNext() { inner.lookEverywhereNext() }
-    public func confirmed(_ changes: [StoreChange]) async -> [StoreChange] { await inner.confirmed(changes) }
 }

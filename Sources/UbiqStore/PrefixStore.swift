@@ -2,11 +2,10 @@ import Foundation
 
 /// The part of a store under one prefix, as a store of its own: keys go in with the prefix and
 /// come out without it; nothing outside it is seen. A container is this over its folder.
-public final class PrefixStore: CloudStore, Sendable {
+public final class PrefixStore: StoreDecorator, Sendable {
     public let inner: any CloudStore
     /// Ends in "/".
     public let prefix: String
-    public var keepsPriorVersions: Bool { inner.keepsPriorVersions }
 
     public init(_ inner: any CloudStore, prefix: String) {
         self.inner = inner
@@ -79,10 +78,6 @@ public final class PrefixStore: CloudStore, Sendable {
         return try await mapped { try await inner.read(k, version: version, range: range, into: fd, at: offset) }
     }
 
-    public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition) async throws -> ObjectInfo {
-        try await put(key, contentsOf: source, metadata: metadata, condition: condition, progress: nil)
-    }
-
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata, condition: WriteCondition,
                     progress: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
         let k = try outer(key)
@@ -113,18 +108,14 @@ public final class PrefixStore: CloudStore, Sendable {
         return batch
     }
 
-    public func currentCursor() async throws -> String { try await inner.currentCursor() }
-    // Not `startingCursor(listingFirst:)`: the inner store's first part is of the whole
-    // bucket, not of this prefix (the default lists it whole).
+    /// Not the inner store's `startingCursor(listingFirst:)`: its first part is of the whole
+    /// bucket, not of this prefix (the current cursor lists it whole).
+    public func startingCursor(listingFirst objects: Int) async throws -> String { try await currentCursor() }
 
     public func versions(of key: String) async throws -> [ObjectInfo] {
         let k = try outer(key)
         return try await mapped { try await inner.versions(of: k) }.map(local)
     }
-
-    public func usage() async throws -> StoreUsage? { try await inner.usage() }
-    public func publishChanges(holdingMoves: Bool) async throws { try await inner.publishChanges(holdingMoves: holdingMoves) }
-    public func lookEverywhereNext() { inner.lookEverywhereNext() }
 
     /// The inner store's answer, its keys in and out of the prefix.
     public func confirmed(_ changes: [StoreChange]) async -> [StoreChange] {
