@@ -26,7 +26,7 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
         .target(name: "UbiqS3", dependencies: [
-            "UbiqStore",
+            "UbiqStore", "UbiqClock",
             .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "AsyncHTTPClient", package: "async-http-client"),
             .product(name: "NIOCore", package: "swift-nio"),

@@ -1,5 +1,6 @@
 import AsyncHTTPClient
 import Foundation
+import UbiqClock
 import Logging
 import NIOCore
 import NIOHTTP1
@@ -50,6 +51,9 @@ public final class S3Client: Sendable {
     static let tracing = ProcessInfo.processInfo.environment["UBIQ_TRACE_S3"] == "1"
     /// Tries of a request that fails transiently (the first included).
     public let attempts: Int
+    /// How a request that failed transiently is tried again: `attempts` tries in all, a
+    /// jittered pause doubling from 0.2 s between them.
+    var retries: RetryPolicy { RetryPolicy(first: 0.2, jitter: 0.5, tries: attempts) }
     public let timeout: TimeAmount
 
     /// One HTTP client for the process (its connections are pooled per host). It does not
@@ -196,6 +200,7 @@ public final class S3Client: Sendable {
     private func retrying<T: Sendable>(_ method: HTTPMethod, _ key: String?, query: [(String, String)] = [],
                                        _ attempt: () async throws -> Outcome<T>) async throws -> T {
         let what = (key ?? "") + (query.isEmpty ? "" : "?" + query.map { "\($0.0)=\($0.1)" }.joined(separator: "&"))
+        let retries = self.retries
         var tries = 0
         while true {
             tries += 1
@@ -204,11 +209,11 @@ public final class S3Client: Sendable {
                 case .done(let value): return value
                 case .answered(let r):
                     let error = Self.error(for: r, key: key ?? "", method: method)
-                    guard error.isTransient, tries < attempts else { throw error }
+                    guard error.isTransient, retries.triesAgain(afterFailures: tries) else { throw error }
                     let said = Self.xmlValue("Message", in: r.text).map { ": \($0.prefix(200))" } ?? ""
                     logger.info("S3 \(method) \(what) answered \(r.status)\(said), trying again")
                 case .again(let why):
-                    guard tries < attempts else { throw StoreError.unavailable("\(method) \(what): the server answered \(why)") }
+                    guard retries.triesAgain(afterFailures: tries) else { throw StoreError.unavailable("\(method) \(what): the server answered \(why)") }
                     logger.notice("S3 \(method) \(what): the server answered \(why); trying again")
                 }
             } catch let e as StoreError {
@@ -217,10 +222,10 @@ public final class S3Client: Sendable {
                 throw e  // the local disk, not the link
             } catch {
                 // Could not reach it, or the connection broke: transient.
-                guard tries < attempts else { throw StoreError.unavailable("\(endpoint.url.absoluteString): \(Self.describe(error))") }
+                guard retries.triesAgain(afterFailures: tries) else { throw StoreError.unavailable("\(endpoint.url.absoluteString): \(Self.describe(error))") }
                 logger.info("S3 \(method) \(what) failed (\(Self.describe(error))), trying again")
             }
-            try await Task.sleep(nanoseconds: UInt64(Double.random(in: 0.5 ... 1.5) * 0.2 * pow(2, Double(tries - 1)) * 1e9))
+            try await Task.sleep(nanoseconds: UInt64(retries.pause(afterFailures: tries) * 1e9))
         }
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import NIOHTTP1
 import Synchronization
 import UbiqStore
@@ -295,7 +296,7 @@ public struct S3Objects: Sendable {
     /// A "not satisfiable" answer that does not say the object's size is taken only when the
     /// version's own size agrees: SeaweedFS under load has answered 416 for a range that starts
     /// inside the object, which taken at its word reads as an empty range. Such an answer is
-    /// asked again (`rangeAttempts` in all), then is `unavailable`, never an empty read.
+    /// asked again (`rangeRetries`), then is `unavailable`, never an empty read.
     /// So is an answer shorter than the range where the version's size says there is more:
     /// SeaweedFS under load has answered 200 with no bytes, with headers that agreed (a read
     /// into a file came back with nothing written). A read that reaches past the end costs a HEAD.
@@ -321,18 +322,18 @@ public struct S3Objects: Sendable {
                 if let said = told.size { size = said } else { size = try await self.size(of: key, v) }
                 if n == max(0, min(range.upperBound, size) - range.lowerBound) { return got }  // the object ends there
                 let said = "the server answered \(n) of bytes \(range.lowerBound)-\(range.upperBound - 1) of a version of \(size) bytes"
-                guard tries < Self.rangeAttempts else { throw StoreError.unavailable("GET \(key): \(said)") }
+                guard Self.rangeRetries.triesAgain(afterFailures: tries) else { throw StoreError.unavailable("GET \(key): \(said)") }
                 client.logger.notice("S3 GET \(key): \(said); trying again")
-                try await Task.sleep(nanoseconds: UInt64(tries) * 100_000_000)
+                try await Task.sleep(nanoseconds: UInt64(Self.rangeRetries.pause(afterFailures: tries) * 1e9))
             } catch StoreError.preconditionFailed, StoreError.notFound {
                 throw StoreError.notFound(key: key)  // that version is gone
             } catch StoreError.failed(let why) where why.contains(" 416 ") || why.contains("InvalidRange") {
                 let size = try await size(of: key, v)
                 if range.lowerBound >= size { return empty }  // past the end
                 let said = "the server answered 416 for bytes \(range.lowerBound)- of a version of \(size) bytes"
-                guard tries < Self.rangeAttempts else { throw StoreError.unavailable("GET \(key): \(said)") }
+                guard Self.rangeRetries.triesAgain(afterFailures: tries) else { throw StoreError.unavailable("GET \(key): \(said)") }
                 client.logger.notice("S3 GET \(key): \(said); trying again")
-                try await Task.sleep(nanoseconds: UInt64(tries) * 100_000_000)
+                try await Task.sleep(nanoseconds: UInt64(Self.rangeRetries.pause(afterFailures: tries) * 1e9))
             } catch StoreError.failed(let why) where why.contains(" 400 ") && v.id != nil {
                 throw StoreError.notFound(key: key)  // an unknown version id
             }
@@ -352,8 +353,9 @@ public struct S3Objects: Sendable {
         }
     }
 
-    /// Tries of a ranged GET whose answer contradicts the version's size.
-    static let rangeAttempts = 4
+    /// How a ranged GET whose answer contradicts the version's size is asked again: four tries
+    /// in all, 0.1, 0.2 and 0.4 s apart.
+    static let rangeRetries = RetryPolicy(first: 0.1, tries: 4)
 
     /// The size of version `v` of `key`, by a HEAD; `notFound` when that version is gone.
     private func size(of key: String, _ v: Version) async throws -> Int64 {

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import UbiqStore
 
 /// A value handed between a thread that waits and the task or callback that fills or uses it
@@ -66,13 +67,7 @@ public func waitForAnswer<T>(_ start: (@escaping @Sendable (Result<T, Error>) ->
     return try box.value!.get()
 }
 
-/// `body`, tried up to `attempts` times while the store fails transiently, waiting `pause`
-/// microseconds before the second try and twice as long before each one after.
-public func retryingTransient<T>(attempts: Int = 3, pause: UInt32 = 50_000, _ body: () throws -> T) throws -> T {
-    for attempt in 0 ..< attempts - 1 {
-        do { return try body() } catch let e as StoreError where e.isTransient {
-            usleep(pause << UInt32(attempt))
-        }
-    }
-    return try body()
+/// `body`, tried again as `policy` says while the store fails transiently.
+public func retryingTransient<T>(_ policy: RetryPolicy = SyncRetries.storeCall, _ body: () throws -> T) throws -> T {
+    try policy.run(again: { ($0 as? StoreError)?.isTransient == true }, body)
 }

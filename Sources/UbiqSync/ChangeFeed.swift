@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import Logging
 import UbiqState
 import UbiqStore
@@ -226,7 +227,7 @@ public final class ChangeFeed: @unchecked Sendable {
             if failures == 1 || failures % 20 == 0 { logger.warning("could not follow the store's changes: \(error)") }
         }
         // A store that is down is asked less often (up to a minute apart).
-        return BackgroundLoop.Pause(upTo: failures == 0 ? interval : min(60, interval * pow(2, Double(min(failures, 5)))))
+        return BackgroundLoop.Pause(upTo: failures == 0 ? interval : SyncRetries.feed(interval: interval).pause(afterFailures: failures))
     }
 
     /// Reads every change since the saved cursor and applies it. Returns the number of

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import Logging
 import UbiqState
 import UbiqStore
@@ -120,7 +121,7 @@ public struct Importer {
             offered?(keys, unknown)
             return unknown
         }
-        try retryingTransient(attempts: 4, pause: 200_000) {
+        try retryingTransient(SyncRetries.listing) {
             try runBlocking(stopping: stopping) {
                 try await store.list(prefix: "", pagesOf: pageSize, wanted: { try wanted.value($0) }) { try page.value($0) }
             }

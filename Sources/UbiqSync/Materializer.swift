@@ -797,8 +797,9 @@ public final class Materializer: @unchecked Sendable {
         var lastError: Error = SyncError.local("no attempt")
         // The space the state database's reserve gave up is not for content.
         if let reserve = cache.reserve, !reserve.contentHasRoom(for: Int64(range.count)) { return .failure(SyncError.noSpace) }
+        let retries = SyncRetries.chunk(tries: attempts)
         for attempt in 0 ..< attempts {
-            if attempt > 0 { time.sleep(0.1 * Double(1 << min(attempt, 5))) }
+            if attempt > 0 { time.sleep(retries.pause(afterFailures: attempt)) }
             do {
                 let fd = job.fd
                 let got = try runBlocking { try await store.read(key, version: version, range: range, into: fd, at: lower) }

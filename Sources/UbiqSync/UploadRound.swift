@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import Synchronization
 import Logging
 import UbiqCoordinator
@@ -92,10 +93,10 @@ extension Uploader {
                 case .deferred:
                     // Sent back again and again (a store that refuses what it just said it has):
                     // backs off as a failure does, rather than asking the store twice a second.
-                    try tx.retryOutbox(item.ino, after: item.attempts < 10 ? 0.5 : min(60, 0.5 * pow(2, Double(min(item.attempts - 10, 7)))))
+                    try tx.retryOutbox(item.ino, after: SyncRetries.sentBack.pause(afterFailures: item.attempts + 1))
                 case .retry(let why):
                     try tx.setUploadError(item.ino, why)
-                    try tx.retryOutbox(item.ino, after: diskFull ? 2 : min(60, 0.5 * pow(2, Double(min(item.attempts, 7)))))
+                    try tx.retryOutbox(item.ino, after: diskFull ? 2 : SyncRetries.upload.pause(afterFailures: item.attempts + 1))
                 case .conflict(let why):
                     try tx.setUploadError(item.ino, why, conflict: true)
                     try tx.completeOutbox(item.ino, seq: item.seq)

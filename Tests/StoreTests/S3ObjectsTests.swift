@@ -68,7 +68,7 @@ func scriptedObjects(_ server: ScriptedHTTPServer) -> S3Objects {
     #expect(try await scriptedObjects(end).read("k", version: "\"abc\"", range: 90 ..< 200) == bytes[90...])
     #expect(end.requests.count == 1)
 
-    let stubborn = try ScriptedHTTPServer(Array(repeating: [empty, head], count: S3Objects.rangeAttempts).flatMap { $0 })
+    let stubborn = try ScriptedHTTPServer(Array(repeating: [empty, head], count: S3Objects.rangeRetries.tries!).flatMap { $0 })
     defer { stubborn.stop() }
     do {
         _ = try await scriptedObjects(stubborn).read("k", version: "\"abc\"", range: 10 ..< 20)
@@ -126,7 +126,7 @@ func scriptedObjects(_ server: ScriptedHTTPServer) -> S3Objects {
     defer { gone.stop() }
     await #expect(throws: StoreError.notFound(key: "k")) { try await scriptedObjects(gone).read("k", version: "\"abc\"", range: 90 ..< 200) }
 
-    let stubborn = try ScriptedHTTPServer(Array(repeating: [invalid, head("\"abc\"")], count: S3Objects.rangeAttempts).flatMap { $0 })
+    let stubborn = try ScriptedHTTPServer(Array(repeating: [invalid, head("\"abc\"")], count: S3Objects.rangeRetries.tries!).flatMap { $0 })
     defer { stubborn.stop() }
     do {
         _ = try await scriptedObjects(stubborn).read("k", version: "\"abc\"", range: 90 ..< 200)
@@ -134,7 +134,7 @@ func scriptedObjects(_ server: ScriptedHTTPServer) -> S3Objects {
     } catch let e as StoreError {
         #expect(e.isTransient && "\(e)".contains("416 for bytes 90- of a version of 100 bytes"), "\(e)")
     }
-    #expect(stubborn.requests.count == 2 * S3Objects.rangeAttempts)
+    #expect(stubborn.requests.count == 2 * S3Objects.rangeRetries.tries!)
 }
 
 @Suite struct S3ObjectsTests {

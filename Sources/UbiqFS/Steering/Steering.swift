@@ -58,7 +58,7 @@ extension FileSystem {
         func look(everywhere: Bool) throws {
             guard let feed = storeFeed else { return }
             do {
-                try retryingTransient(pause: 200_000) { _ = try feed.poll(everywhere: everywhere) }
+                try retryingTransient(SyncRetries.syncAsked) { _ = try feed.poll(everywhere: everywhere) }
             } catch {
                 logger.warning("sync with the store failed: \(error)")
                 throw FSError.io("the store could not be reached: \(error)")
