@@ -10,6 +10,15 @@ private let setATime: Int32 = 1 << 4, setMTime: Int32 = 1 << 5, setATimeNow: Int
 /// The operation table: one small function per libfuse low-level operation.
 enum FuseOps {
     static func install(_ ops: inout fuse_lowlevel_ops) {
+        installSession(&ops)
+        installNames(&ops)
+        installFiles(&ops)
+        installFolders(&ops)
+        installAttributes(&ops)
+    }
+
+    /// The session's start, and what the kernel asks of an inode it knows: lookup, forget, attributes, a symlink's target.
+    private static func installSession(_ ops: inout fuse_lowlevel_ops) {
         ops.`init` = { userdata, conn in
             let s = Unmanaged<FuseServer>.fromOpaque(userdata!).takeUnretainedValue()
             ubiq_conn_configure(conn, s.options.maxWrite)
@@ -95,6 +104,10 @@ enum FuseOps {
                 } catch { s.replyError(req, error) }
             }
         }
+    }
+
+    /// Names made, removed and moved.
+    private static func installNames(_ ops: inout fuse_lowlevel_ops) {
         ops.mknod = { req, parent, n, mode, rdev in
             OpStats.measure("mknod") {
                 let s = FuseServer.from(req)
@@ -160,6 +173,10 @@ enum FuseOps {
                 }
             }
         }
+    }
+
+    /// A file's handles: open, read, write, flush, release, sync, allocate.
+    private static func installFiles(_ ops: inout fuse_lowlevel_ops) {
         ops.open = { req, ino, fi in
             OpStats.measure("open") {
                 let s = FuseServer.from(req)
@@ -250,6 +267,21 @@ enum FuseOps {
                 s.replyOK(req) { try s.fs.fsync(fi!.pointee.fh, dataOnly: datasync != 0) }
             }
         }
+        ops.fallocate = { req, _, mode, off, len, fi in
+            OpStats.measure("fallocate") {
+                let s = FuseServer.from(req)
+                // With KILLPRIV_V2 the kernel leaves setuid/setgid to the file system but flags
+                // no fallocate: not root stands for "without CAP_FSETID" here.
+                let clearSetID = cubiqfuse_killpriv_v2() != 0 && caller(req).uid != 0 ? setIDClearing(req, always: true) : nil
+                s.replyOK(req) {
+                    try s.fs.fallocate(fi!.pointee.fh, mode: mode, offset: Int64(off), length: Int64(len), clearSetID: clearSetID)
+                }
+            }
+        }
+    }
+
+    /// A folder's handles: its listing.
+    private static func installFolders(_ ops: inout fuse_lowlevel_ops) {
         ops.opendir = { req, ino, fi in
             OpStats.measure("opendir") {
                 let s = FuseServer.from(req)
@@ -282,6 +314,10 @@ enum FuseOps {
                 s.replyOK(req) { try s.fs.syncState() }
             }
         }
+    }
+
+    /// The file system's figures, extended attributes, access checks.
+    private static func installAttributes(_ ops: inout fuse_lowlevel_ops) {
         ops.statfs = { req, _ in
             OpStats.measure("statfs") {
                 let s = FuseServer.from(req)
@@ -342,17 +378,6 @@ enum FuseOps {
             OpStats.measure("access") {
                 let s = FuseServer.from(req)
                 s.replyOK(req) { try s.fs.access(ino, mask: mask, who: credentials(req)) }
-            }
-        }
-        ops.fallocate = { req, _, mode, off, len, fi in
-            OpStats.measure("fallocate") {
-                let s = FuseServer.from(req)
-                // With KILLPRIV_V2 the kernel leaves setuid/setgid to the file system but flags
-                // no fallocate: not root stands for "without CAP_FSETID" here.
-                let clearSetID = cubiqfuse_killpriv_v2() != 0 && caller(req).uid != 0 ? setIDClearing(req, always: true) : nil
-                s.replyOK(req) {
-                    try s.fs.fallocate(fi!.pointee.fh, mode: mode, offset: Int64(off), length: Int64(len), clearSetID: clearSetID)
-                }
             }
         }
     }

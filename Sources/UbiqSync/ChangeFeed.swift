@@ -248,61 +248,100 @@ public final class ChangeFeed: @unchecked Sendable {
     }
 
     private func pollLocked() throws -> Int {
-        let store = self.store
         // Everything this poll asks of the store is asked from here on: a key this device
         // writes meanwhile is not taken from the answers (`StoreWrites`).
         let question = writes.asked()
         defer { writes.done(question) }
-        func stamped(_ changes: [RemoteChange]) -> [RemoteChange] {
+        let stamped = { (changes: [RemoteChange]) -> [RemoteChange] in
             changes.map { var c = $0; c.askedAt = question.at; return c }
         }
-        if let importer {
-            // Before the cursor's changes: the cursor is from before this listing, so whatever
-            // changed meanwhile comes after what the listing showed (a delete after a put).
-            var retry: [String] = []
-            var handed = 0
-            let stopping = loop.isStopping
-            cond.lock(); listingHalted = stopping; listedThrough = []; cond.unlock()
-            do {
-                try importer.runLive(stopping: { [loop] in loop.isStopping }, listed: { [self] in listed(through: $0) }) { [self] page in
-                    var asked = Set(page.map { KeyBytes($0.key) })
-                    let all = page + (try movedAway(page, asked: &asked))
-                    handed += all.count
-                    retry += all.isEmpty ? [] : self.changes.applyRemote(stamped(all))
-                }
-            } catch {
-                cond.lock(); listingHalted = true; cond.broadcast(); cond.unlock()
-                throw error
-            }
-            self.importer = nil
-            cond.lock(); listingPending = false; bringingTheRest = false; cond.broadcast(); cond.unlock()
-            if handed > 0 { logger.info("brought in \(handed) changes from the store's listing that this device had not heard of") }
-            if !retry.isEmpty {
-                try state.write { tx in try tx.setFeedPending(Set((try tx.feedPending() + retry).map(KeyBytes.init)).map(\.key)) }
-            }
+        if let importer { try bringInTheListing(importer, stamped) }
+        var round = try readTheFeed()
+        if !round.reconcile && !round.told.isEmpty { try passOverOwnChanges(&round) }
+        if round.reconcile { try compareEverything(&round) }
+        let found = try described(&round)
+        let changes = found.changes + (try movedAway(found.changes, asked: &round.seen))
+        let retry = Set(((changes.isEmpty ? [] : self.changes.applyRemote(stamped(changes))) + found.unread).map(KeyBytes.init)).map(\.key)
+        keyValues?.apply(objectKeys: found.kvKeys, initial: round.reconcile)  // also when none changed: it sends what waits
+        let (newCursor, pending) = (round.cursor, round.pending)
+        try state.write { tx in
+            if let newCursor { try tx.setMeta(Self.cursorKey, newCursor) }
+            if !(pending.isEmpty && retry.isEmpty) { try tx.setFeedPending(retry) }
         }
-        var cursor = try state.read { try $0.meta(Self.cursorKey) }
-        let pending = try state.read { try $0.feedPending() }
-        // Keys as bytes throughout: NFC and NFD spellings of one name are two keys.
-        var order: [String] = pending
-        var seen = Set(pending.map(KeyBytes.init))
+        return changes.count
+    }
+
+    /// What one poll has learned so far, handed from step to step. Keys as bytes throughout:
+    /// NFC and NFD spellings of one name are two keys.
+    private struct Round {
+        var cursor: String?
+        /// Keys an earlier poll could not finish, asked again first.
+        let pending: [String]
+        /// Every key to look at, in the order the feed told them.
+        var order: [String]
+        var seen: Set<KeyBytes>
+        /// What the store holds at a key, where it is known without a HEAD (nil inside: absent).
         var known: [KeyBytes: ObjectInfo?] = [:]
-        // The feed's changes of keys it has once (the others are asked for whatever they say).
+        /// The feed's changes of keys it has once (the others are asked for whatever they say).
         var told: [KeyBytes: StoreChange] = [:]
+        /// A full comparison with the store instead of the feed's changes.
         var reconcile = false
+        /// What this device had recorded of each key before the store is asked (see RemoteChange).
+        var before: [KeyBytes: String] = [:]
+        /// Changes this device has already: its own puts, as the store's feed says (their
+        /// origin), and what it records as the feed tells it. The uploader recorded them.
+        var own = Set<KeyBytes>()
+        /// What this device recorded of the keys asked of `store.confirmed`, read before it.
+        var recorded: [KeyBytes: String?] = [:]
+    }
+
+    /// The importer's listing, before the cursor's changes: the cursor is from before this
+    /// listing, so whatever changed meanwhile comes after what the listing showed (a delete
+    /// after a put).
+    private func bringInTheListing(_ importer: Importer, _ stamped: @escaping ([RemoteChange]) -> [RemoteChange]) throws {
+        var retry: [String] = []
+        var handed = 0
+        let stopping = loop.isStopping
+        cond.lock(); listingHalted = stopping; listedThrough = []; cond.unlock()
+        do {
+            try importer.runLive(stopping: { [loop] in loop.isStopping }, listed: { [self] in listed(through: $0) }) { [self] page in
+                var asked = Set(page.map { KeyBytes($0.key) })
+                let all = page + (try movedAway(page, asked: &asked))
+                handed += all.count
+                retry += all.isEmpty ? [] : self.changes.applyRemote(stamped(all))
+            }
+        } catch {
+            cond.lock(); listingHalted = true; cond.broadcast(); cond.unlock()
+            throw error
+        }
+        self.importer = nil
+        cond.lock(); listingPending = false; bringingTheRest = false; cond.broadcast(); cond.unlock()
+        if handed > 0 { logger.info("brought in \(handed) changes from the store's listing that this device had not heard of") }
+        if !retry.isEmpty {
+            try state.write { tx in try tx.setFeedPending(Set((try tx.feedPending() + retry).map(KeyBytes.init)).map(\.key)) }
+        }
+    }
+
+    /// The keys to look at: those an earlier poll left, then the feed's changes since the
+    /// saved cursor; or, with no cursor or one the store cannot answer from, a full comparison.
+    private func readTheFeed() throws -> Round {
+        let store = self.store
+        let pending = try state.read { try $0.feedPending() }
+        var round = Round(cursor: try state.read { try $0.meta(Self.cursorKey) }, pending: pending,
+                          order: pending, seen: Set(pending.map(KeyBytes.init)))
         // What this device recorded of each key when a full comparison began is held aside
         // before the store is listed (`holdRecordedVersions`). A listing is not one moment (S3
         // pages through the bucket, and its store hands back the listing the new cursor was
         // found with), and uploads go on meanwhile: a key recorded after the listing began is not
         // a key the listing missed.
-        if cursor == nil {
+        if round.cursor == nil {
             // No cursor (the store was down at mount): start from now, and compare everything.
             try holdRecordedVersions()
-            cursor = try retryingTransient { try runBlocking { try await store.currentCursor() } }
-            reconcile = true
+            round.cursor = try retryingTransient { try runBlocking { try await store.currentCursor() } }
+            round.reconcile = true
         }
-        while !reconcile {
-            let since = cursor
+        while !round.reconcile {
+            let since = round.cursor
             let size = batchSize
             // Ended by an unmount (a full listing of a million objects takes 1,000 requests).
             let batch = try retryingTransient {
@@ -311,99 +350,107 @@ public final class ChangeFeed: @unchecked Sendable {
             if batch.reset {
                 logger.notice("the store cannot answer from this device's place in its changes (restored from a backup, or its history cut short): comparing everything with it; changes of this device not yet uploaded are kept")
                 try holdRecordedVersions()
-                cursor = try runBlocking { try await store.currentCursor() }
-                reconcile = true
+                round.cursor = try runBlocking { try await store.currentCursor() }
+                round.reconcile = true
                 break
             }
             for c in batch.changes {
-                if seen.insert(KeyBytes(c.key)).inserted {
-                    order.append(c.key)
-                    told[KeyBytes(c.key)] = c
+                if round.seen.insert(KeyBytes(c.key)).inserted {
+                    round.order.append(c.key)
+                    round.told[KeyBytes(c.key)] = c
                 } else {
-                    told[KeyBytes(c.key)] = nil
+                    round.told[KeyBytes(c.key)] = nil
                 }
             }
             for what in batch.unreadable { logger.warning("passing over a change the store holds but cannot be read: \(what)") }
-            cursor = batch.cursor
+            round.cursor = batch.cursor
             if !batch.more { break }
         }
-        // What this device had recorded of each key before the store is asked (see RemoteChange).
-        var before: [KeyBytes: String] = [:]
-        // Changes this device has already: its own puts, as the store's feed says (their origin),
-        // and what it records as the feed tells it (below). The uploader recorded them.
-        var own = Set<KeyBytes>()
-        // What this device recorded of the keys asked of `store.confirmed`, read before it.
-        var recorded: [KeyBytes: String?] = [:]
-        if !reconcile && !told.isEmpty {
-            let once = order.compactMap { told[KeyBytes($0)] }.filter { !ReservedKeys.isReserved($0.key) }
-            // Files only: a store may keep no metadata on a folder's marker (SeaweedFS), so its
-            // HEAD shows no origin and the change goes on to the file system, as it must.
-            for c in once where !c.key.hasSuffix("/") && writtenHere(c.claimed?.metadata) {
-                own.insert(KeyBytes(c.key))
-            }
-            // Each key's recorded version is read once: a key the store does not tell of keeps
-            // this read for its HEAD below (still read before the store was asked).
-            let others = once.filter { !own.contains(KeyBytes($0.key)) }
-            try state.read { tx in
-                for c in others {
-                    let entry = try tx.entries(remoteKey: c.key).first
-                    recorded[KeyBytes(c.key)] = .some(entry?.remoteVersion)
-                    // Nothing to ask of a change of a file this device has already: the version it
-                    // records (its own put on a store whose feed tells no origin), or a delete of a
-                    // key it has no item for (its own delete). A later change of the key comes
-                    // later in the feed (two of one key in one look are asked of the store, below).
-                    // Folders' markers are asked, as for the origin: on a store that keeps no
-                    // metadata on them (SeaweedFS) a marker's version is its ETag alone, the same
-                    // for every empty marker, and says nothing of which one it is.
-                    if c.key.hasSuffix("/") { continue }
-                    if c.kind == .put ? (c.version != nil && entry?.remoteVersion == c.version) : entry == nil {
-                        own.insert(KeyBytes(c.key))
-                    }
+        return round
+    }
+
+    /// Of the feed's changes, those this device has already (its own, as their origin or the
+    /// version it records says) are passed over; what the store can tell at once of the
+    /// others is known without a HEAD.
+    private func passOverOwnChanges(_ round: inout Round) throws {
+        let once = round.order.compactMap { round.told[KeyBytes($0)] }.filter { !ReservedKeys.isReserved($0.key) }
+        // Files only: a store may keep no metadata on a folder's marker (SeaweedFS), so its
+        // HEAD shows no origin and the change goes on to the file system, as it must.
+        for c in once where !c.key.hasSuffix("/") && writtenHere(c.claimed?.metadata) {
+            round.own.insert(KeyBytes(c.key))
+        }
+        // Each key's recorded version is read once: a key the store does not tell of keeps
+        // this read for its HEAD below (still read before the store was asked).
+        let others = once.filter { !round.own.contains(KeyBytes($0.key)) }
+        try state.read { tx in
+            for c in others {
+                let entry = try tx.entries(remoteKey: c.key).first
+                round.recorded[KeyBytes(c.key)] = .some(entry?.remoteVersion)
+                // Nothing to ask of a change of a file this device has already: the version it
+                // records (its own put on a store whose feed tells no origin), or a delete of a
+                // key it has no item for (its own delete). A later change of the key comes
+                // later in the feed (two of one key in one look are asked of the store, below).
+                // Folders' markers are asked, as for the origin: on a store that keeps no
+                // metadata on them (SeaweedFS) a marker's version is its ETag alone, the same
+                // for every empty marker, and says nothing of which one it is.
+                if c.key.hasSuffix("/") { continue }
+                if c.kind == .put ? (c.version != nil && entry?.remoteVersion == c.version) : entry == nil {
+                    round.own.insert(KeyBytes(c.key))
                 }
             }
-            // What the store can tell at once of the others (the S3 store: a listing for a folder
-            // of many), asked after what this device recorded of them is read, as a HEAD is.
-            let ask = others.filter { !own.contains(KeyBytes($0.key)) }
-            let answers = ask.isEmpty ? [] : (try? runBlocking { [store] in await store.confirmed(ask) }) ?? []
-            for c in answers.count == ask.count ? answers : [] {
-                switch c.current {
-                case .object(let info): known[KeyBytes(c.key)] = info
-                case .absent: known[KeyBytes(c.key)] = .some(nil)
-                case nil: continue
-                }
-                if let v = recorded[KeyBytes(c.key)] ?? nil { before[KeyBytes(c.key)] = v }
-            }
         }
-        if reconcile {
-            defer {
-                try? state.write { try $0.releaseHeldVersions() }
-                holding = false
+        // What the store can tell at once of the others (the S3 store: a listing for a folder
+        // of many), asked after what this device recorded of them is read, as a HEAD is.
+        let ask = others.filter { !round.own.contains(KeyBytes($0.key)) }
+        let answers = ask.isEmpty ? [] : (try? runBlocking { [store] in await store.confirmed(ask) }) ?? []
+        for c in answers.count == ask.count ? answers : [] {
+            switch c.current {
+            case .object(let info): round.known[KeyBytes(c.key)] = info
+            case .absent: round.known[KeyBytes(c.key)] = .some(nil)
+            case nil: continue
             }
-            let differing = try differencesFromTheStore(alsoOf: seen)
-            for c in differing {
-                known[KeyBytes(c.key)] = c.info
-                if let v = c.recordedBefore { before[KeyBytes(c.key)] = v }
-                if seen.insert(KeyBytes(c.key)).inserted { order.append(c.key) }
-            }
+            if let v = round.recorded[KeyBytes(c.key)] ?? nil { round.before[KeyBytes(c.key)] = v }
         }
+    }
+
+    /// A full comparison: every key whose store object differs from what this device recorded
+    /// (held aside when the comparison began) joins the round, with what the store holds.
+    private func compareEverything(_ round: inout Round) throws {
+        defer {
+            try? state.write { try $0.releaseHeldVersions() }
+            holding = false
+        }
+        let differing = try differencesFromTheStore(alsoOf: round.seen)
+        for c in differing {
+            round.known[KeyBytes(c.key)] = c.info
+            if let v = c.recordedBefore { round.before[KeyBytes(c.key)] = v }
+            if round.seen.insert(KeyBytes(c.key)).inserted { round.order.append(c.key) }
+        }
+    }
+
+    /// The round's keys as changes for the file system, each with what the store holds now
+    /// (a HEAD where it is not known yet); the key-value store's keys; and the keys that wait
+    /// for the next poll (the store could not tell of them).
+    private func described(_ round: inout Round) throws -> (changes: [RemoteChange], kvKeys: [String], unread: [String]) {
+        let store = self.store
         var changes: [RemoteChange] = []
         var kvKeys: [String] = []
         var unread: [String] = []
         // A key new here that the store failed to tell of this poll (see below).
         var unreadNewKey = false
-        for key in order {
+        for key in round.order {
             // ubiq's own keys are not files: the key-value store's go to its handler.
             if ReservedKeys.isReserved(key) {
                 if key.hasPrefix(ReservedKeys.kv) { kvKeys.append(key) }
                 continue
             }
             let info: ObjectInfo?
-            if own.contains(KeyBytes(key)) { continue }
-            if let k = known[KeyBytes(key)] {
+            if round.own.contains(KeyBytes(key)) { continue }
+            if let k = round.known[KeyBytes(key)] {
                 info = k
             } else {
-                let v = try recorded[KeyBytes(key)] ?? state.read({ try $0.entries(remoteKey: key).first?.remoteVersion })
-                if let v { before[KeyBytes(key)] = v }
+                let v = try round.recorded[KeyBytes(key)] ?? state.read({ try $0.entries(remoteKey: key).first?.remoteVersion })
+                if let v { round.before[KeyBytes(key)] = v }
                 do { info = try retryingTransient { try runBlocking { try await store.head(key) } } } catch StoreError.notFound {
                     info = nil
                 } catch StoreError.invalidKey(_, let why) {
@@ -429,7 +476,7 @@ public final class ChangeFeed: @unchecked Sendable {
             }
             // This device's own writes: the uploader records them.
             if writtenHere(info?.metadata) { continue }
-            changes.append(RemoteChange(key: key, info: info, recordedBefore: before[KeyBytes(key)]))
+            changes.append(RemoteChange(key: key, info: info, recordedBefore: round.before[KeyBytes(key)]))
         }
         // A new key that could not be read may be where an item went: another device copies it
         // there, then deletes the old key. Applied without it, the delete removes the item here
@@ -442,15 +489,7 @@ public final class ChangeFeed: @unchecked Sendable {
             unread += changes.filter(held).map(\.key)
             changes.removeAll(where: held)
         }
-        changes += try movedAway(changes, asked: &seen)
-        let retry = Set(((changes.isEmpty ? [] : self.changes.applyRemote(stamped(changes))) + unread).map(KeyBytes.init)).map(\.key)
-        keyValues?.apply(objectKeys: kvKeys, initial: reconcile)  // also when none changed: it sends what waits
-        let newCursor = cursor
-        try state.write { tx in
-            if let newCursor { try tx.setMeta(Self.cursorKey, newCursor) }
-            if !(pending.isEmpty && retry.isEmpty) { try tx.setFeedPending(retry) }
-        }
-        return changes.count
+        return (changes, kvKeys, unread)
     }
 
     /// Objects taken from the store's listing at a time in a full comparison (tests set fewer).

@@ -10,7 +10,7 @@ import UbiqStore
 extension Uploader {
     /// The versions the store keeps of `key`, newest first (`ubiq versions --all`).
     public func history(of key: String) throws -> [ObjectInfo] {
-        let store = self.store, writes = self.writes
+        let store = self.store
         return try runBlocking { try await store.versions(of: key) }
     }
 
@@ -74,7 +74,7 @@ extension Uploader {
     /// it: an upload whose answer never came (a lost reply, a crash), from an item since deleted,
     /// renamed or written again here. Nil otherwise (another device's version, or one recorded).
     func leftoverOfOurs(_ key: String) throws -> String? {
-        let store = self.store, writes = self.writes
+        let store = self.store
         let info = try runBlocking { try await store.head(key) }
         return try isUnrecordedOfOurs(info, at: key) ? info.version : nil
     }
@@ -92,7 +92,7 @@ extension Uploader {
     /// A conditional write found the key taken. Decide whose it is.
     func resolveTaken(key: String, entryID: Int64, ino: UInt64, generation: Int64, isDir: Bool,
                               condition: WriteCondition, current: String?) throws -> Taken {
-        let store = self.store, writes = self.writes
+        let store = self.store
         let info: ObjectInfo
         do { info = try runBlocking { try await store.head(key) } } catch StoreError.notFound {
             // Deleted in the store meanwhile: an edit beats a delete.

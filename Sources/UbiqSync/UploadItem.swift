@@ -42,167 +42,215 @@ extension Uploader {
     /// `keys`: the only keys it may touch, when it goes beside other items (`uploadSideBySide`);
     /// an item that came to need others since (renamed meanwhile, or now a folder) goes later.
     func upload(_ ino: UInt64, keys: Set<KeyBytes>? = nil) throws -> Outcome {
-        guard var s = try snapshot(ino) else { return .done }
-        if s.entries.isEmpty { return .done }  // removed: its tombstones do the rest
-        if let keys, !(Self.keys(of: s)?.isSubset(of: keys) ?? false) { return .deferred }
-        let isDir = s.rec.type == UInt32(S_IFDIR)
-        let isRegular = s.rec.type == UInt32(S_IFREG)
-        let contentDirty = s.rec.contentGen > s.upload.uploadedContentGen
-        let metaDirty = s.rec.metaGen > s.upload.uploadedMetaGen
-        var staged: URL?
-        var stagedIsCopy = true
-        // Held through the put when there was no room to stage a copy (see below).
-        var heldClaim: Claim?
-        // Other devices' versions kept as conflict copies on the way.
-        var setAside: [String] = []
-        defer {
-            if let staged, stagedIsCopy { unlink(staged.path) }
-            if let heldClaim { coordinator.release(heldClaim) }
-        }
-        let store = self.store, writes = self.writes
-
-        for (entry, path) in s.entries {
+        guard let first = try snapshot(ino) else { return .done }
+        if first.entries.isEmpty { return .done }  // removed: its tombstones do the rest
+        if let keys, !(Self.keys(of: first)?.isSubset(of: keys) ?? false) { return .deferred }
+        let pass = Pass(ino, first)
+        defer { pass.end(coordinator) }
+        for (entry, path) in first.entries {
             guard let path else {
                 return .localOnly("a name on the way to inode \(ino) is not valid UTF-8: kept on this device only")
             }
-            let key = isDir ? path + "/" : path
-            let needsPut = entry.remoteKey == nil || (!isDir && contentDirty)
-            if needsPut {
-                if isRegular && staged == nil && s.rec.present {
-                    // Snapshot under an upload claim: writers wait, readers go on.
-                    let claim: Claim
-                    do { claim = try coordinator.claim(ino, .upload) } catch { return .retry("\(error)") }
-                    var keep = false
-                    defer { if !keep { coordinator.release(claim) } }
-                    guard let fresh = try snapshot(ino) else { return .done }
-                    s = fresh
-                    // The store gets only bytes this device cannot lose: a close commits without
-                    // syncing, so what it committed is made durable first (the record of it too).
-                    do { try cache.sync(ino) } catch { return .retry("\(error)") }
-                    state.syncToDisk()
-                    do {
-                        staged = try cache.stage(ino, generation: s.rec.contentGen)
-                    } catch let e as LocalWriteError where e.errno == ENOSPC || e.errno == EDQUOT {
-                        // No room for a copy: send the cache file itself, and keep writers
-                        // out until it is sent (readers go on).
-                        logger.info("no room to stage inode \(ino) for upload; uploading it in place")
-                        staged = URL(fileURLWithPath: cache.path(ino))
-                        stagedIsCopy = false
-                        heldClaim = claim
-                        keep = true
-                    }
-                }
-                if isRegular && !s.rec.present && entry.remoteKey != nil {
-                    // A placeholder whose content is in the store already: a move/metadata case, below.
-                } else {
-                    let condition: WriteCondition = (entry.remoteKey?.sameBytes(key) == true && entry.remoteVersion != nil)
-                        ? .ifMatch(entry.remoteVersion!) : .ifAbsent
-                    // The digest of the staged bytes goes with them (checked by every download).
-                    var described = metadata(s, entry: entry, generation: s.rec.contentGen)
-                    if let staged {
-                        do { described.sha256 = try ContentDigest.of(path: staged.path) } catch { return .retry("\(error)") }
-                    }
-                    let meta = described
-                    let source = staged
-                    let total = max(1, s.rec.size)
-                    let progress = self.progress
-                    func send(_ condition: WriteCondition) throws -> ObjectInfo {
-                        progress.set(ino, 0)
-                        let report: @Sendable (Int64) -> Void = { sent in progress.set(ino, Int(min(99, sent * 100 / total))) }
-                        trace("put \(key) \(condition) ino \(ino) gen \(s.rec.contentGen)")
-                        return try runBlocking {
-                            try await writes.writing(key) { try await store.put(key, contentsOf: source, metadata: meta, condition: condition, progress: report) }
-                        }
-                    }
-                    // Should the answer never come and the item be removed, the key is checked then.
-                    if entry.remoteKey?.sameBytes(key) != true { try state.write { try $0.markSent(ino, key: key) } }
-                    let info: ObjectInfo
-                    do {
-                        info = try send(condition)
-                    } catch StoreError.preconditionFailed(_, let current) {
-                        switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
-                                                 condition: condition, current: current) {
-                        case .adopt(let found):
-                            try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, found))
-                            continue
-                        case .wait:
-                            try breakRenameCycle(entry, to: key, s)
-                            return .deferred
-                        case .conflict(let why): return .conflict(why)
-                        case .over(let theirs, let copy):
-                            do { info = try send(theirs.map { .ifMatch($0) } ?? .ifAbsent) } catch StoreError.preconditionFailed {
-                                undoSetAside(copy)
-                                return .deferred  // changed again meanwhile: start over
-                            }
-                            if let copy { setAside.append(copy.key) }
-                        }
-                    }
-                    try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, info))
+            let key = pass.isDir ? path + "/" : path
+            if entry.remoteKey == nil || (!pass.isDir && pass.contentDirty) {
+                if pass.isRegular && pass.staged == nil && pass.s.rec.present, let outcome = try stage(pass) { return outcome }
+                // A placeholder whose content is in the store already is a move or a metadata
+                // change (below); anything else goes up.
+                if !(pass.isRegular && !pass.s.rec.present && entry.remoteKey != nil) {
+                    if let outcome = try put(entry, at: key, pass) { return outcome }
                     continue
                 }
             }
             guard let oldKey = entry.remoteKey, let oldVersion = entry.remoteVersion else { continue }
             if !oldKey.sameBytes(key) {
-                // Moved: server-side copy, then drop the old key. No content leaves the store.
-                let meta = metadata(s, entry: entry, generation: s.rec.contentGen)
-                func copy(_ condition: WriteCondition) throws -> ObjectInfo {
-                    trace("copy \(oldKey)@\(oldVersion) to \(key) \(condition) ino \(ino)")
-                    return try runBlocking {
-                        try await writes.writing(oldKey, key) { try await store.copy(from: oldKey, version: oldVersion, to: key, metadata: meta, condition: condition) }
-                    }
-                }
-                try state.write { try $0.markSent(ino, key: key) }
-                let info: ObjectInfo
-                do {
-                    info = try copy(.ifAbsent)
-                } catch StoreError.notFound where !isRegular || s.rec.present {
-                    // What it moved from is gone from the store (deleted, or written over, on
-                    // another device meanwhile; a store without old versions cannot copy it):
-                    // what is here goes up anew under the new name, and the old key is left alone.
-                    logger.info("\(oldKey) is gone from the store: inode \(ino) goes up anew as \(key)")
-                    try state.write { try $0.setRemote(entryID: entry.id, key: nil, version: nil) }
-                    return .deferred
-                } catch StoreError.preconditionFailed(_, let current) {
-                    switch try resolveTaken(key: key, entryID: entry.id, ino: ino, generation: s.rec.contentGen, isDir: isDir,
-                                             condition: .ifAbsent, current: current) {
-                    case .adopt(let found):
-                        try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, found))
-                        continue
-                    case .wait:
-                        try breakRenameCycle(entry, to: key, s)
-                        return .deferred
-                    case .conflict(let why): return .conflict(why)
-                    case .over(let theirs, let aside):
-                        do { info = try copy(theirs.map { .ifMatch($0) } ?? .ifAbsent) } catch StoreError.preconditionFailed, StoreError.notFound {
-                            undoSetAside(aside)
-                            return .deferred
-                        }
-                        if let aside { setAside.append(aside.key) }
-                    }
-                }
-                try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, info), copied: true)
-            } else if metaDirty {
-                let meta = metadata(s, entry: entry, generation: s.rec.contentGen)
-                do {
-                    trace("copy \(key)@\(oldVersion) onto itself (metadata) ino \(ino)")
-                    let info = try runBlocking {
-                        try await writes.writing(key) { try await store.copy(from: key, version: oldVersion, to: key, metadata: meta, condition: .ifMatch(oldVersion)) }
-                    }
-                    try state.write { try $0.recordRemote(entryID: entry.id, key: key, info) }
-                } catch let e as StoreError where e.isPreconditionFailed || e.isNotFound {
-                    trace("\(key): \(e)")
-                    // Changed in the store, or gone (a store without old versions cannot copy
-                    // the version this device knows): merged, or written again.
-                    switch try mergeMetadata(key: key, entry: entry, meta: meta, isPlaceholder: isRegular && !s.rec.present) {
-                    case .merged: break
-                    case .again: return .deferred
-                    case .dropped: return .done
-                    }
-                }
+                if let outcome = try move(entry, from: oldKey, version: oldVersion, to: key, pass) { return outcome }
+            } else if pass.metaDirty {
+                if let outcome = try updateMetadata(entry, at: key, version: oldVersion, pass) { return outcome }
             }
         }
-        try state.write { try $0.markUploaded(ino, contentGen: s.rec.contentGen, metaGen: s.rec.metaGen) }
-        return setAside.isEmpty ? .done : .setAside(setAside.joined(separator: ", "))
+        try state.write { try $0.markUploaded(ino, contentGen: pass.s.rec.contentGen, metaGen: pass.s.rec.metaGen) }
+        return pass.setAside.isEmpty ? .done : .setAside(pass.setAside.joined(separator: ", "))
+    }
+
+    /// One upload of an item, from step to step: its snapshot (taken again under the upload
+    /// claim when its bytes are staged), the staged bytes, the claim held through a put of the
+    /// cache file itself, and other devices' versions kept as conflict copies on the way.
+    final class Pass {
+        let ino: UInt64
+        var s: Snapshot
+        let isDir: Bool, isRegular: Bool, contentDirty: Bool, metaDirty: Bool
+        var staged: URL?
+        var stagedIsCopy = true
+        /// Held through the put when there was no room to stage a copy (see `stage`).
+        var heldClaim: Claim?
+        var setAside: [String] = []
+
+        init(_ ino: UInt64, _ s: Snapshot) {
+            self.ino = ino; self.s = s
+            isDir = s.rec.type == UInt32(S_IFDIR)
+            isRegular = s.rec.type == UInt32(S_IFREG)
+            contentDirty = s.rec.contentGen > s.upload.uploadedContentGen
+            metaDirty = s.rec.metaGen > s.upload.uploadedMetaGen
+        }
+
+
+        func end(_ coordinator: Coordinator) {
+            if let staged, stagedIsCopy { unlink(staged.path) }
+            if let heldClaim { coordinator.release(heldClaim) }
+        }
+    }
+
+    /// The item's bytes staged for the put, under an upload claim: writers wait, readers go on.
+    /// Nil, or what the upload comes to (the item gone, a claim or the disk failing).
+    private func stage(_ pass: Pass) throws -> Outcome? {
+        let ino = pass.ino
+        let claim: Claim
+        do { claim = try coordinator.claim(ino, .upload) } catch { return .retry("\(error)") }
+        var keep = false
+        defer { if !keep { coordinator.release(claim) } }
+        guard let fresh = try snapshot(ino) else { return .done }
+        pass.s = fresh
+        // The store gets only bytes this device cannot lose: a close commits without
+        // syncing, so what it committed is made durable first (the record of it too).
+        do { try cache.sync(ino) } catch { return .retry("\(error)") }
+        state.syncToDisk()
+        do {
+            pass.staged = try cache.stage(ino, generation: pass.s.rec.contentGen)
+        } catch let e as LocalWriteError where e.errno == ENOSPC || e.errno == EDQUOT {
+            // No room for a copy: send the cache file itself, and keep writers
+            // out until it is sent (readers go on).
+            logger.info("no room to stage inode \(ino) for upload; uploading it in place")
+            pass.staged = URL(fileURLWithPath: cache.path(ino))
+            pass.stagedIsCopy = false
+            pass.heldClaim = claim
+            keep = true
+        }
+        return nil
+    }
+
+    /// `entry` put at `key`, conditional on the version it was edited from (else on the key
+    /// being free). Nil when it went up, or what the upload comes to.
+    private func put(_ entry: EntryRecord, at key: String, _ pass: Pass) throws -> Outcome? {
+        let (ino, s, store, writes) = (pass.ino, pass.s, self.store, self.writes)
+        let condition: WriteCondition = (entry.remoteKey?.sameBytes(key) == true && entry.remoteVersion != nil)
+            ? .ifMatch(entry.remoteVersion!) : .ifAbsent
+        // The digest of the staged bytes goes with them (checked by every download).
+        var described = metadata(s, entry: entry, generation: s.rec.contentGen)
+        if let staged = pass.staged {
+            do { described.sha256 = try ContentDigest.of(path: staged.path) } catch { return .retry("\(error)") }
+        }
+        let meta = described
+        let source = pass.staged
+        let total = max(1, s.rec.size)
+        let progress = self.progress
+        func send(_ condition: WriteCondition) throws -> ObjectInfo {
+            progress.set(ino, 0)
+            let report: @Sendable (Int64) -> Void = { sent in progress.set(ino, Int(min(99, sent * 100 / total))) }
+            trace("put \(key) \(condition) ino \(ino) gen \(s.rec.contentGen)")
+            return try runBlocking {
+                try await writes.writing(key) { try await store.put(key, contentsOf: source, metadata: meta, condition: condition, progress: report) }
+            }
+        }
+        // Should the answer never come and the item be removed, the key is checked then.
+        if entry.remoteKey?.sameBytes(key) != true { try state.write { try $0.markSent(ino, key: key) } }
+        let info: ObjectInfo
+        do {
+            info = try send(condition)
+        } catch StoreError.preconditionFailed(_, let current) {
+            switch try overTaken(entry, at: key, condition: condition, current: current, pass, again: send,
+                                 startOver: { ($0 as? StoreError)?.isPreconditionFailed == true }) {
+            case .wrote(let written): info = written
+            case .done(let outcome): return outcome
+            }
+        }
+        try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, info))
+        return nil
+    }
+
+    /// `entry` moved in the store from `oldKey` to `key`: a server-side copy, then the old key
+    /// dropped; no content leaves the store. Nil when it moved, or what the upload comes to.
+    private func move(_ entry: EntryRecord, from oldKey: String, version oldVersion: String, to key: String,
+                      _ pass: Pass) throws -> Outcome? {
+        let (ino, s, store, writes) = (pass.ino, pass.s, self.store, self.writes)
+        let meta = metadata(s, entry: entry, generation: s.rec.contentGen)
+        func copy(_ condition: WriteCondition) throws -> ObjectInfo {
+            trace("copy \(oldKey)@\(oldVersion) to \(key) \(condition) ino \(ino)")
+            return try runBlocking {
+                try await writes.writing(oldKey, key) { try await store.copy(from: oldKey, version: oldVersion, to: key, metadata: meta, condition: condition) }
+            }
+        }
+        try state.write { try $0.markSent(ino, key: key) }
+        let info: ObjectInfo
+        do {
+            info = try copy(.ifAbsent)
+        } catch StoreError.notFound where !pass.isRegular || s.rec.present {
+            // What it moved from is gone from the store (deleted, or written over, on
+            // another device meanwhile; a store without old versions cannot copy it):
+            // what is here goes up anew under the new name, and the old key is left alone.
+            logger.info("\(oldKey) is gone from the store: inode \(ino) goes up anew as \(key)")
+            try state.write { try $0.setRemote(entryID: entry.id, key: nil, version: nil) }
+            return .deferred
+        } catch StoreError.preconditionFailed(_, let current) {
+            switch try overTaken(entry, at: key, condition: .ifAbsent, current: current, pass, again: copy,
+                                 startOver: { ($0 as? StoreError).map { $0.isPreconditionFailed || $0.isNotFound } == true }) {
+            case .wrote(let written): info = written
+            case .done(let outcome): return outcome
+            }
+        }
+        try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, info), copied: true)
+        return nil
+    }
+
+    private enum AfterTaken { case wrote(ObjectInfo), done(Outcome?) }
+
+    /// A put or copy to `key` found it taken (`current`): the store's version adopted, the
+    /// write waiting (a rename cycle broken), a conflict, or the write again over theirs
+    /// (`again`), theirs set aside first where it must be kept; a write again that fails as
+    /// `startOver` says starts the upload over.
+    private func overTaken(_ entry: EntryRecord, at key: String, condition: WriteCondition, current: String?, _ pass: Pass,
+                           again: (WriteCondition) throws -> ObjectInfo, startOver: (Error) -> Bool) throws -> AfterTaken {
+        switch try resolveTaken(key: key, entryID: entry.id, ino: pass.ino, generation: pass.s.rec.contentGen, isDir: pass.isDir,
+                                condition: condition, current: current) {
+        case .adopt(let found):
+            try removeOld(entry, newKey: key, tombstone: try recordAt(entry, key: key, found))
+            return .done(nil)
+        case .wait:
+            try breakRenameCycle(entry, to: key, pass.s)
+            return .done(.deferred)
+        case .conflict(let why): return .done(.conflict(why))
+        case .over(let theirs, let copy):
+            let info: ObjectInfo
+            do { info = try again(theirs.map { .ifMatch($0) } ?? .ifAbsent) } catch where startOver(error) {
+                undoSetAside(copy)
+                return .done(.deferred)  // changed again meanwhile: start over
+            }
+            if let copy { pass.setAside.append(copy.key) }
+            return .wrote(info)
+        }
+    }
+
+    /// `entry`'s metadata (chmod, chown, xattrs, times) onto the version the store holds, by a
+    /// copy onto itself; merged where the store's is newer. Nil, or what the upload comes to.
+    private func updateMetadata(_ entry: EntryRecord, at key: String, version oldVersion: String, _ pass: Pass) throws -> Outcome? {
+        let (ino, s, store, writes) = (pass.ino, pass.s, self.store, self.writes)
+        let meta = metadata(s, entry: entry, generation: s.rec.contentGen)
+        do {
+            trace("copy \(key)@\(oldVersion) onto itself (metadata) ino \(ino)")
+            let info = try runBlocking {
+                try await writes.writing(key) { try await store.copy(from: key, version: oldVersion, to: key, metadata: meta, condition: .ifMatch(oldVersion)) }
+            }
+            try state.write { try $0.recordRemote(entryID: entry.id, key: key, info) }
+        } catch let e as StoreError where e.isPreconditionFailed || e.isNotFound {
+            trace("\(key): \(e)")
+            // Changed in the store, or gone (a store without old versions cannot copy
+            // the version this device knows): merged, or written again.
+            switch try mergeMetadata(key: key, entry: entry, meta: meta, isPlaceholder: pass.isRegular && !s.rec.present) {
+            case .merged: break
+            case .again: return .deferred
+            case .dropped: return .done
+            }
+        }
+        return nil
     }
 
     enum Merge { case merged, again, dropped }
