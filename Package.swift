@@ -21,7 +21,7 @@ let package = Package(
         // BoringSSL (async-http-client's swift-nio-ssl has one), minutes of every cold build.
         .target(name: "CUbiq", linkerSettings: [.linkedLibrary("crypto")]),
         .target(name: "UbiqStore", dependencies: [
-            "CUbiq",
+            "UbiqClock", "CUbiq",
             .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -57,11 +57,11 @@ let package = Package(
         // The FUSE device's traffic, for what libfuse 3.14 does not pass on (KILLPRIV_V2).
         .target(name: "CUbiqFuse", dependencies: ["CFuse"]),
         .target(name: "UbiqFuse", dependencies: [
-            "CFuse", "CUbiqFuse", "UbiqFS",
+            "CFuse", "CUbiqFuse", "UbiqFS", "UbiqClock",
             .product(name: "Logging", package: "swift-log"),
         ]),
         .executableTarget(name: "ubiq", dependencies: [
-            "UbiqFuse", "UbiqFS", "UbiqControl", "UbiqStore", "UbiqS3", "UbiqState", "UbiqSync", "UbiqCoordinator", "CUbiq",
+            "UbiqFuse", "UbiqFS", "UbiqControl", "UbiqStore", "UbiqS3", "UbiqState", "UbiqSync", "UbiqCoordinator", "UbiqClock", "CUbiq",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),

@@ -6,10 +6,14 @@ import Foundation
 /// checked. The daemon uses the system's (`SystemTime`); a test moves a `ManualTime` itself, so
 /// what waits for time waits for the test, not for a sleep.
 ///
-/// What still goes by the system's clock: how long a caller waits for work another thread does
-/// (`Uploader.hurryAndWait`, `Materializer.settle`, an event queue's read), which is a guard
-/// against a hang rather than a decision, and the store's own timing (S3 request retries, the
-/// throttled and fault-injecting stores).
+/// The stores decide by one too (`DirectoryStore.time`, `S3Objects.time`: the journal's and
+/// versions' stamps and pruning, the S3 log's and snapshots' intervals).
+///
+/// What goes by the system's steady clock instead (`Deadline`, `Stopwatch`): how long a caller
+/// waits for work another thread does (`Uploader.hurryAndWait`, `Materializer.settle`, an
+/// event queue's read), which is a guard against a hang rather than a decision, and a slow
+/// link's pace (`ThrottledStore`). The pauses between retries (`RetryPolicy`) of S3 requests
+/// sleep in real time.
 public protocol TimeSource: Sendable {
     var now: Date { get }
     /// Waits on `condition` (locked by the caller, as `NSCondition.wait` wants) until it is
@@ -85,4 +89,43 @@ public final class ManualTime: TimeSource, @unchecked Sendable {
     public func after(_ seconds: TimeInterval, on queue: DispatchQueue, execute work: DispatchWorkItem) {
         lock.withLock { timers.append((current + seconds, queue, work)) }
     }
+}
+
+/// A moment some seconds from now on the system's steady clock: how long a caller waits for
+/// another thread's work (a guard against a hang, not a decision, which goes by a
+/// `TimeSource`). A wall clock set back or forward meanwhile (NTP, a laptop that slept) does
+/// not move it.
+public struct Deadline: Sendable {
+    private let end: UInt64
+
+    public init(in seconds: TimeInterval) {
+        let now = DispatchTime.now().uptimeNanoseconds
+        // Forever only when asked for; a NaN (a bug upstream) waits for nothing.
+        end = seconds == .infinity ? .max : seconds.isNaN ? now : now &+ UInt64(max(0, min(seconds, 1e9)) * 1e9)
+    }
+
+    public var passed: Bool { DispatchTime.now().uptimeNanoseconds >= end }
+
+    /// Seconds left (0 once passed).
+    public var remaining: TimeInterval {
+        let now = DispatchTime.now().uptimeNanoseconds
+        return now >= end ? 0 : Double(end - now) / 1e9
+    }
+
+    /// Waits on `condition` (locked by the caller) until it is signalled or this deadline
+    /// passes. False when it has passed.
+    @discardableResult
+    public func wait(_ condition: NSCondition) -> Bool {
+        let left = remaining
+        guard left > 0 else { return false }
+        return condition.wait(until: Date(timeIntervalSinceNow: min(left, 1e6)))
+    }
+}
+
+/// Seconds since it was started, on the system's steady clock (a transfer's rate, how long a
+/// command took).
+public struct Stopwatch: Sendable {
+    private let start = DispatchTime.now().uptimeNanoseconds
+    public init() {}
+    public var seconds: TimeInterval { Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9 }
 }

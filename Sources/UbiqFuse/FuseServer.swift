@@ -1,6 +1,7 @@
 import CFuse
 import CUbiqFuse
 import Foundation
+import UbiqClock
 import Logging
 import Synchronization
 import UbiqFS
@@ -201,8 +202,8 @@ public final class FuseServer: @unchecked Sendable {
     public func unmount() {
         guard let se = session else { return }
         // Before the device is closed: a late reply would go to whatever file gets its number.
-        let deadline = Date(timeIntervalSinceNow: 10)
-        while owed.withLock({ $0 }) > 0 && Date() < deadline { usleep(10_000) }
+        let deadline = Deadline(in: 10)
+        while owed.withLock({ $0 }) > 0 && !deadline.passed { usleep(10_000) }
         fuse_session_unmount(se)
         let left = owed.withLock { $0 }
         if left > 0 {

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import UbiqStore
 
 /// The bucket's change log (docs/s3.md): what devices changed, so that another device finds
@@ -177,8 +178,13 @@ final class S3ChangeLog: @unchecked Sendable {
     /// object's claims are taken).
     let seal: BucketSeal?
 
-    init(objects: any LogObjects, device: String, seal: BucketSeal?, logged: @escaping @Sendable ([Entry]) -> Void = { _ in }) {
-        self.objects = objects; self.device = device; self.seal = seal; self.logged = logged
+    /// This device's time: when a change was noted, how long a move is held, the server's
+    /// time as this device reckons it (`serverNow`).
+    let time: any TimeSource
+
+    init(objects: any LogObjects, device: String, seal: BucketSeal?, time: any TimeSource = SystemTime(),
+         logged: @escaping @Sendable ([Entry]) -> Void = { _ in }) {
+        self.objects = objects; self.device = device; self.seal = seal; self.time = time; self.logged = logged
     }
 
     // MARK: - Writing
@@ -191,7 +197,7 @@ final class S3ChangeLog: @unchecked Sendable {
         lock.withLock {
             pending.append(entry)
             noted += 1
-            lastNoted = Date()
+            lastNoted = time.now
             if pending.count > Self.maxPending { pending = Self.trimmed(pending, droppingNewest: false) }
         }
         publishSoon()
@@ -240,7 +246,7 @@ final class S3ChangeLog: @unchecked Sendable {
             let step: Step = lock.withLock {
                 // Held entries count as gone from `pending`: one that does not hold writes them
                 // (nothing is held anew while it runs: `mayHold`).
-                let hold = holdingMoves && mayHold(now: Date())
+                let hold = holdingMoves && mayHold(now: time.now)
                 if !hold, !held.isEmpty {
                     if inFlight > 0 { return .wait }
                     releaseHeld()
@@ -328,7 +334,7 @@ final class S3ChangeLog: @unchecked Sendable {
                 if let from = e.from {
                     held.append(e)
                     heldSources.insert(from)
-                    if heldSince == nil { heldSince = Date() }
+                    if heldSince == nil { heldSince = time.now }
                     continue
                 }
                 if e.op == "delete", heldSources.remove(e.key) != nil {
@@ -372,7 +378,7 @@ final class S3ChangeLog: @unchecked Sendable {
 
     /// Now by the server's clock (as last read), in ms.
     func serverNow() -> Int64 {
-        Int64((Date().timeIntervalSince1970 + lock.withLock { clockOffset }) * 1000)
+        Int64((time.now.timeIntervalSince1970 + lock.withLock { clockOffset }) * 1000)
     }
 
     // MARK: - Reading
@@ -459,7 +465,7 @@ final class S3ChangeLog: @unchecked Sendable {
         var names: [Listed] = []
         var token: String?
         repeat {
-            let sent = Date()
+            let sent = time.now
             let page = try await objects.listPage(Self.folder, after: after, token: token)
             out.requests += 1
             if out.position == 0 {

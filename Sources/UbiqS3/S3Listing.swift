@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import UbiqStore
 
 /// One object as ListObjectsV2 describes it: no version id, no metadata.
@@ -22,7 +23,7 @@ struct Listing: Sendable {
     var objects: [ListedObject] = []
     var skipped: [SkippedKey] = []
     /// The server's clock when the listing began (its `Date` header), else ours.
-    var taken = Date()
+    var taken: Date
     var requests = 0
     /// The last key listed, where the listing stopped after its first part (`listAll`'s
     /// `stoppingAfter`): what comes after it in key order was not listed. Nil: listed whole.
@@ -39,7 +40,7 @@ extension S3Objects {
     /// to that many objects (`Listing.through` says where, when there was more).
     func listAll(under: String, pageSize: Int = 1000, stoppingAfter bound: Int = .max,
                  more: () -> Void = {}) async throws -> Listing {
-        var out = Listing()
+        var out = Listing(taken: time.now)
         var token: String?
         var first = true
         repeat {
@@ -66,7 +67,7 @@ extension S3Objects {
     /// reached when it stopped before the folder's end (nil: listed to the end).
     func listFolder(_ folder: String, from first: String, to last: String,
                     maxPages: Int) async throws -> (listing: Listing, through: String?) {
-        var out = Listing()
+        var out = Listing(taken: time.now)
         var token: String?
         // Just before `first`: the key with its last character dropped (a few keys more at most).
         let before = String(first.dropLast())

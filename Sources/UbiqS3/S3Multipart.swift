@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import NIOHTTP1
 import UbiqStore
 
@@ -165,7 +166,7 @@ extension S3Objects {
         for block in S3Client.xmlBlocks("Upload", in: r.text) {
             guard let key = S3Client.xmlValue("Key", in: block), let id = S3Client.xmlValue("UploadId", in: block),
                   let started = S3Client.xmlValue("Initiated", in: block).flatMap(S3Time.isoDate),
-                  Date().timeIntervalSince(started) > age else { continue }
+                  time.now.timeIntervalSince(started) > age else { continue }
             _ = try? await client.send(.DELETE, key: key, query: [("uploadId", id)])
             aborted += 1
         }

@@ -46,8 +46,14 @@ public struct S3Objects: Sendable {
         BucketSeal(secret: client.endpoint.credentials.secretKey, bucket: client.endpoint.bucket, prefix: prefix)
     }
 
+    /// This device's time (the server's is told by its answers): when a listing began where the
+    /// server does not say, a part upload's age, the log's and snapshots' intervals.
+    public let time: any TimeSource
+
     public init(client: S3Client, prefix: String, versioned: Bool, checksConditions: Bool = true,
-                multipartThreshold: Int64 = 64 << 20, journal: (any MultipartJournal)? = nil, keepsFolderMetadata: Bool = true) {
+                multipartThreshold: Int64 = 64 << 20, journal: (any MultipartJournal)? = nil, keepsFolderMetadata: Bool = true,
+                time: any TimeSource = SystemTime()) {
+        self.time = time
         self.keepsFolderMetadata = keepsFolderMetadata
         self.client = client
         self.prefix = prefix.isEmpty || prefix.hasSuffix("/") ? prefix : prefix + "/"
@@ -236,7 +242,7 @@ public struct S3Objects: Sendable {
     /// Whether a listing shows the folder marker `key` (one LIST of one key).
     func listsMarker(_ key: String) async throws -> Bool {
         let query = [("list-type", "2"), ("prefix", prefix + key), ("encoding-type", "url"), ("max-keys", "1")]
-        var listed = Listing()
+        var listed = Listing(taken: time.now)
         _ = parse(try await client.send(.GET, key: nil, query: query).text, into: &listed)
         return listed.objects.first?.key.sameBytes(key) ?? false
     }

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import Logging
 import UbiqStore
 
@@ -44,6 +45,8 @@ extension Character {
 /// HEAD only for objects new or changed since the last.
 public final class S3Store: CloudStore, @unchecked Sendable {
     public let objects: S3Objects
+    /// This device's time (`S3Objects.time`).
+    var time: any TimeSource { objects.time }
     let index: S3Index
     let log: S3ChangeLog
     /// The deletes of moves whose log object is not written yet.
@@ -103,7 +106,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     init(objects: S3Objects, index: S3Index, logger: Logger, fullListingInterval: TimeInterval, snapshotInterval: TimeInterval) {
         self.objects = objects; self.index = index; self.logger = logger
         self.fullListingInterval = fullListingInterval; self.snapshotInterval = snapshotInterval
-        log = S3ChangeLog(objects: objects, device: index.id, seal: objects.seal, logged: { [index] in index.logged($0) })
+        log = S3ChangeLog(objects: objects, device: index.id, seal: objects.seal, time: objects.time, logged: { [index] in index.logged($0) })
         let deletes = S3DeferredDeletes(objects: objects, index: index)
         self.deletes = deletes
         log.settleDeletes = { try await deletes.settleForLog($0, ahead: $1) }
@@ -214,7 +217,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     private func listing(_ prefix: String) async throws -> Listing {
         let recent = prefix.isEmpty ? lock.withLock { () -> Listing? in
             defer { recentListing = nil }
-            return recentListing.flatMap { Date().timeIntervalSince($0.at) < 10 ? $0.listing : nil }
+            return recentListing.flatMap { time.now.timeIntervalSince($0.at) < 10 ? $0.listing : nil }
         } : nil
         if let recent { return recent }
         // The first listing of the bucket in this run, before any full listing of the feed's:
@@ -232,7 +235,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             }
             _ = await rest
             warn(listing.skipped)
-            let at = Date()
+            let at = time.now
             lock.withLock { premarked = (listing, marked, at) }
             // Kept for the feed's first full listing whatever its wait, after a first part: a
             // listing taken anew would tell every key past that part (millions of changes).
@@ -405,13 +408,13 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         if wanted { return true }
         let interval = snapshotInterval * snapshotJitter
         let worth = snapshotWorth(listing.objects.count)
-        if let known, Date().timeIntervalSince(known.at) < interval, Self.written(since: known.time, in: listing) < worth { return false }
+        if let known, time.now.timeIntervalSince(known.at) < interval, Self.written(since: known.time, in: listing) < worth { return false }
         // Due by what this device knew (or it never looked): one LIST says whether another
         // device wrote one since.
         let latest = try await snapshots.latest()
         let now = (at: latest.map(writtenAt) ?? .distantPast, time: latest?.time ?? 0)
         lock.withLock { latestSnapshot = now }
-        return Date().timeIntervalSince(now.at) >= interval || Self.written(since: now.time, in: listing) >= worth
+        return time.now.timeIntervalSince(now.at) >= interval || Self.written(since: now.time, in: listing) >= worth
     }
 
     /// Objects a new device would ask for one by one that make a snapshot worth writing.
@@ -427,7 +430,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     /// When `snapshot` was written, by this device's clock.
     private func writtenAt(_ snapshot: S3Snapshots.Found) -> Date {
-        Date().addingTimeInterval(-TimeInterval(log.serverNow() - snapshot.time) / 1000)
+        time.now.addingTimeInterval(-TimeInterval(log.serverNow() - snapshot.time) / 1000)
     }
 
     /// Writes a snapshot of `listing` (HEADs for what the index does not know), and prunes
@@ -435,10 +438,10 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     private func writeSnapshot(_ listing: Listing) async {
         // Named by when its listing was taken: it holds what was settled then (a device new to
         // the bucket reads the log from a moment before that: `lastLookOrSnapshot`).
-        let time = Int64(listing.taken.timeIntervalSince1970 * 1000)
+        let taken = Int64(listing.taken.timeIntervalSince1970 * 1000)
         do {
             var count = 0
-            let written = try await snapshots.write(time: time, device: index.id) { add in
+            let written = try await snapshots.write(time: taken, device: index.id) { add in
                 try await describe(listing, counted: false, pagesOf: describePage) { page in
                     let settled = page.filter { Self.settled($0.0, $0.1, in: listing) }
                     count += settled.count
@@ -452,7 +455,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             logger.warning("could not write a snapshot of the bucket (\(error)); trying again in \(Int(snapshotInterval)) s, or when many objects were written since")
         }
         // (A failure too waits for the interval, or for as many objects written since.)
-        lock.withLock { snapshotWanted = false; latestSnapshot = (Date(), time) }
+        lock.withLock { snapshotWanted = false; latestSnapshot = (time.now, taken) }
         try? index.setSetting(Self.snapshotWish, "0")
     }
 
@@ -565,14 +568,14 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let since = parts.first
         let from = parts.count == 2 ? Int64(parts[1]) : nil
         let full = lock.withLock {
-            fullListingAsked || lastFullListing.map { Date().timeIntervalSince($0) >= fullListingInterval } ?? true
+            fullListingAsked || lastFullListing.map { time.now.timeIntervalSince($0) >= fullListingInterval } ?? true
         }
         guard !full, let since, let from else { return try await listEverything(since: since, cursor: cursor) }
         let reset = ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         guard try index.isLatest(since) else { return reset }
         let read = try await log.look(from: from, markOnly: false)
         if !objects.keepsFolderMetadata {
-            let now = Date()
+            let now = time.now
             lock.withLock {
                 foldersSaidDeleted = foldersSaidDeleted.filter { now.timeIntervalSince($0.value) < Self.foldersCheckedFor }
                 for c in read.changes where c.kind == .delete && c.key.hasSuffix("/") && foldersSaidDeleted.count < 10_000 {
@@ -679,7 +682,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let taken = lock.withLock { () -> (listing: Listing, marked: S3ChangeLog.Read)? in
             defer { premarked = nil }
             guard since != nil, let p = premarked, !fullListingAsked || firstPartOnly,
-                  firstPartOnly || Date().timeIntervalSince(p.at) < Self.premarkedFor else { return nil }
+                  firstPartOnly || time.now.timeIntervalSince(p.at) < Self.premarkedFor else { return nil }
             askedStill = fullListingAsked
             return (p.listing, p.marked)
         }
@@ -736,7 +739,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         }
         // Kept a moment for `list` (any listing after the cursor's previous one will do: the
         // feed has what changed since), then let go: a large bucket's listing is large.
-        let at = Date()
+        let at = time.now
         lock.withLock { recentListing = (listing, at) }
         later(10) { if $0.recentListing?.at == at { $0.recentListing = nil } }
         return ChangeBatch(changes: changes, cursor: next + "@\(marked.position)", reset: false)
@@ -856,7 +859,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     private func listed(requests: Int) {
         lock.withLock {
-            lastFullListing = Date()
+            lastFullListing = time.now
             fullListingAsked = false
             lastLook = (requests, true)
             lastNotes = [:]

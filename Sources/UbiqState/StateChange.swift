@@ -41,7 +41,7 @@ public enum StateChange: Sendable, Equatable {
 public final class StateChanges {
     public private(set) var list: [StateChange] = []
     /// `now`: the time an upload's delay counts from (the state's time, `LocalState.time`).
-    public init(now: Date = Date()) { self.now = now }
+    public init(now: Date) { self.now = now }
     let now: Date
 
     public func upsert(_ r: InodeRecord) { list.append(.upsert(r)) }

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import GRDB
 import Synchronization
 import CUbiq
@@ -31,10 +32,15 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     /// versions (and once at open).
     static let journalPruneInterval: TimeInterval = 3600
     private let db: DatabasePool
-    let lastPrune = Mutex(Date())
+    /// The time its journal and versions are stamped and pruned by.
+    let time: any TimeSource
+    let lastPrune: Mutex<Date>
 
-    public init(root: URL, keptVersions: Int = 10, journalRetention: TimeInterval = DirectoryStore.defaultJournalRetention) throws {
+    public init(root: URL, keptVersions: Int = 10, journalRetention: TimeInterval = DirectoryStore.defaultJournalRetention,
+                time: any TimeSource = SystemTime()) throws {
         self.root = root
+        self.time = time
+        lastPrune = Mutex(time.now)
         self.keptVersions = keptVersions
         self.journalRetention = journalRetention
         let fm = FileManager.default
@@ -44,7 +50,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         } catch {
             throw StoreError.failed("cannot create store at \(root.path): \(error.localizedDescription)")
         }
-        Self.removeAbandonedUploads(in: root.appendingPathComponent("tmp"))
+        Self.removeAbandonedUploads(in: root.appendingPathComponent("tmp"), now: time.now)
         // The store is its owner's alone: the index holds every name, owner and xattr value.
         // (SQLite gives its -wal and -shm files the mode of the database file.)
         let index = root.appendingPathComponent("store.db").path
@@ -92,7 +98,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     /// is removed when the store is next opened. Uploads start over, so nothing is lost.
     static let abandonedUploadAge: TimeInterval = 24 * 3600
 
-    static func removeAbandonedUploads(in tmp: URL, now: Date = Date()) {
+    static func removeAbandonedUploads(in tmp: URL, now: Date) {
         let fm = FileManager.default
         guard let names = try? fm.contentsOfDirectory(atPath: tmp.path) else { return }
         for name in names {
@@ -348,7 +354,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
            size > quota - u.usedBytes + ((try? await head(key))?.size ?? 0) {
             throw StoreError.quotaExceeded(key: key)
         }
-        let version = Self.newVersion()
+        let version = Self.newVersion(now: time.now)
         let size = try stageBlob(version: version, from: source, progress: progress)
         return try install(key: key, version: version, size: size, metadata: metadata,
                            blob: version, condition: condition)
@@ -371,7 +377,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
         guard let src else { throw StoreError.notFound(key: source) }
         // Blobs are immutable and shared between versions by hard link-free reference:
         // a copy records the same blob under a new version id.
-        return try install(key: destination, version: Self.newVersion(), size: src.size,
+        return try install(key: destination, version: Self.newVersion(now: time.now), size: src.size,
                            metadata: (metadata ?? src.meta).describing(digest: src.meta.sha256), blob: src.blob,
                            copyOf: source, condition: condition)
     }
@@ -379,23 +385,24 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     public func delete(_ key: String, condition: WriteCondition) async throws {
         try StoreKey.validate(key)
         var orphans: [String] = []
+        let now = time.now
         try dbWrite { db in
             let cur = try Self.current(db, key)
             try Self.check(condition, key: key, current: cur?.info.version)
             guard cur != nil else { return }
-            try Self.archive(db, key: key)
+            try Self.archive(db, key: key, now: now)
             try db.execute(sql: "DELETE FROM objects WHERE key = ?", arguments: [key])
-            try db.execute(sql: "INSERT OR REPLACE INTO deleted (key, at) VALUES (?, ?)", arguments: [key, Date().timeIntervalSince1970])
-            try Self.journal(db, op: "delete", key: key, version: nil)
+            try db.execute(sql: "INSERT OR REPLACE INTO deleted (key, at) VALUES (?, ?)", arguments: [key, now.timeIntervalSince1970])
+            try Self.journal(db, op: "delete", key: key, version: nil, now: now)
             orphans = try self.prune(db, key: key)
         }
         removeBlobs(orphans)
         pruneJournalWhenDue()
     }
 
-    private static func journal(_ db: Database, op: String, key: String, version: String?) throws {
+    private static func journal(_ db: Database, op: String, key: String, version: String?, now: Date) throws {
         try db.execute(sql: "INSERT INTO journal (op, key, version, at) VALUES (?, ?, ?, ?)",
-                       arguments: [op, key, version, Date().timeIntervalSince1970])
+                       arguments: [op, key, version, now.timeIntervalSince1970])
     }
 
     /// Drops the journal's entries from before the newest one older than `journalRetention`
@@ -405,7 +412,8 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     /// device a comparison, never a change). The newest entry is never dropped, so the
     /// journal's end, and every cursor at it, stays. Returns how many were dropped.
     @discardableResult
-    public func pruneJournal(now: Date = Date()) throws -> Int {
+    public func pruneJournal(now: Date? = nil) throws -> Int {
+        let now = now ?? time.now
         lastPrune.withLock { $0 = now }
         var dropped = 0
         try dbWrite { db in
@@ -426,7 +434,8 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     /// a batch at a time, each its own transaction (other devices' writes wait for one batch,
     /// not for all). Returns how many versions were dropped.
     @discardableResult
-    public func pruneDeleted(now: Date = Date(), batch: Int = 1000) throws -> Int {
+    public func pruneDeleted(now: Date? = nil, batch: Int = 1000) throws -> Int {
+        let now = now ?? time.now
         let cutoff = now.timeIntervalSince1970 - journalRetention
         var dropped = 0
         while true {
@@ -457,7 +466,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     }
 
     private func pruneJournalWhenDue() {
-        let due = lastPrune.withLock { Date().timeIntervalSince($0) >= Self.journalPruneInterval }
+        let due = lastPrune.withLock { time.now.timeIntervalSince($0) >= Self.journalPruneInterval }
         if due {
             try? pruneJournal()
             try? pruneDeleted()
@@ -574,6 +583,7 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     private func install(key: String, version: String, size: Int64, metadata: ObjectMetadata,
                          blob: String, copyOf: String? = nil, condition: WriteCondition) throws -> ObjectInfo {
         var orphans: [String] = []
+        let now = time.now
         do {
             try dbWrite { db in
                 let cur = try Self.current(db, key)
@@ -585,14 +595,14 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
                 // A copy's blob is its source version's: one dropped since the copy read it
                 // (`prune`, `pruneDeleted`) is gone, and so is that version.
                 if let copyOf, try !Self.used(db, blob: blob) { throw StoreError.notFound(key: copyOf) }
-                if cur != nil { try Self.archive(db, key: key) }
+                if cur != nil { try Self.archive(db, key: key, now: now) }
                 try db.execute(sql: "DELETE FROM deleted WHERE key = ?", arguments: [key])
                 try db.execute(sql: """
                     INSERT OR REPLACE INTO objects (key, version, size, meta, blob, modified)
                     VALUES (?, ?, ?, ?, ?, ?)
                     """, arguments: [key, version, size, try Self.encodeMeta(metadata), blob,
-                                     Date().timeIntervalSince1970])
-                try Self.journal(db, op: "put", key: key, version: version)
+                                     now.timeIntervalSince1970])
+                try Self.journal(db, op: "put", key: key, version: version, now: now)
                 orphans = try self.prune(db, key: key)
             }
         } catch {
@@ -605,11 +615,11 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
     }
 
     /// Moves the current version of `key` into `versions`.
-    private static func archive(_ db: Database, key: String) throws {
+    private static func archive(_ db: Database, key: String, now: Date) throws {
         try db.execute(sql: """
             INSERT OR REPLACE INTO versions (key, version, size, meta, blob, modified)
             SELECT key, version, size, meta, blob, ? FROM objects WHERE key = ?
-            """, arguments: [Date().timeIntervalSince1970, key])
+            """, arguments: [now.timeIntervalSince1970, key])
     }
 
     /// Drops versions beyond `keptVersions`; returns blobs no longer referenced.
@@ -673,9 +683,9 @@ public final class DirectoryStore: CloudStore, @unchecked Sendable {
 
     private static func encodeMeta(_ m: ObjectMetadata) throws -> Data { try JSONEncoder().encode(m) }
 
-    private static func newVersion() -> String {
+    private static func newVersion(now: Date) -> String {
         // Time-ordered prefix keeps versions sortable; the random part makes them unique across devices.
-        let t = UInt64(Date().timeIntervalSince1970 * 1_000_000)
+        let t = UInt64(now.timeIntervalSince1970 * 1_000_000)
         let r = UInt32.random(in: 0 ... .max)
         return String(format: "%014llx%08x", t, r)
     }

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import Synchronization
 
 /// Wraps a store and limits how fast content comes from it (bytes per second, shared by
@@ -11,8 +12,9 @@ public final class ThrottledStore: StoreDecorator, Sendable {
     public let writeBytesPerSecond: Double?
     /// Seconds every content read waits before it begins, each on its own (a far store).
     public let readLatency: Double
-    /// When the link is next free (seconds since the reference date).
+    /// When the link is next free (seconds on `clock`).
     private let nextFree = Mutex<Double>(0)
+    private let clock = Stopwatch()
 
     public init(_ inner: any CloudStore, bytesPerSecond: Double, writeBytesPerSecond: Double? = nil, readLatency: Double = 0) {
         self.inner = inner
@@ -26,7 +28,7 @@ public final class ThrottledStore: StoreDecorator, Sendable {
         let data = try await inner.read(key, version: version, range: range)
         let cost = Double(data.count) / bytesPerSecond
         let wait = nextFree.withLock { next -> Double in
-            let now = Date().timeIntervalSinceReferenceDate
+            let now = clock.seconds
             let start = max(now, next)
             next = start + cost
             return next - now
@@ -40,10 +42,10 @@ public final class ThrottledStore: StoreDecorator, Sendable {
         guard let rate = writeBytesPerSecond else {
             return try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: outer)
         }
-        let start = Date()
+        let started = Stopwatch()
         // The store reports what it has copied; each report waits until the link would have carried it.
         let slowed: @Sendable (Int64) -> Void = { sent in
-            let due = Double(sent) / rate - Date().timeIntervalSince(start)
+            let due = Double(sent) / rate - started.seconds
             if due > 0 { Thread.sleep(forTimeInterval: due) }
             outer?(sent)
         }

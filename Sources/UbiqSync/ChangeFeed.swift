@@ -131,10 +131,10 @@ public final class ChangeFeed: @unchecked Sendable {
 
     /// Waits up to `seconds` until `mayStillBring(key)` is false.
     public func waitForTheListing(toBring key: [UInt8], seconds: TimeInterval) {
-        let deadline = Date(timeIntervalSinceNow: seconds)
+        let deadline = Deadline(in: seconds)
         cond.lock(); defer { cond.unlock() }
         while stillBringing(key) {
-            if !cond.wait(until: deadline) { return }
+            if !deadline.wait(cond) { return }
         }
     }
 
@@ -207,10 +207,10 @@ public final class ChangeFeed: @unchecked Sendable {
     /// time is shown as it is now, as before; a larger one (a million objects: 17 s) answers with
     /// what the device knew, and the poll goes on.
     public func waitForAPoll(seconds: TimeInterval) -> Bool {
-        let deadline = Date(timeIntervalSinceNow: seconds)
+        let deadline = Deadline(in: seconds)
         cond.lock(); defer { cond.unlock() }
         while lastPoll == nil {
-            if !cond.wait(until: deadline) { return lastPoll != nil }
+            if !deadline.wait(cond) { return lastPoll != nil }
         }
         return true
     }

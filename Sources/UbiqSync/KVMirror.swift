@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import Logging
 import UbiqState
 import UbiqStore
@@ -118,8 +119,8 @@ public final class KVMirror: @unchecked Sendable {
     /// The changes for watcher `id` since its last call, waiting up to `timeout` for one.
     public func next(_ id: Int, timeout: TimeInterval) -> [KVChange] {
         cond.lock(); defer { cond.unlock() }
-        let deadline = Date(timeIntervalSinceNow: timeout)
-        while watchers[id]?.isEmpty == true && Date() < deadline { _ = cond.wait(until: deadline) }
+        let deadline = Deadline(in: timeout)
+        while watchers[id]?.isEmpty == true && !deadline.passed { deadline.wait(cond) }
         let out = watchers[id] ?? []
         if watchers[id] != nil { watchers[id] = [] }
         return out

@@ -457,9 +457,9 @@ public final class Materializer: @unchecked Sendable {
     /// If `ino`'s download has every chunk and is only being recorded, waits for that
     /// (at most `timeout` seconds). Returns whether a download is still under way.
     public func settle(_ ino: UInt64, timeout: TimeInterval = 10) -> Bool {
-        let deadline = Date(timeIntervalSinceNow: timeout)
+        let deadline = Deadline(in: timeout)
         cond.lock(); defer { cond.unlock() }
-        while let job = jobs[ino], job.done, Date() < deadline { _ = cond.wait(until: deadline) }
+        while let job = jobs[ino], job.done, !deadline.passed { deadline.wait(cond) }
         return jobs[ino] != nil
     }
 

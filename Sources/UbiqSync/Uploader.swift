@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import Synchronization
 import Logging
 import UbiqCoordinator
@@ -165,8 +166,8 @@ public final class Uploader: @unchecked Sendable {
         let target = hurriedRoundsDone + (hurriedRoundRunning ? 2 : 1)
         hurried = true
         loop.kickLocked(wake: true)
-        let deadline = Date(timeIntervalSinceNow: timeout)
-        while hurriedRoundsDone < target && loop.running && Date() < deadline { _ = cond.wait(until: deadline) }
+        let deadline = Deadline(in: timeout)
+        while hurriedRoundsDone < target && loop.running && !deadline.passed { deadline.wait(cond) }
         return hurriedRoundsDone >= target
     }
 
@@ -177,13 +178,13 @@ public final class Uploader: @unchecked Sendable {
     public func flush(timeout: TimeInterval) {
         // What the rounds held back (a move under way) goes to the store's feed too.
         defer { publishChanges() }
-        let deadline = Date(timeIntervalSinceNow: timeout)
+        let deadline = Deadline(in: timeout)
         var before = pendingCount
         var requeuedBefore = requeuedCount
         // Rounds in a row that only sent items back to the queue: a bound for a wait that
         // never resolves (each such round talks to the store, so this is not a spin).
         var onlyRequeued = 0
-        while before > 0 && hurryAndWait(timeout: deadline.timeIntervalSinceNow) {
+        while before > 0 && hurryAndWait(timeout: deadline.remaining) {
             let after = pendingCount
             let requeuedAfter = requeuedCount
             if after < before {
@@ -225,8 +226,8 @@ public final class Uploader: @unchecked Sendable {
     /// Uploads until the outbox is empty or `timeout` passes; true when empty.
     /// Delays meant to coalesce saves are ignored.
     public func drain(timeout: TimeInterval) -> Bool {
-        let deadline = Date(timeIntervalSinceNow: timeout)
-        while Date() < deadline {
+        let deadline = Deadline(in: timeout)
+        while !deadline.passed {
             let pending = (try? state.read { try $0.outboxCount() }) ?? 1
             if pending == 0 { return true }
             if processRound(ignoringDelay: true) == 0 { Thread.sleep(forTimeInterval: 0.05) }

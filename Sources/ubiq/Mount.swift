@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UbiqClock
 import Logging
 import UbiqCoordinator
 import UbiqFS
@@ -470,8 +471,8 @@ enum StateLock {
         guard let first = holder(dir) else { return nil }
         guard holderUnmounted(dir) else { return first }
         FileHandle.standardError.write(Data("ubiq: waiting for the last mount of this state (pid \(first)) to finish its uploads\n".utf8))
-        let end = Date(timeIntervalSinceNow: seconds)
-        while Date() < end {
+        let end = Deadline(in: seconds)
+        while !end.passed {
             usleep(50_000)
             guard let h = holder(dir) else { return nil }
             if !holderUnmounted(dir) { return h }

@@ -167,8 +167,7 @@ struct Query: ParsableCommand {
         let queries = ControlClient.connect(for: path)
         while events.next(WatchEvent.self) != nil {
             // Something changed: wait out the interval (more may come), then compare.
-            let until = Date(timeIntervalSinceNow: interval)
-            while Date() < until { usleep(20_000) }
+            Thread.sleep(forTimeInterval: interval)
             var now: [QueryRow] = []
             fetch(queries) { now.append($0) }
             let fresh = Dictionary(now.map { ($0.path, $0) }, uniquingKeysWith: { a, _ in a })

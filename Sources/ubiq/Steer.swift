@@ -1,6 +1,7 @@
 import ArgumentParser
 import CUbiq
 import Foundation
+import UbiqClock
 import UbiqControl
 import UbiqState
 import UbiqSync
@@ -125,7 +126,7 @@ struct Download: ParsableCommand {
     private func waitForAll(_ queued: [(path: BytePath, size: Int64)]) -> Int {
         let total = queued.reduce(0) { $0 + $1.size }
         let bar = ProgressBar(total: total, files: queued.count, enabled: !json && isatty(1) != 0)
-        let started = Date()
+        let started = Stopwatch()
         var pending = Array(queued.indices)
         var have = [Int64](repeating: 0, count: queued.count)
         var failed = 0
@@ -153,7 +154,7 @@ struct Download: ParsableCommand {
                     still.append(i)
                     continue
                 }
-                let secs = (Date().timeIntervalSince(started) * 1000).rounded() / 1000
+                let secs = (started.seconds * 1000).rounded() / 1000
                 if let error {
                     bar.clear()
                     report(f, error: error, size: size, bytes: have[i], seconds: secs)
@@ -187,15 +188,15 @@ final class ProgressBar {
     let total: Int64
     let files: Int
     let enabled: Bool
-    let start = Date()
-    private var lastDraw = Date.distantPast
+    let start = Stopwatch()
+    private var lastDraw: Double = -1
 
     init(total: Int64, files: Int, enabled: Bool) { self.total = total; self.files = files; self.enabled = enabled }
 
     func update(done: Int64, file: String) {
-        guard enabled, Date().timeIntervalSince(lastDraw) > 0.1 || done >= total else { return }
-        lastDraw = Date()
-        let secs = max(0.001, Date().timeIntervalSince(start))
+        guard enabled, lastDraw < 0 || start.seconds - lastDraw > 0.1 || done >= total else { return }
+        lastDraw = start.seconds
+        let secs = max(0.001, start.seconds)
         let rate = Double(done) / secs
         // More than the total when a file grew while it came down: a full bar.
         let frac = total > 0 ? min(1, max(0, Double(done) / Double(total))) : 1
@@ -214,7 +215,7 @@ final class ProgressBar {
     func finish() {
         guard enabled else { return }
         clear()
-        say("downloaded \(files) files, \(humanBytes(total)), in \(String(format: "%.1f", Date().timeIntervalSince(start))) s")
+        say("downloaded \(files) files, \(humanBytes(total)), in \(String(format: "%.1f", start.seconds)) s")
     }
 }
 

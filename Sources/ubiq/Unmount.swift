@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UbiqClock
 import UbiqControl
 import UbiqState
 
@@ -44,8 +45,8 @@ struct Unmount: ParsableCommand {
         }
         kill(rec.pid, SIGTERM)
         let wait = (timeout ?? 30) + 30
-        let deadline = Date(timeIntervalSinceNow: wait)
-        while Mounts.isRunning(rec) && Date() < deadline { usleep(50_000) }
+        let deadline = Deadline(in: wait)
+        while Mounts.isRunning(rec) && !deadline.passed { usleep(50_000) }
         if Mounts.isRunning(rec) { fail("the daemon (pid \(rec.pid)) did not stop within \(Int(wait)) s") }
         if Mounts.entry(at: mp) != nil { _ = Mounts.fusermount(["-u", mp]) }
         let counts: (Int, Int)

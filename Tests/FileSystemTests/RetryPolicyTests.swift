@@ -71,3 +71,24 @@ import UbiqStore
         #expect(Self.pauses(SyncRetries.storeCall, 1 ... 2) == [0.05, 0.1] && SyncRetries.storeCall.tries == 3)
     }
 }
+
+/// A wait's guard goes by the steady clock (`Deadline`), whatever the wall clock does.
+@Suite struct DeadlineTests {
+    @Test func aDeadlinePassesOnceItsTimeIsUp() {
+        #expect(Deadline(in: 0).passed && Deadline(in: -5).passed && Deadline(in: 0).remaining == 0)
+        let later = Deadline(in: 60)
+        #expect(!later.passed && (59 ... 60).contains(later.remaining))
+        #expect(!Deadline(in: .infinity).passed && Deadline(in: .nan).passed && Deadline(in: -.infinity).passed)
+    }
+
+    @Test func aWaitEndsAtItsDeadline() {
+        let cond = NSCondition()
+        cond.lock()
+        #expect(!Deadline(in: 0).wait(cond))  // passed: no wait at all
+        let soon = Deadline(in: 0.05)
+        let watch = Stopwatch()
+        while !soon.passed { soon.wait(cond) }
+        cond.unlock()
+        #expect(watch.seconds >= 0.05)
+    }
+}

@@ -746,7 +746,7 @@ import UbiqStore
         #expect(!S3Store.bearsOut(listed(size: 4, ms: at), claim, at: at))
         // Remembered only when settled: two seconds old when listed (another write in the same
         // second would show the same ETag, time and size).
-        var listing = Listing()
+        var listing = Listing(taken: Date())
         listing.taken = Date(timeIntervalSince1970: Double(at + 2000) / 1000)
         #expect(S3Store.settled(listed(ms: at), claim, in: listing))
         #expect(!S3Store.settled(listed(ms: at + 1), claim, in: listing))

@@ -28,7 +28,7 @@ import UbiqStore
                 default: break
                 }
             }
-            var listing = Listing()
+            var listing = Listing(taken: Date())
             listing.taken = taken
             listing.objects = next.map { k, v in
                 ListedObject(key: k.key, etag: v.etag, size: v.size, modified: taken.addingTimeInterval(-10))

@@ -64,7 +64,7 @@ import UbiqStore
             <Contents><Key>drive/caf%C3%A9+ok</Key><ETag>&#34;7&#34;</ETag><Size>1</Size><LastModified>2026-01-02T03:04:05.000Z</LastModified></Contents>
             </ListBucketResult>
             """
-        var out = Listing()
+        var out = Listing(taken: Date())
         #expect(store.objects.parse(page, into: &out) == nil)
         #expect(out.objects.map(\.key) == ["café ok"] && out.objects.first?.etag == "\"7\"")
         #expect(out.objects.first?.modified == Date(timeIntervalSince1970: 1_767_323_045))

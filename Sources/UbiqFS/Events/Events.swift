@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import Synchronization
 import UbiqState
 
@@ -45,8 +46,8 @@ public final class EventBus: @unchecked Sendable {
         /// Waits up to `timeout` for events; returns them (and how many were lost), or nil once closed.
         public func next(timeout: TimeInterval) -> (events: [ItemEvent], dropped: Int)? {
             cond.lock(); defer { cond.unlock() }
-            let deadline = Date(timeIntervalSinceNow: timeout)
-            while queue.isEmpty && !closed && Date() < deadline { _ = cond.wait(until: deadline) }
+            let deadline = Deadline(in: timeout)
+            while queue.isEmpty && !closed && !deadline.passed { deadline.wait(cond) }
             if closed && queue.isEmpty { return nil }
             defer { queue.removeAll(); dropped = 0 }
             return (queue, dropped)
@@ -123,6 +124,6 @@ extension FileSystem {
     func emit(_ kind: ItemEvent.Kind, _ ino: UInt64, path known: [UInt8]? = nil, from: [UInt8]? = nil) {
         guard events.hasSubscribers else { return }
         guard let p = known ?? pathBytes(of: ino) else { return }
-        events.publish(ItemEvent(kind: kind, pathBytes: p, fromBytes: from, ino: ino, time: Date()))
+        events.publish(ItemEvent(kind: kind, pathBytes: p, fromBytes: from, ino: ino, time: state.time.now))
     }
 }

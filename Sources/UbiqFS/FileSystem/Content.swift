@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import CUbiq
 import Synchronization
 import UbiqCoordinator
@@ -121,8 +122,8 @@ extension FileSystem {
             guard let key = source?.remoteKey, let version = source?.remoteVersion else { throw Self.downloadError(gone.error) }
             let done = DispatchSemaphore(value: 0)
             let why = Mutex<String?>(nil)
-            waitForAMove(ino, from: (key, version), until: Date(timeIntervalSinceNow: movedVersionWait),
-                         everywhereAt: Date(timeIntervalSinceNow: 5)) { w in
+            waitForAMove(ino, from: (key, version), until: Deadline(in: movedVersionWait),
+                         everywhereAt: Deadline(in: 5)) { w in
                 why.withLock { $0 = w }
                 done.signal()
             }
@@ -266,7 +267,7 @@ extension FileSystem {
 
     /// `waitingForAMoveUntil`: a read asked again after the version it read was gone
     /// (`waitForAMove`), and how long it may still wait for that.
-    private func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: ReadBuffer, waitingForAMoveUntil: Date?,
+    private func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: ReadBuffer, waitingForAMoveUntil: Deadline?,
                       reply: @escaping @Sendable (Result<Int, Error>) -> Void) {
         noteRead()  // uploads wait a little for reads to settle too: they share the disk
         let ino: UInt64, fd: Int32, c: Claim
@@ -282,11 +283,11 @@ extension FileSystem {
             // brought is read.
             let downloadFailure = failure != nil && inodes.locked({ t in t[ino]?.rec.present ?? false }) ? nil : failure
             if let e = downloadFailure, case StoreError.notFound = e, let source {
-                let deadline = waitingForAMoveUntil ?? Date(timeIntervalSinceNow: movedVersionWait)
-                if Date() < deadline {
+                let deadline = waitingForAMoveUntil ?? Deadline(in: movedVersionWait)
+                if !deadline.passed {
                     // Without its claim meanwhile: the move's arrival claims the item.
                     coordinator.release(c)
-                    waitForAMove(ino, from: source, until: deadline, everywhereAt: Date(timeIntervalSinceNow: 5)) { [self] why in
+                    waitForAMove(ino, from: source, until: deadline, everywhereAt: Deadline(in: 5)) { [self] why in
                         guard let why else {
                             read(fh, offset: offset, count: count, into: buffer, waitingForAMoveUntil: deadline, reply: reply)
                             return
@@ -325,16 +326,16 @@ extension FileSystem {
     /// over it: the version read is gone for good), or no move came by `deadline`. The looks are
     /// at the log; one at `everywhereAt` is also a full listing (another tool wrote over the
     /// file, or deleted it: no log tells of that).
-    private func waitForAMove(_ ino: UInt64, from source: (key: String, version: String), until deadline: Date,
-                              everywhereAt: Date?, _ then: @escaping @Sendable (String?) -> Void) {
-        let everywhere = everywhereAt.map { Date() >= $0 } ?? false
+    private func waitForAMove(_ ino: UInt64, from source: (key: String, version: String), until deadline: Deadline,
+                              everywhereAt: Deadline?, _ then: @escaping @Sendable (String?) -> Void) {
+        let everywhere = everywhereAt?.passed ?? false
         storeFeed?.kick(everywhere: everywhere)
         DispatchQueue.global().asyncAfter(deadline: .now() + 0.25) { [self] in
             let now = try? state.read { tx in try tx.entries(of: ino).first { $0.remoteKey != nil } }
             guard let entry = now.flatMap({ $0 }), let key = entry.remoteKey else { then("gone from the store"); return }
             if key != source.key || entry.remoteVersion != source.version { then(nil); return }
             if waitingForClose.withLock({ $0.contains(ino) }) { then("written over in the store while open here"); return }
-            if Date() >= deadline { then("no move of it came in \(Int(movedVersionWait)) s"); return }
+            if deadline.passed { then("no move of it came in \(Int(movedVersionWait)) s"); return }
             waitForAMove(ino, from: source, until: deadline, everywhereAt: everywhere ? nil : everywhereAt, then)
         }
     }

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 import UbiqCoordinator
 import UbiqState
 import UbiqStore
@@ -126,8 +127,8 @@ extension FileSystem {
         // close(2) returns before the kernel's RELEASE reaches us: a file closed a moment
         // ago still counts as open. Give pending releases a moment (before claiming: a
         // writer's release takes a claim of its own).
-        let deadline = Date(timeIntervalSinceNow: waiting ? 1 : 0)
-        while inodes.locked({ t in t.isOpen(ino) }) && Date() < deadline { usleep(5_000) }
+        let deadline = Deadline(in: waiting ? 1 : 0)
+        while inodes.locked({ t in t.isOpen(ino) }) && !deadline.passed { usleep(5_000) }
         let c = try claim([ino], .evict, timeout: waiting ? nil : 0)
         defer { coordinator.release(c) }
         materializer.cancelIfIdle(ino)
