@@ -7,7 +7,7 @@ import TestSupport
 /// Makes a fresh store of each kind: the embedded one, and S3 on a real SeaweedFS in a
 /// bucket without versioning and in one with it.
 enum StoreKind: String, CaseIterable, CustomTestStringConvertible {
-    case directory, container, s3, s3Versioned
+    case directory, container, decorated, s3, s3Versioned
     var testDescription: String { rawValue }
     /// S3 finds changes by comparing listings (no journal).
     var comparesListings: Bool { self == .s3 || self == .s3Versioned }
@@ -23,6 +23,13 @@ enum StoreKind: String, CaseIterable, CustomTestStringConvertible {
             let base = try DirectoryStore(root: dir, keptVersions: 3)
             _ = try await base.put(".ubiquity/containers/other/x/1", contentsOf: nil, metadata: ObjectMetadata(kind: .file), condition: .always)
             return (PrefixStore(base, prefix: ".ubiquity/containers/app/"), { try? FileManager.default.removeItem(at: dir) })
+        case .decorated:
+            // The embedded store through every wrapper at once, each doing nothing: a
+            // `StoreDecorator` hands on all it does not shape.
+            let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-store-\(UUID().uuidString)")
+            let base = try DirectoryStore(root: dir, keptVersions: 3)
+            let wrapped = CountingStore(ThrottledStore(FaultyStore(base), bytesPerSecond: 1e15))
+            return (wrapped, { try? FileManager.default.removeItem(at: dir) })
         case .s3, .s3Versioned:
             return try await SeaweedFS.shared().newStore(versioned: self == .s3Versioned)
         }
@@ -161,7 +168,7 @@ let fileMeta = ObjectMetadata(kind: .file, mode: 0o640, uid: 1000, gid: 1000, mt
         // The embedded store keeps `keptVersions` (3) besides the current one; a versioned
         // bucket keeps what its lifecycle rules say (here: all); an unversioned one, none.
         switch kind {
-        case .directory, .container: #expect(versions.count == 4)
+        case .directory, .container, .decorated: #expect(versions.count == 4)
         case .s3Versioned: #expect(versions.count == 8)
         case .s3: #expect(versions.count == 1)
         }
