@@ -33,6 +33,12 @@ extension StateTransaction {
         try db.cachedStatement(sql: "DELETE FROM entries WHERE parent = ? AND name = ?").execute(arguments: args)
     }
 
+    /// Entry `id` now names inode `ino` (a hard link's name leaving the link), its store
+    /// mapping kept.
+    public func relinkEntry(id: Int64, to ino: UInt64) throws {
+        try db.execute(cached: "UPDATE entries SET ino = ? WHERE id = ?", arguments: [Int64(bitPattern: ino), id])
+    }
+
     public func moveEntry(parent: UInt64, name: [UInt8], toParent: UInt64, toName: [UInt8]) throws {
         try db.cachedStatement(sql: "UPDATE entries SET parent = ?, name = ? WHERE parent = ? AND name = ?")
             .execute(arguments: [Int64(bitPattern: toParent), Data(toName), Int64(bitPattern: parent), Data(name)])

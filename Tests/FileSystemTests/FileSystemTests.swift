@@ -319,6 +319,40 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         #expect(throws: FSError.notFound) { try d.fs.getattr(ino) }
     }
 
+    /// A hard link is two files in the store and on every other device. One of them changed
+    /// elsewhere: here that name leaves the link and reads the store's new bytes, and the other
+    /// name keeps its own (every read of either failed: the link took the new size and read
+    /// the other name's older bytes). Both stores agree with every device after.
+    @Test func aHardLinkWhoseNameChangedElsewhereBecomesAFileOfItsOwn() throws {
+        let store = try newStore()
+        let p = try Device(store: store)
+        try p.write("f", "a\n")
+        let ino = try p.ino("f")
+        _ = try p.fs.link(ino, rootIno, n("g"))
+        p.sync()
+        let q = try Device(store: store)
+        #expect(try q.read("g") == "a\n")
+        try q.write("g", "a\nx\n")
+        q.sync()
+        p.pull()
+        #expect(try p.read("g") == "a\nx\n")
+        #expect(try p.read("f") == "a\n")
+        let g = try p.ino("g")
+        #expect(try g != ino && p.fs.getattr(ino).nlink == 1 && p.fs.getattr(g).nlink == 1)
+        #expect(try p.fs.getattr(g).size == 4 && p.fs.getattr(ino).size == 2)
+        #expect(try p.fs.itemStatus(g).status == .current && p.fs.itemStatus(ino).status == .current)
+        // Nothing to send back: the store holds what each name shows.
+        p.sync()
+        q.pull()
+        #expect(try q.read("f") == "a\n" && q.read("g") == "a\nx\n")
+        // The name that stayed is the first inode still: an edit of it goes to its key alone.
+        try p.write("f", "b\n")
+        p.sync()
+        q.pull()
+        #expect(try q.read("f") == "b\n" && q.read("g") == "a\nx\n")
+        #expect(try p.read("g") == "a\nx\n")
+    }
+
     @Test func readdirIsStableWhileTheDirectoryChanges() throws {
         let d = try Device(store: try newStore())
         for i in 0 ..< 50 { try d.write("f\(i)", "\(i)") }

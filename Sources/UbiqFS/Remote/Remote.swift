@@ -609,6 +609,7 @@ extension FileSystem {
         }
         let isFile = kind == UInt32(S_IFREG)
         let contentChanged = isFile && (e.remoteTag == nil || info.contentTag == nil || e.remoteTag != info.contentTag)
+        if contentChanged && inodes.locked({ t in (t[ino]?.nlink ?? 1) > 1 }) { return try splitLinkFromRemote(e, info) }
         // A reader keeps the version it opened until it closes.
         if contentChanged && inodes.locked({ t in t.isOpen(ino) }) {
             waitingForClose.withLock { _ = $0.insert(ino) }
@@ -671,6 +672,49 @@ extension FileSystem {
         if refetch || (contentChanged && info.size > 0 && (try? isPinned(ino)) == true) {
             try? materializer.start(ino)
         }
+        return true
+    }
+
+    /// One name of a hard link got new bytes in the store. The store holds each name of a link
+    /// as a file of its own, and so does every other device: one of them wrote this one. The
+    /// name leaves the link here and becomes a file of its own with the store's version (a
+    /// placeholder); the link's other names keep what they hold, as they do in the store. (Left
+    /// in the link, the name gave the link the new size while its bytes came from another name's
+    /// older version: every read of it failed.)
+    private func splitLinkFromRemote(_ e: EntryRecord, _ info: ObjectInfo) throws -> Bool {
+        let c = try claim([e.parent, e.ino], .write)
+        defer { coordinator.release(c) }
+        let made: UInt64? = try inodes.locked { t in
+            guard let dir = t[e.parent], dir.children[e.name] == e.ino, let old = t[e.ino], old.nlink > 1,
+                  !old.unpersisted, old.writers == 0 else { return nil }
+            // Uploaded by this device since the store was asked: not replaced by what was read.
+            let recorded = try state.read { try $0.entries(of: e.ino).first(where: { $0.id == e.id })?.remoteVersion }
+            guard recorded == e.remoteVersion else { return nil }
+            let ino = t.nextIno
+            let now = nowNanos()
+            let rec = Self.remoteRecord(ino: ino, type: UInt32(S_IFREG), meta: info.metadata, size: info.size, now: now)
+            if info.size == 0 { try cache.createEmpty(ino) }
+            old.rec.ctimeNs = now
+            let oldRec = old.rec, xattrs = info.metadata.localXattrs
+            try persistNow { tx in
+                try tx.upsert(rec)
+                try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
+                try tx.relinkEntry(id: e.id, to: ino)
+                try tx.recordRemote(entryID: e.id, key: info.key, info)
+                try tx.replaceXattrs(ino, xattrs)
+                try tx.upsert(oldRec)
+            }
+            dir.children[e.name] = nil
+            old.nlink -= 1
+            t.attach(rec, in: dir, name: e.name).xattrs = xattrs
+            return ino
+        }
+        guard let ino = made else { return false }
+        logger.info("\(info.key) changed in the store: it is a file of its own here now, no longer a hard link of inode \(e.ino)")
+        invalidateKernelEntry(e.parent, e.name)
+        invalidateKernelCache(e.ino)
+        emit(.changedRemotely, ino)
+        if info.size > 0, (try? isPinned(ino)) == true { try? materializer.start(ino) }
         return true
     }
 
