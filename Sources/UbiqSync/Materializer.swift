@@ -77,8 +77,9 @@ public final class Materializer: @unchecked Sendable {
     private var jobs: [UInt64: Job] = [:]
     /// Why the last download of an item failed, kept once its job is dropped (its reader
     /// closed): `downloading-error` and the `error` status say so until a download of it starts
-    /// again or the item changes in the store.
-    private var failures: [UInt64: String] = [:]
+    /// again or the item changes in the store, or, for a store that could not be reached, until
+    /// it answers again (`forgetFailuresOfAStoreAway`).
+    private var failures: [UInt64: (why: String, storeAway: Bool)] = [:]
     private var fetched: Int64 = 0
     /// Fetching threads of all downloads together, at most `maxWorkers` (more only for chunks a
     /// reader waits for: a read never queues behind a folder's download).
@@ -448,7 +449,7 @@ public final class Materializer: @unchecked Sendable {
         cond.lock(); defer { cond.unlock() }
         guard let job = jobs[ino], job.presentCount == 0, job.inFlight.isEmpty, job.workers == 0,
               job.waiters.isEmpty else { return }
-        if let e = job.error { failures[ino] = "\(e)" }
+        if let e = job.error { failures[ino] = ("\(e)", Self.storeAway(e)) }
         jobs[ino] = nil
         if let fd = closingLocked(job) { cache.closeHeld(job.ino, fd) }
         cond.broadcast()
@@ -480,8 +481,33 @@ public final class Materializer: @unchecked Sendable {
     public func lastError(_ ino: UInt64) -> String? {
         cond.lock(); defer { cond.unlock() }
         if let job = jobs[ino] { return job.error.map { "\($0)" } }
-        return failures[ino]
+        return failures[ino]?.why
     }
+
+    /// Forgets why downloads failed where the store could not be reached (a read while
+    /// offline): it answers again, and the next read tries again anyway. A laptop that read a
+    /// file offline is not left saying `error` for good. Returns the items it forgot.
+    public func forgetFailuresOfAStoreAway() -> [UInt64] {
+        cond.lock(); defer { cond.unlock() }
+        var forgot: [UInt64] = []
+        for (ino, f) in failures where f.storeAway {
+            failures[ino] = nil
+            forgot.append(ino)
+        }
+        // A download halted by such a failure goes on, as when it is asked again (`start`).
+        for (ino, job) in jobs {
+            guard let e = job.error, Self.storeAway(e), !job.cancelled else { continue }
+            job.error = nil
+            job.failed.removeAll()
+            if completeInBackground { spawnWorkersLocked(job) }
+            forgot.append(ino)
+        }
+        return forgot
+    }
+
+    /// A failure that says the store could not be reached (as opposed to an answer: gone,
+    /// changed, bytes that do not match).
+    static func storeAway(_ e: Error) -> Bool { (e as? StoreError)?.isTransient == true }
 
     /// Items with a download under way, or whose last download failed (`lastError`).
     public func downloadsAndFailures() -> Set<UInt64> {

@@ -443,6 +443,12 @@ public final class FileSystem: @unchecked Sendable {
 
     var storeFeed: (any StoreFeed)? { channels.withLock { feed } }
 
+    /// A poll reached the store: downloads that failed while it could not be reached no longer
+    /// make their items (and the folders above them) say `error`.
+    public func storeAnswersAgain() {
+        for ino in materializer.forgetFailuresOfAStoreAway() { emit(.status, ino) }
+    }
+
     /// Asks the kernel to forget `name` in `parent` (added or removed by another device), off
     /// the request path (`KernelNotices`).
     func invalidateKernelEntry(_ parent: UInt64, _ name: [UInt8]) {
