@@ -35,15 +35,15 @@ public struct RetryPolicy: Sendable, Equatable {
     public func triesAgain(afterFailures failures: Int) -> Bool { tries.map { failures < $0 } ?? true }
 
     /// `body`, tried again while it throws what `again` calls worth another try and the policy
-    /// allows, the calling thread blocked for each pause.
-    public func run<T>(again: (Error) -> Bool, _ body: () throws -> T) throws -> T {
+    /// allows, the calling thread blocked for each pause (by `time`).
+    public func run<T>(again: (Error) -> Bool, time: any TimeSource = SystemTime(), _ body: () throws -> T) throws -> T {
         var failures = 0
         while true {
             do { return try body() } catch where again(error) {
                 failures += 1
                 guard triesAgain(afterFailures: failures) else { throw error }
                 let pause = self.pause(afterFailures: failures)
-                if pause > 0 { usleep(UInt32(min(pause, 4000) * 1_000_000)) }
+                if pause > 0 { time.sleep(pause) }
             }
         }
     }

@@ -31,6 +31,9 @@ public protocol ContentSink: AnyObject, Sendable {
 public protocol RemoteChangeSink: AnyObject, Sendable {
     /// Applies `changes`; returns the keys to try again at the next poll.
     func applyRemote(_ changes: [RemoteChange]) -> [String]
+    /// A poll reached the store (after its changes were applied): what failed for want of it
+    /// may stop saying so (downloads that failed while it could not be reached).
+    func storeAnswered()
 }
 
 /// Where the change feed hands the key-value store's changed objects.

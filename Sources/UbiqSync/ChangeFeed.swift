@@ -56,14 +56,6 @@ public final class ChangeFeed: @unchecked Sendable {
     private var lastPoll: (at: Date, error: String?)?
     /// When a poll last reached the store and took its changes (under `cond`).
     private var lastReached: Date?
-    /// Told after each poll that reached the store (`Engine`: downloads that failed while it
-    /// could not be reached stop saying `error`).
-    private var whenReached: (@Sendable () -> Void)?
-
-    /// Sets what is told after each poll that reached the store.
-    public func whenReachingTheStore(_ body: @escaping @Sendable () -> Void) {
-        cond.lock(); whenReached = body; cond.unlock()
-    }
     /// The first poll's listing (`importFirst`) is not over yet (under `cond`).
     private var listingPending = false
     /// That listing brings in the rest of a store this device was new to (it never had the
@@ -247,10 +239,8 @@ public final class ChangeFeed: @unchecked Sendable {
         if everywhere { store.lookEverywhereNext() }
         do {
             let n = try pollLocked()
-            cond.lock(); lastPoll = (state.time.now, nil); lastReached = lastPoll?.at; cond.broadcast()
-            let reached = whenReached
-            cond.unlock()
-            reached?()
+            cond.lock(); lastPoll = (state.time.now, nil); lastReached = lastPoll?.at; cond.broadcast(); cond.unlock()
+            changes.storeAnswered()
             return n
         } catch {
             cond.lock(); lastPoll = (state.time.now, "\(error)"); cond.broadcast(); cond.unlock()

@@ -442,8 +442,12 @@ enum StateLock {
         if fd < 0 { return nil }
         defer { close(fd) }
         if flock(fd, LOCK_EX | LOCK_NB) == 0 { flock(fd, LOCK_UN); return nil }
-        let text = (try? String(contentsOfFile: dir + "/lock", encoding: .utf8)) ?? ""
-        return text.split(separator: "\n").first.flatMap { Int32($0.trimmingCharacters(in: .whitespaces)) } ?? -1
+        return lines(dir).first.flatMap { Int32($0.trimmingCharacters(in: .whitespaces)) } ?? -1
+    }
+
+    /// The lock file's lines: the holder's pid, then `unmountedMark` once its mount is gone.
+    private static func lines(_ dir: String) -> [Substring] {
+        ((try? String(contentsOfFile: dir + "/lock", encoding: .utf8)) ?? "").split(separator: "\n")
     }
 
     /// What the holder writes below its pid once its mount is gone and it only uploads what is
@@ -459,8 +463,7 @@ enum StateLock {
 
     /// Whether the holder of `dir`'s lock said its mount is gone.
     static func holderUnmounted(_ dir: String) -> Bool {
-        let text = (try? String(contentsOfFile: dir + "/lock", encoding: .utf8)) ?? ""
-        return text.split(separator: "\n").dropFirst().first == Substring(unmountedMark)
+        lines(dir).dropFirst().first == Substring(unmountedMark)
     }
 
     /// A mount of `dir` right after its last one was unmounted: that daemon still holds the

@@ -74,7 +74,6 @@ public struct Engine {
         feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: options.pollInterval,
                           changes: fs, keyValues: keyValues, writes: uploader.writes)
         fs.attach(feed: feed)
-        feed.whenReachingTheStore { [weak fs] in fs?.storeAnswersAgain() }
     }
 
     /// The item at `path` (relative to the mount) in the store; one clear line when it has

@@ -445,7 +445,7 @@ public final class FileSystem: @unchecked Sendable {
 
     /// A poll reached the store: downloads that failed while it could not be reached no longer
     /// make their items (and the folders above them) say `error`.
-    public func storeAnswersAgain() {
+    public func storeAnswered() {
         for ino in materializer.forgetFailuresOfAStoreAway() { emit(.status, ino) }
     }
 

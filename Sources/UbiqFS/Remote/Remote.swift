@@ -568,23 +568,32 @@ extension FileSystem {
         let ino: UInt64? = try inodes.locked { t in
             let dir = try t.directory(parent)
             if dir.children[name] != nil || dir.nlink == 0 { return nil }
-            let ino = t.nextIno
-            let isFile = type == UInt32(S_IFREG)
-            let rec = Self.remoteRecord(ino: ino, type: type, meta: meta, size: size, now: nowNanos())
-            if isFile && size == 0 { try cache.createEmpty(ino) }
-            let xattrs = meta.localXattrs
-            try persistNow { tx in
-                try tx.upsert(rec)
-                try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
+            return try attachFromRemote(t, in: dir, name: name, type: type, meta: meta, size: size) { tx, ino in
                 try tx.insertEntry(parent: parent, name: name, ino: ino, remoteKey: remote?.key,
                                    remoteVersion: remote?.version, remoteTag: remote?.contentTag,
                                    remoteDigest: remote?.metadata.sha256, remoteFileID: remote?.metadata.fileID)
-                try tx.replaceXattrs(ino, xattrs)
             }
-            t.attach(rec, in: dir, name: name).xattrs = xattrs
-            return ino
         }
         if ino != nil { invalidateKernelEntry(parent, name) }
+        return ino
+    }
+
+    /// A new item as the store has it (`meta`, `size`; uploaded as it is: nothing of it is
+    /// this device's to send), named `name` in `dir`; its name's row is `entry`'s to write, in
+    /// the same transaction as the item's. Under the inode table's lock, the folder's claim held.
+    private func attachFromRemote(_ t: Inodes, in dir: Node, name: [UInt8], type: UInt32, meta: ObjectMetadata, size: Int64,
+                                  entry: (StateTransaction, UInt64) throws -> Void) throws -> UInt64 {
+        let ino = t.nextIno
+        let rec = Self.remoteRecord(ino: ino, type: type, meta: meta, size: size, now: nowNanos())
+        if type == UInt32(S_IFREG) && size == 0 { try cache.createEmpty(ino) }
+        let xattrs = meta.localXattrs
+        try persistNow { tx in
+            try tx.upsert(rec)
+            try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
+            try entry(tx, ino)
+            try tx.replaceXattrs(ino, xattrs)
+        }
+        t.attach(rec, in: dir, name: name).xattrs = xattrs
         return ino
     }
 
@@ -609,11 +618,14 @@ extension FileSystem {
         }
         let isFile = kind == UInt32(S_IFREG)
         let contentChanged = isFile && (e.remoteTag == nil || info.contentTag == nil || e.remoteTag != info.contentTag)
-        if contentChanged && inodes.locked({ t in (t[ino]?.nlink ?? 1) > 1 }) { return try splitLinkFromRemote(e, info) }
-        // A reader keeps the version it opened until it closes.
-        if contentChanged && inodes.locked({ t in t.isOpen(ino) }) {
-            waitingForClose.withLock { _ = $0.insert(ino) }
-            return false
+        if contentChanged {
+            let (linked, open) = inodes.locked { t in ((t[ino]?.nlink ?? 1) > 1, t.isOpen(ino)) }
+            if linked { return try splitLinkFromRemote(e, info) }
+            // A reader keeps the version it opened until it closes.
+            if open {
+                waitingForClose.withLock { _ = $0.insert(ino) }
+                return false
+            }
         }
         let c = try claim([ino], .replace)
         var refetch = false, accessChanged = false
@@ -690,23 +702,15 @@ extension FileSystem {
             // Uploaded by this device since the store was asked: not replaced by what was read.
             let recorded = try state.read { try $0.entries(of: e.ino).first(where: { $0.id == e.id })?.remoteVersion }
             guard recorded == e.remoteVersion else { return nil }
-            let ino = t.nextIno
-            let now = nowNanos()
-            let rec = Self.remoteRecord(ino: ino, type: UInt32(S_IFREG), meta: info.metadata, size: info.size, now: now)
-            if info.size == 0 { try cache.createEmpty(ino) }
-            old.rec.ctimeNs = now
-            let oldRec = old.rec, xattrs = info.metadata.localXattrs
-            try persistNow { tx in
-                try tx.upsert(rec)
-                try tx.markUploaded(ino, contentGen: 1, metaGen: 1)
+            old.rec.ctimeNs = nowNanos()
+            let oldRec = old.rec
+            // The name goes to the new item (`attach`), and leaves the link.
+            let ino = try attachFromRemote(t, in: dir, name: e.name, type: UInt32(S_IFREG), meta: info.metadata, size: info.size) { tx, ino in
                 try tx.relinkEntry(id: e.id, to: ino)
                 try tx.recordRemote(entryID: e.id, key: info.key, info)
-                try tx.replaceXattrs(ino, xattrs)
                 try tx.upsert(oldRec)
             }
-            dir.children[e.name] = nil
             old.nlink -= 1
-            t.attach(rec, in: dir, name: e.name).xattrs = xattrs
             return ino
         }
         guard let ino = made else { return false }
