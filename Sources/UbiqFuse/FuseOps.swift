@@ -185,15 +185,23 @@ enum FuseOps {
                 let info = FileInfo(fi!.pointee)
                 let clearSetID = setIDClearing(req)
                 do { try s.permit(req, ino, PermissionRules.forOpen(flags: flags)) } catch { s.replyError(req, error); return }
-                // Another device's version came in since: the kernel looks again first.
-                if s.fs.kernelShouldLookAgain(ino) { fuse_reply_err(req, ESTALE); return }
+                // The kernel may hold a size the file does not have: it looks again first, or
+                // this handle skips its page cache.
+                let who = caller(req)
+                let size = s.fs.kernelSizeAtOpen(ino, pid: who.pid)
+                if size == .lookAgain { fuse_reply_err(req, ESTALE); return }
+                if size == .gone { fuse_reply_err(req, ENOENT); return }
                 s.answer(req, later: s.fs.waitsForStore(ino, flags: flags)) { req in
                     do {
-                        let fh = try s.fs.open(ino, flags: flags, caller: caller(req), clearSetID: clearSetID)
+                        let fh = try s.fs.open(ino, flags: flags, caller: who, clearSetID: clearSetID)
                         var fi = info.value
                         fi.fh = fh
                         ubiq_fi_set_keep_cache(&fi, 1)
+                        if size == .unsure { ubiq_fi_set_direct_io(&fi, 1) }
                         if fuse_reply_open(req, &fi) != 0 { s.fs.release(fh) }
+                    } catch FSError.stale where !s.fs.mayAnswerStale(pid: who.pid) {
+                        // The kernel's retry (`FileSystem.mayAnswerStale`): the file went as it opened.
+                        fuse_reply_err(req, ENOENT)
                     } catch { s.replyError(req, error) }
                 }
             }

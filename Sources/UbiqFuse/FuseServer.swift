@@ -293,6 +293,8 @@ public final class FuseServer: @unchecked Sendable {
             if fuse_reply_entry(req, &e) != 0 {
                 // The kernel did not take the reference (interrupted): undo the lookup count.
                 fs.forget(e.ino, 1)
+            } else {
+                fs.kernelLookedUp(e.ino)
             }
         } catch { replyError(req, error) }
     }

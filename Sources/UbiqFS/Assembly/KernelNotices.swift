@@ -52,3 +52,35 @@ final class KernelNotices<Notice>: @unchecked Sendable {
         }
     }
 }
+
+/// When the inode notices for each inode were posted and sent (the steady clock's
+/// nanoseconds), so that the file system can tell whether the kernel took an answer while a
+/// notice could have met it: the kernel drops the attributes of an answer when a notice for
+/// the same inode (which bumps its attribute version) lands while the request is out
+/// (`FileSystem.kernelLookedUp`).
+final class InodeNoticeTimes: @unchecked Sendable {
+    private let lock = NSLock()
+    /// Notices posted and not sent yet, by inode.
+    private var waiting: [UInt64: Int] = [:]
+    /// When each inode's last notice was sent; entries older than `kept` go when many are held.
+    private var sent: [UInt64: UInt64] = [:]
+    private let kept: UInt64 = 10_000_000_000
+
+    static var now: UInt64 { DispatchTime.now().uptimeNanoseconds }
+
+    func posted(_ ino: UInt64) { lock.withLock { waiting[ino, default: 0] += 1 } }
+
+    func sent(_ ino: UInt64) {
+        let now = Self.now
+        lock.withLock {
+            if let w = waiting[ino] { waiting[ino] = w > 1 ? w - 1 : nil }
+            sent[ino] = now
+            if sent.count > 4096 { sent = sent.filter { now - $0.value < kept } }
+        }
+    }
+
+    /// Whether no notice for `ino` waits, and none was sent after `since` (at most `kept` ago).
+    func quiet(_ ino: UInt64, since: UInt64) -> Bool {
+        lock.withLock { waiting[ino] == nil && (sent[ino] ?? 0) < since }
+    }
+}

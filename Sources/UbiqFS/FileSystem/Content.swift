@@ -161,31 +161,80 @@ extension FileSystem {
         }
     }
 
-    /// Whether an open of `ino` should be answered "stale" (ESTALE), so that the kernel looks
-    /// the name up again (its one retry, with LOOKUP_REVAL) and learns the size before it
-    /// opens: another device's version replaced the content since the kernel last opened the
-    /// file, and the kernel keeps the size it knew until it asks. With the old size an O_APPEND
-    /// write went at that size (`write` now moves it to the end, but the kernel then holds a
-    /// size the file does not have), and a read that came back shorter than the old size was
-    /// filled with zeros. Once per replacement, and not again within a second (a second
-    /// version while the kernel looks again: the retry is not answered "stale", and the next
-    /// open looks again).
+    /// What an open of `ino` is answered (`KernelSizeAtOpen`). The kernel keeps the size it last
+    /// learned of a file until it asks again, and it does not ask before an open, an O_APPEND
+    /// write (it writes at that size) or a read within it (a read that comes back shorter is
+    /// filled with zeros, which stay in its cache while a write is on its way). After another
+    /// device's version replaced the content (`Inodes.replacedContent`), or an append came at
+    /// another end than this device's (`write`), that size may be wrong until the kernel has
+    /// looked the name up again and kept the answer (`kernelLookedUp`):
+    /// - `.lookAgain` (ESTALE): the kernel looks the name up again (its one retry, with
+    ///   LOOKUP_REVAL) and learns the size before it opens. Every open is so answered until an
+    ///   answer to a lookup was kept, not once per version: an open that came while the first
+    ///   one's kernel looked again opened with the old size (two appenders at once: one append
+    ///   came at the old end, and the kernel then held a size past the true end; a reader read
+    ///   zeros there). Not twice within a second (`sizeUnsureFor`), so that the retry cannot meet it.
+    /// - `.unsure`: within that second after such an answer, while no answer to a lookup was
+    ///   kept, the open goes on with the kernel's page cache off for the handle
+    ///   (FOPEN_DIRECT_IO), whatever the kernel believes: the kernel's retry (its lookup's
+    ///   answer may have met a notice or a write), or another process's open that came while
+    ///   the first one's kernel looked again. Its reads are what the file holds; its appends go
+    ///   at this device's end (`write`).
+    /// - `.known`: as usual.
     ///
-    /// Also a file not here whose last name went (written over by a rename, removed, moved by
-    /// another device) while the kernel still held the name: its version is no longer one the
-    /// store keeps for it, so it cannot be read, where a local disk would have opened the old
-    /// file. The kernel looks the name up again and opens what stands there now, or says
-    /// ENOENT: as if the open had come just after the change.
-    public func kernelShouldLookAgain(_ ino: UInt64) -> Bool {
+    /// Also `.lookAgain`: a file not here whose last name went (written over by a rename,
+    /// removed, moved by another device) while the kernel still held the name: its version is
+    /// no longer one the store keeps for it, so it cannot be read, where a local disk would have
+    /// opened the old file. The kernel looks the name up again and opens what stands there now,
+    /// or says ENOENT: as if the open had come just after the change.
+    ///
+    /// The kernel's retry of an open answered so is never answered ESTALE (`mayAnswerStale`):
+    /// `.unsure` for a size, `.gone` (ENOENT) for a file that went: the file the name stood
+    /// for went while the open looked again, as if it had come just after that.
+    public func kernelSizeAtOpen(_ ino: UInt64, pid: Int32? = nil) -> KernelSizeAtOpen {
         inodes.locked { t in
-            guard let n = t[ino] else { return false }
-            if n.nlink == 0 && n.isRegular && !n.rec.present && materializer.localBytes(ino) == nil { return true }
-            guard n.kernelSizeStale else { return false }
-            let now = nowNanos()
-            if now - n.lookAgainAskedNs < 1_000_000_000 { return false }
-            n.kernelSizeStale = false
-            n.lookAgainAskedNs = now
+            guard let n = t[ino] else { return .known }
+            let gone = n.nlink == 0 && n.isRegular && !n.rec.present && materializer.localBytes(ino) == nil
+            let now = InodeNoticeTimes.now
+            if !gone {
+                guard n.kernelSizeStale else { return .known }
+                if n.lookAgainAsked > 0 && Double(now - n.lookAgainAsked) < sizeUnsureFor * 1e9 { return .unsure }
+            }
+            guard mayAnswerStale(pid: pid) else { return gone ? .gone : .unsure }
+            if !gone { n.lookAgainAsked = now }
+            return .lookAgain
+        }
+    }
+
+    /// Whether an open by thread `pid` may be answered ESTALE, and notes that it was: not
+    /// within a second after the last such answer to it. The kernel tries an open that was so
+    /// answered once more, with LOOKUP_REVAL, and fails it with ESTALE at a second one, which
+    /// no program expects of a local disk; the retry can meet it when the name it looked up
+    /// again stands for another file by then, one that also went, or whose size the kernel
+    /// holds wrong (a rename over the name, another device's change, while it looked again).
+    /// nil: an open not from the kernel (tests), always.
+    public func mayAnswerStale(pid: Int32?) -> Bool {
+        guard let pid else { return true }
+        let now = InodeNoticeTimes.now
+        return staleAnswered.withLock { m in
+            if let last = m[pid], now - last < 1_000_000_000 { return false }
+            if m.count > 256 { m = m.filter { now - $0.value < 1_000_000_000 } }
+            m[pid] = now
             return true
+        }
+    }
+
+    /// The kernel took an answer to a lookup of `ino` (sent: the FUSE binding calls this after
+    /// the reply), with its size. It kept that size if nothing bumped the inode's attribute
+    /// version while the lookup was out: no notice for it was sent since the open was sent
+    /// back to look again, and no handle of it is open (a write's end bumps it, and so does a
+    /// read that came back short). Then the size it holds is right again (`kernelSizeAtOpen`).
+    public func kernelLookedUp(_ ino: UInt64) {
+        inodes.locked { t in
+            guard let n = t[ino], n.kernelSizeStale, n.opens == 0, n.lookAgainAsked > 0,
+                  InodeNoticeTimes.now - n.lookAgainAsked < 5_000_000_000,
+                  noticeTimes.quiet(ino, since: n.lookAgainAsked) else { return }
+            n.kernelSizeStale = false
         }
     }
 
@@ -240,7 +289,7 @@ extension FileSystem {
     /// Whether what an open prepared for went while it did: another version came in (true: the
     /// open starts over), or the file, not here, lost its last name (a rename over it, another
     /// device's change; FSError.stale: the kernel looks the name up again and opens what stands
-    /// there now, as `kernelShouldLookAgain` has it when that was so before the open). Its
+    /// there now, as `kernelSizeAtOpen` has it when that was so before the open). Its
     /// download could not start, or failed: the version it was for is not one the store keeps
     /// for it any more. False: the failure is the open's.
     private func changedWhileOpening(_ ino: UInt64, epoch: Int) throws -> Bool {
@@ -424,7 +473,12 @@ extension FileSystem {
         // Read under the claim: no other write moves the end meanwhile.
         let end = appends ? inodes.locked { t in t[ino]?.rec.size } : nil
         let relocated = end.map { $0 != offset } ?? false
+        if relocated, let end { logger.notice("an append to inode \(ino) came at \(offset), the end is \(end): written there") }
         if let end { offset = end }
+        if relocated {
+            // The kernel now holds a size other than the file's: it looks again (`kernelSizeAtOpen`).
+            inodes.locked { t in t[ino]?.kernelSizeStale = true }
+        }
         var freedForThis = false
         if !state.reserve.contentHasRoom(for: Int64(count)) {
             // The disk filled up and the state database took its reserve: content may not use

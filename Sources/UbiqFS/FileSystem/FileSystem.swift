@@ -54,6 +54,11 @@ public final class FileSystem: @unchecked Sendable {
     /// How long one `sync` action waits for what it sent (`ubiq sync` asks again while that
     /// makes progress); a FUSE request, so bounded.
     public var syncWait: TimeInterval = 60
+    /// How long after an open was sent back to look again (ESTALE) the opens of that file skip
+    /// the kernel's page cache (`kernelSizeAtOpen`; a test shortens it).
+    public var sizeUnsureFor: TimeInterval = 1
+    /// Threads whose open was last answered ESTALE, and when (`mayAnswerStale`).
+    let staleAnswered = Mutex<[Int32: UInt64]>([:])
     /// Whether a commit of `pendingCreates` is scheduled: one timer a `pendingCreatesDelay`,
     /// not one a create (each close empties the list; a timer per file woke a thread per file).
     let pendingCreatesTimer = Mutex<Bool>(false)
@@ -66,6 +71,8 @@ public final class FileSystem: @unchecked Sendable {
     private weak var feed: (any StoreFeed)?
     /// Guards `kernel`, `notices` and `feed`.
     private let channels = NSLock()
+    /// When `notices` posted and sent each inode's notices (`kernelLookedUp`).
+    let noticeTimes = InodeNoticeTimes()
     /// Where the daemon's control socket is (answered as the root's unlisted
     /// `user.ubiq.control-socket`, so the CLI finds it from any path).
     public let controlSocketPath = Mutex<String?>(nil)
@@ -426,8 +433,10 @@ public final class FileSystem: @unchecked Sendable {
             guard let self, let kernel, n.0 == rootIno || self.inodes.locked({ $0.kernelHolds(n.0) }) else { return }
             kernel.invalidateEntry(n.0, n.1)
         }
+        let times = noticeTimes
         let contents = KernelNotices<(UInt64, Bool)>(name: "ubiq kernel inodes") { [weak kernel] n in
             kernel?.invalidateInode(n.0, pages: n.1)
+            times.sent(n.0)
         }
         channels.withLock {
             self.kernel = kernel
@@ -458,13 +467,19 @@ public final class FileSystem: @unchecked Sendable {
     /// Asks the kernel to drop `ino`'s cached pages, off the request path (a handler that
     /// waits for the kernel while the kernel waits for it would deadlock).
     func invalidateKernelCache(_ ino: UInt64) {
-        channels.withLock({ notices })?.inodes.post((ino, true))
+        postInodeNotice(ino, pages: true)
     }
 
     /// Asks the kernel to drop `ino`'s cached attributes (its blocks changed: a download
     /// finished), off the request path. The kernel keeps attributes for `attrTimeout`.
     func invalidateKernelAttributes(_ ino: UInt64) {
-        channels.withLock({ notices })?.inodes.post((ino, false))
+        postInodeNotice(ino, pages: false)
+    }
+
+    private func postInodeNotice(_ ino: UInt64, pages: Bool) {
+        guard let inodes = channels.withLock({ notices?.inodes }) else { return }
+        noticeTimes.posted(ino)
+        inodes.post((ino, pages))
     }
 
     /// Tells the kernel binding that folder `ino`'s mode or owner changed (`KernelNotifier.

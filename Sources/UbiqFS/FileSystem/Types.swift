@@ -160,3 +160,16 @@ public enum XattrSetMode: Sendable { case any, create, replace }
 
 public let maxNameBytes = 255
 public let rootIno: UInt64 = 1
+
+/// What an open is answered, by what the kernel may believe of the file's size
+/// (`FileSystem.kernelSizeAtOpen`).
+public enum KernelSizeAtOpen: Sendable, Equatable {
+    /// As usual.
+    case known
+    /// ESTALE: the kernel looks the name up again, and learns the size, before it opens.
+    case lookAgain
+    /// Opened with the kernel's page cache off for the handle (FOPEN_DIRECT_IO).
+    case unsure
+    /// ENOENT: the kernel's retry met a file that went too.
+    case gone
+}

@@ -193,6 +193,8 @@ final class Inodes {
     func forget(_ ino: UInt64, _ count: UInt64) -> Node? {
         if let n = nodes[ino] {
             n.lookups = n.lookups >= count ? n.lookups - count : 0
+            // A kernel that holds the inode no more holds no size of it: its next lookup learns it.
+            if n.lookups == 0 { n.kernelSizeStale = false }
             return n
         }
         if let held = heldRefs[ino] { heldRefs[ino] = held > count ? held - count : nil }
@@ -332,11 +334,12 @@ final class Node {
     /// Changes when the content is replaced by a remote version (an open in progress starts
     /// over), and when the node is read in again (`Inodes.replacedContent`, `admit`).
     fileprivate(set) var contentEpoch = 0
-    /// A remote version replaced the content since the kernel last opened the file: it may
-    /// still hold the old size (`FileSystem.kernelShouldLookAgain`).
+    /// The kernel may hold a size other than the file's (another device's version came in, an
+    /// append came at another end), until it keeps the answer to a lookup or forgets the inode
+    /// (`FileSystem.kernelSizeAtOpen`).
     var kernelSizeStale = false
-    /// When an open was last sent back to look again (nanoseconds; 0: never).
-    var lookAgainAskedNs: Int64 = 0
+    /// When an open was last sent back to look again (`InodeNoticeTimes.now`; 0: never).
+    var lookAgainAsked: UInt64 = 0
 
     /// Whether it may leave memory and be read from its rows again when asked for: nothing
     /// about it lives only here but an access time, which is recorded as it leaves. (Folders
