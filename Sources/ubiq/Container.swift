@@ -41,13 +41,10 @@ struct StoreOptions: ParsableArguments {
 /// index in a temporary file, removed at exit).
 func openStoreForCLI(_ url: String, s3Endpoint: String?, s3Region: String?) throws -> any CloudStore {
     let spec = try MountPlan.parseStore(url, s3Endpoint: s3Endpoint, s3Region: s3Region)
-    if case .directory(let path) = spec, !DirectoryStore.isStore(at: path) {
-        throw UserError("no store at \(path)")
-    }
     let logger = Logger(label: "ubiq-cli") { _ in SwiftLogNoOpLogHandler() }
     let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-cli-index-\(getpid()).db").path
     atexit { for s in ["", "-wal", "-shm"] { unlink(FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-cli-index-\(getpid()).db").path + s) } }
-    return try MountPlan.openStore(spec, indexPath: index, logger: logger)
+    return try MountPlan.openStore(spec, indexPath: index, logger: logger, mustExist: true).store
 }
 
 struct ContainerCreate: ParsableCommand {

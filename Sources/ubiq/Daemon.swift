@@ -121,9 +121,10 @@ struct Daemon {
         if bound == nil {
             // A state from before 2026-12-07 is not bound yet: a directory store's has its
             // store_id, an S3 device's its S3 index.
+            let isFolder = plan.store.folder != nil
             let was = try state.read { try $0.meta("store_id") } != nil ? "a directory store (dir:)"
-                : plan.store.address == "dir:" && FileManager.default.fileExists(atPath: plan.stateDir + "/s3-index.db") ? "an S3 store" : nil
-            if let was, (was.hasPrefix("a directory")) != (plan.store.address == "dir:") {
+                : isFolder && FileManager.default.fileExists(atPath: plan.stateDir + "/s3-index.db") ? "an S3 store" : nil
+            if let was, (was.hasPrefix("a directory")) != isFolder {
                 die("state directory \(plan.stateDir) belongs to \(was), not \(address): mount \(address) with a new --state to start another device there", logger)
             }
             try state.write { try $0.setMeta("store_address", address) }
@@ -132,17 +133,18 @@ struct Daemon {
 
     /// The plan's store, and of a container the part under its folder (with its configuration).
     private func openStore(_ state: LocalState, _ logger: Logger) throws -> (any CloudStore, ContainerConfig?) {
-        let store = try MountPlan.openStore(plan.store, indexPath: plan.stateDir + "/s3-index.db", logger: logger,
-                                            fullListingInterval: plan.fullListingInterval)
-        if let dir = store as? DirectoryStore {
+        let opened = try MountPlan.openStore(plan.store, indexPath: plan.stateDir + "/s3-index.db", logger: logger,
+                                             fullListingInterval: plan.fullListingInterval)
+        let store = opened.store
+        if let identity = opened.identity {
             // The store this device synced with, and no other made anew in its place.
             let known = try state.read { try $0.meta("store_id") }
-            if let known, known != dir.identity {
-                die("the store at \(dir.root.path) is not the one this device synced with (it was made anew or replaced); mount it with a new --state to start another device, and keep \(plan.stateDir) until its edits are recovered", logger)
+            if let known, known != identity {
+                die("the store at \(plan.store.folder ?? plan.storeURL) is not the one this device synced with (it was made anew or replaced); mount it with a new --state to start another device, and keep \(plan.stateDir) until its edits are recovered", logger)
             }
-            if known == nil { try state.write { try $0.setMeta("store_id", dir.identity) } }
-            if let q = plan.quota { try dir.setQuota(q > 0 ? q : nil) }
+            if known == nil { try state.write { try $0.setMeta("store_id", identity) } }
         }
+        if let q = plan.quota, let setQuota = opened.setQuota { try setQuota(q > 0 ? q : nil) }
         guard let name = plan.container else { return (store, nil) }
         let config: ContainerConfig
         do {
@@ -221,10 +223,7 @@ struct Daemon {
         // the device's id to tell two mounts on one host apart.
         var options = Engine.Options(deviceName: ConflictName.deviceLabel(ProcessInfo.processInfo.hostName
             .split(separator: ".").first.map(String.init) ?? "host") + "-" + deviceID.prefix(4))
-        // Each chunk is one request: over HTTP, 4 MiB ones read a 256 MiB object cold at about
-        // twice the speed of 1 MiB ones, for a few ms more before the first byte, and 8 of 8 MiB
-        // at once another sixth faster than 4 of 4 MiB, as fast as one plain GET (docs/s3.md).
-        if case .s3 = plan.store { options.chunkSize = 8 << 20; options.parallelism = 8 }
+        if let chunks = plan.store.chunks { options.chunkSize = Int64(chunks.size); options.parallelism = chunks.parallel }
         options.readTimeout = plan.readTimeout
         options.uploadDelay = plan.uploadDelay
         options.transfers = plan.transfers

@@ -134,9 +134,7 @@ struct Mount: ParsableCommand {
         args += ["--cache-size", String(plan.cacheSize)]
         if let q = plan.quota { args += ["--quota", String(q)] }
         if let c = plan.container { args += ["--container", c, "--scope", plan.scope] }
-        if case .s3(_, let endpoint, let region) = plan.store {
-            args += ["--s3-endpoint", endpoint.absoluteString, "--s3-region", region]
-        }
+        args += plan.store.daemonArguments
         if downloadForAll { args.append("--download-for-all") }
         args.append(plan.mountpoint)
         p.arguments = args
@@ -170,31 +168,14 @@ struct Mount: ParsableCommand {
 
 /// Everything `mount` checked, resolved to absolute paths.
 struct MountPlan {
-    enum Store {
-        case directory(path: String)
-        case s3(S3Location, endpoint: URL, region: String)
-
-        /// What a state directory is bound to (its meta `store_address`): a bucket and prefix,
-        /// whatever the endpoint is called; a directory store by its kind only, as it may be
-        /// moved (its own identity, `store_id`, tells it from another).
-        var address: String {
-            switch self {
-            case .directory: return "dir:"
-            case .s3(let l, _, _): return "s3://\(l.bucket)/\(l.prefix)"
-            }
-        }
-    }
     var mountpoint: String
-    var storeURL: String
-    var store: Store
+    var store: any StoreBackend
+    var storeURL: String { store.url }
     var container: String?
     /// "all" or "documents".
     var scope: String
     /// The mount's source as df and /proc/mounts show it.
-    var fsname: String {
-        if case .directory(let path) = store { return "ubiq:" + path }
-        return "ubiq:" + storeURL
-    }
+    var fsname: String { "ubiq:" + (store.folder ?? storeURL) }
     var stateDir: String
     var fuseOptions: FuseOptions
     var drainTimeout: Double
@@ -211,13 +192,6 @@ struct MountPlan {
     /// What this mount made (a new store's directory, a new state directory): a mount that
     /// fails removes it again, so that a failed mount leaves nothing behind.
     var made: [String] = []
-
-    /// Uploads at once by default: a request to S3 waits a round trip, one to the embedded
-    /// store mostly the disk.
-    static func transfers(to store: Store) -> Int {
-        if case .s3 = store { return 8 }
-        return 4
-    }
 
     static func check(_ m: Mount) throws -> MountPlan {
         let seconds = [secondsRefused(m.readTimeout, "--read-timeout"), secondsRefused(m.pollInterval, "--poll-interval"),
@@ -259,11 +233,10 @@ struct MountPlan {
         }
         guard ["all", "documents"].contains(m.scope) else { throw UserError("--scope is documents or all, not \(m.scope)") }
         if m.scope != "all" && m.container == nil { throw UserError("--scope applies to a container: add --container NAME") }
-        var storePath: String?
-        if case .directory(let path) = store {
+        let storePath = store.folder
+        if let path = storePath {
             if path == mp || path.hasPrefix(mp + "/") { throw UserError("the store cannot be inside the mount point") }
             try Self.checkDirectory(path, what: "store")
-            storePath = path
         }
         // The state.
         let stateDir = m.state.map(Paths.absolute) ?? Paths.defaultState(for: mp)
@@ -320,65 +293,38 @@ struct MountPlan {
         var fo = FuseOptions()
         fo.operationStats = ProcessInfo.processInfo.environment["UBIQ_OP_STATS"] == "1"
         fo.mountOptions = m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" }
-        let storeURL: String
-        switch store {
-        case .directory(let path): storeURL = "dir:" + path
-        case .s3(let l, _, _): storeURL = "s3://\(l.bucket)/\(l.prefix)"
-        }
-        return MountPlan(mountpoint: mp, storeURL: storeURL, store: store, container: m.container, scope: m.scope, stateDir: stateDir,
+        return MountPlan(mountpoint: mp, store: store, container: m.container, scope: m.scope, stateDir: stateDir,
                          fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: m.uploadDelay, pollInterval: m.pollInterval,
-                         fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout, transfers: m.transfers ?? Self.transfers(to: store),
+                         fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout, transfers: m.transfers ?? store.transfers,
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),
                          cacheSize: cacheSize, syncOnClose: m.syncOnClose, quota: quota, made: made)
     }
 
+    /// The kinds of store a device can mount, the one place they are chosen: the first that
+    /// takes a URL is its backend (docs/architecture.md, "Add a store backend").
+    static let storeBackends: [any StoreBackend.Type] = [S3Backend.self, DirectoryBackend.self]
+
     /// A store URL (`dir:PATH`, `PATH`, `s3://BUCKET/PREFIX`) and its S3 options, checked.
-    static func parseStore(_ url: String, s3Endpoint: String?, s3Region: String?) throws -> Store {
-        if url.hasPrefix("s3://") {
-            let location: S3Location
-            do { location = try S3Location(url) } catch { throw UserError("\(error)".replacingOccurrences(of: "store error: ", with: "")) }
-            let env = ProcessInfo.processInfo.environment
-            let region = s3Region ?? env["AWS_REGION"] ?? env["AWS_DEFAULT_REGION"] ?? "us-east-1"
-            guard !region.isEmpty, region.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else {
-                throw UserError("invalid --s3-region \(region.debugDescription)")
-            }
-            let text = s3Endpoint ?? env["AWS_ENDPOINT_URL_S3"] ?? env["AWS_ENDPOINT_URL"] ?? "https://s3.\(region).amazonaws.com"
-            guard let endpoint = URL(string: text), ["http", "https"].contains(endpoint.scheme ?? ""), endpoint.host != nil,
-                  endpoint.path.isEmpty || endpoint.path == "/" else {
-                throw UserError("invalid S3 endpoint \(text): use http(s)://HOST[:PORT]")
-            }
-            do { _ = try S3Credentials.resolve(environment: ProcessInfo.processInfo.environment, home: NSHomeDirectory()) } catch { throw UserError("\(error)") }
-            return .s3(location, endpoint: endpoint, region: region)
-        }
-        // A scheme ubiq does not know, or a mistyped one ("s3:/bucket", "S3:bucket"), is not
-        // taken for a relative path: with --create-store that made a folder called "s3:".
-        if !url.hasPrefix("dir:"), let colon = url.firstIndex(of: ":"),
-           url[..<colon].range(of: "^[A-Za-z][A-Za-z0-9+.-]*$", options: .regularExpression) != nil {
+    static func parseStore(_ url: String, s3Endpoint: String?, s3Region: String?) throws -> any StoreBackend {
+        let options = StoreURLOptions(s3Endpoint: s3Endpoint, s3Region: s3Region, absolute: { Paths.absolute($0) })
+        do {
+            for kind in storeBackends { if let store = try kind.parse(url, options) { return store } }
+        } catch let e as StoreURLError { throw UserError(e.description) }
+        // A scheme ubiq does not know, or a mistyped one ("s3:/bucket", "S3:bucket"): no
+        // folder is made for it.
+        if DirectoryBackend.hasOtherScheme(url) {
             throw UserError("unsupported store URL \(url): use dir:PATH or s3://BUCKET/PREFIX (a folder whose name has a colon: dir:\(url))")
-        }
-        if url.hasPrefix("dir:") || !url.contains("://") {
-            let path = url.hasPrefix("dir:") ? String(url.dropFirst(4)) : url
-            // Never the current directory by accident.
-            if path.isEmpty { throw UserError("the store needs a path: dir:PATH") }
-            return .directory(path: Paths.absolute(path))
         }
         throw UserError("unsupported store URL \(url): use dir:PATH or s3://BUCKET/PREFIX")
     }
 
-    /// Opens the store (an S3 store keeps its index at `indexPath`).
-    static func openStore(_ store: Store, indexPath: String, logger: Logger, fullListingInterval: Double = 300) throws -> any CloudStore {
-        switch store {
-        case .directory(let path):
-            return try DirectoryStore(root: URL(fileURLWithPath: path))
-        case .s3(let location, let endpoint, let region):
-            let credentials = try S3Credentials.resolve(environment: ProcessInfo.processInfo.environment, home: NSHomeDirectory())
-            return try runBlocking {
-                try await S3Store.open(location, endpoint: endpoint, region: region, credentials: credentials,
-                                       indexPath: indexPath, logger: logger, fullListingInterval: fullListingInterval)
-            }
-        }
+    /// Opens the store (one that keeps an index of itself keeps it at `indexPath`).
+    static func openStore(_ store: any StoreBackend, indexPath: String, logger: Logger, fullListingInterval: Double = 300,
+                          mustExist: Bool = false) throws -> OpenedStore {
+        let how = StoreOpening(indexPath: indexPath, logger: logger, fullListingInterval: fullListingInterval, mustExist: mustExist)
+        do { return try runBlocking { try await store.open(how) } } catch let e as StoreURLError { throw UserError(e.description) }
     }
 
     /// "500M", "20G", "1.5T", "4096" (bytes), binary units.
