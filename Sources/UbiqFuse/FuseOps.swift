@@ -286,6 +286,15 @@ enum FuseOps {
                 }
             }
         }
+        // SEEK_DATA and SEEK_HOLE (the kernel answers SEEK_SET, SEEK_CUR and SEEK_END itself).
+        ops.lseek = { req, _, off, whence, fi in
+            OpStats.measure("lseek") {
+                let s = FuseServer.from(req)
+                do {
+                    fuse_reply_lseek(req, off_t(try s.fs.seek(fi!.pointee.fh, offset: Int64(off), whence: whence)))
+                } catch { s.replyError(req, error) }
+            }
+        }
     }
 
     /// A folder's handles: its listing.

@@ -71,6 +71,35 @@ import Testing
         #expect(r.out == "gone,old new,old\n", "\(r.out)\(r.err)")
     }
 
+    /// A sparse file tells of its holes as on ext4: `st_blocks` leaves them out, SEEK_DATA and
+    /// SEEK_HOLE find them (50 KB written at 1.6 MB counted 3,300 blocks, and SEEK_DATA said 0);
+    /// `truncate -s` makes one hole. On another device the file is a placeholder: no blocks,
+    /// and all data to SEEK_DATA, so `cp`, which skips what it is told is a hole, copies every
+    /// byte of it (a placeholder told to be all hole would be copied as zeros).
+    @Test func holesAreToldAndAPlaceholderIsAllData() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let seek = #"python3 -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); print(os.lseek(fd, 0, os.SEEK_DATA), os.lseek(fd, 0, os.SEEK_HOLE))'"#
+        let r = m.sh("""
+            dd if=/dev/urandom of=s bs=1024 count=50 seek=1600 status=none && cp s \(m.base)/ref
+            stat -c %b s; \(seek) s
+            truncate -s 64M t && stat -c %b t
+            head -c 300000 /dev/urandom > d && stat -c %b d
+            """)
+        let out = r.out.split(separator: "\n").map(String.init)
+        #expect(out.count == 4, "\(r.out)\(r.err)")
+        guard out.count == 4 else { return }
+        #expect((Int(out[0]) ?? 9999) <= 120, "a 50 KB extent: \(out[0]) blocks")
+        #expect(out[1] == "1638400 0", "the data at 1.6 MB, a hole from 0: \(out[1])")
+        #expect(out[2] == "0", "truncate -s: one hole")
+        #expect((Int(out[3]) ?? 0) >= 586, "a file of data: \(out[3]) blocks")
+        expectOK(m.unmount())
+        let b = try MountFixture(store: m.store, name: "device-b")
+        defer { b.cleanup() }
+        let p = b.sh("stat -c %b s; \(seek) s; cp s \(b.base)/copy && cmp s \(m.base)/ref && cmp \(b.base)/copy \(m.base)/ref && echo same")
+        #expect(p.out.hasPrefix("0\n0 1689600\n") && p.out.hasSuffix("same\n"), "\(p.out)\(p.err)")
+    }
+
     /// The kernel drops a file's cached pages only when ubiq asks (another device's version,
     /// an eviction), not when a write here moved its mtime: with the kernel's own invalidation
     /// (auto_inval_data) every write emptied the file's cache for the next open, stat or read,

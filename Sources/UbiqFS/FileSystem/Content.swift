@@ -580,11 +580,42 @@ extension FileSystem {
             let c = try claim([ino], .write)
             defer { coordinator.release(c) }
             try commitSize(ino)
+            measureAllocation(ino, fd: fd)
             if sync { try syncContent(ino, fd: fd) }
             kickUploader()
         } else if evenIfCommitted {
             try syncContent(ino, fd: fd)
         }
+    }
+
+    /// Notes the blocks `ino`'s cache file (`fd`) holds for its content now (`Node.allocated`),
+    /// under its write claim: `st_blocks` then leaves holes out, as on a local disk.
+    private func measureAllocation(_ ino: UInt64, fd: Int32) {
+        var st = stat()
+        guard fd >= 0, fstat(fd, &st) == 0 else { return }
+        inodes.locked { t in
+            guard let n = t[ino], n.rec.present else { return }
+            n.allocated = (n.rec.contentGen, Int64(st.st_blocks))
+        }
+    }
+
+    /// lseek(2)'s SEEK_DATA and SEEK_HOLE (the kernel answers the other kinds itself): where
+    /// the next data or hole is, from `offset`. A file here in full answers from its cache file,
+    /// holes and all, as the disk does; a placeholder, or a file part downloaded, is all data:
+    /// its bytes are the store's, and a hole there would tell `cp` and `tar` to skip bytes they
+    /// must read. ENXIO past the end.
+    public func seek(_ fh: UInt64, offset: Int64, whence: Int32) throws -> Int64 {
+        let (ino, fd, _, _) = try handle(fh)
+        guard whence == CUBIQ_SEEK_DATA || whence == CUBIQ_SEEK_HOLE else { throw FSError.invalid }
+        let c = try claim([ino], .read)
+        defer { coordinator.release(c) }
+        let (present, size) = try inodes.locked { t in let n = try t.node(ino); return (n.rec.present, n.rec.size) }
+        if offset < 0 || offset >= size { throw FSError.system(ENXIO) }
+        guard present else { return whence == CUBIQ_SEEK_DATA ? offset : size }
+        let at = lseek(fd, off_t(offset), whence)
+        if at < 0 { throw FSError.fromErrno(errno) }
+        // The cache file's end is the file's: a hole found past it (none should be) is the end.
+        return min(Int64(at), size)
     }
 
     /// Commits the new size and times of `ino` and queues its upload (under its write claim).
@@ -677,6 +708,9 @@ extension FileSystem {
                 n.rec.size = size
                 n.rec.mtimeNs = now
                 n.rec.contentGen += 1
+                // `truncate -s 1G` makes a file of one hole: its blocks are the cache file's.
+                var st = stat()
+                n.allocated = stat(cache.path(ino), &st) == 0 ? (n.rec.contentGen, Int64(st.st_blocks)) : nil
             }
             if let mode = ch.mode { n.rec.perm = mode & 0o7777 }
             if let clear = ch.clearSetID { _ = n.clearSetID(inGroup: clear.inGroup) }
@@ -738,6 +772,7 @@ extension FileSystem {
             guard let n = t[ino] else { return false }
             let now = nowNanos()
             n.rec.size = Int64(st.st_size)
+            n.allocated = (n.rec.contentGen + 1, Int64(st.st_blocks))
             n.rec.mtimeNs = now
             n.rec.ctimeNs = now
             n.rec.contentGen += 1

@@ -270,9 +270,21 @@ public final class FileSystem: @unchecked Sendable {
         if n.isDirectory { size = 4096 } else if r.type == UInt32(S_IFLNK) { size = Int64(r.target?.count ?? 0) } else { size = r.size }
         // What is really local: a placeholder holds nothing, or what its download has fetched so far.
         let local = (n.isRegular && !r.present) ? (materializer.localBytes(r.ino) ?? 0) : size
-        let blocks: Int64 = (local + 511) / 512
+        let blocks: Int64 = n.isRegular && r.present ? allocatedBlocks(n) : (local + 511) / 512
         return Attributes(ino: r.ino, mode: r.type | r.perm, nlink: n.nlink, uid: r.uid, gid: r.gid, rdev: r.rdev,
                           size: size, blocks: blocks, atime: r.atimeNs, mtime: r.mtimeNs, ctime: r.ctimeNs)
+    }
+
+    /// The 512-byte blocks a file here in full holds (`Node.allocated`), holes left out as the
+    /// disk under the cache counts them: measured at a close after writes, else here (once for
+    /// each content: a node read in again, a file downloaded).
+    private func allocatedBlocks(_ n: Node) -> Int64 {
+        let gen = n.rec.contentGen
+        if let a = n.allocated, a.contentGen == gen { return a.blocks }
+        var st = stat()
+        guard stat(cache.path(n.rec.ino), &st) == 0 else { return (n.rec.size + 511) / 512 }
+        n.allocated = (gen, Int64(st.st_blocks))
+        return Int64(st.st_blocks)
     }
 
     /// Records the changes `body` makes to the state (`LocalState.record`: in its intent log

@@ -206,6 +206,7 @@ final class Inodes {
         epochClock += 1
         n.contentEpoch = epochClock
         n.kernelSizeStale = true
+        n.allocated = nil
     }
 
     /// Lets the least recently seen nodes of files go from memory, past `residentLimit`, of
@@ -331,6 +332,10 @@ final class Node {
     var lastSeen: UInt64 = 0
     /// atime changed by a read and not written yet (see `writeAccessTimes`).
     var atimeDirty = false
+    /// 512-byte blocks the cache file holds, as measured for the content of `contentGen` (at a
+    /// close after writes, a fallocate, or when asked: `FileSystem.allocatedBlocks`): `st_blocks`
+    /// tells of holes. Nil once another content came (a version from another device, an eviction).
+    var allocated: (contentGen: Int64, blocks: Int64)?
     /// Changes when the content is replaced by a remote version (an open in progress starts
     /// over), and when the node is read in again (`Inodes.replacedContent`, `admit`).
     fileprivate(set) var contentEpoch = 0

@@ -150,6 +150,7 @@ extension FileSystem {
         try inodes.locked { t in
             let n = try t.node(ino)
             n.rec.present = false
+            n.allocated = nil
             let rec = n.rec
             try persist { tx in
                 tx.upsert(rec)
