@@ -25,13 +25,17 @@ import UbiqStore
         defer { cleanup() }
         let c = store.objects.client
         try await c.send(.PUT, key: "drive/docs/", body: .data(Data()))
+        let before = Date().timeIntervalSince1970
         try await c.send(.PUT, key: "drive/docs/readme.txt", body: .data(Data("hello".utf8)))
+        let after = Date().timeIntervalSince1970
         try await c.send(.PUT, key: "drive/loose/file", body: .data(Data("x".utf8)))
         let listed = try await store.list(prefix: "")
         #expect(listed.map(\.key) == ["docs/", "docs/readme.txt", "loose/file"])
         let readme = try #require(listed.first { $0.key == "docs/readme.txt" })
         #expect(readme.metadata.kind == .file && readme.metadata.mode == 0o644 && readme.metadata.uid == getuid())
-        #expect(abs(Double(readme.metadata.mtimeNs) / 1e9 - Date().timeIntervalSince1970) < 120)
+        // When the PUT was made (S3's times are whole seconds), however long the listing took.
+        let mtime = Double(readme.metadata.mtimeNs) / 1e9
+        #expect(mtime >= before.rounded(.down) - 1 && mtime <= after + 1, "\(mtime) not within \(before) ... \(after)")
         #expect(readme.size == 5)
         #expect(listed[0].metadata.kind == .directory && listed[0].metadata.mode == 0o755)
         #expect([UInt8](try await store.read("docs/readme.txt", version: readme.version, range: 0 ..< 5)) == Array("hello".utf8))
