@@ -69,8 +69,11 @@ import TestSupport
         defer { close(fd) }
         let seen = Progress()
         try await s3.send(.PUT, key: "big", body: .file(fd: fd, offset: 0, length: Int64(bytes.count), progress: { seen.add($0) }))
-        let back = try await s3.send(.GET, key: "big")
-        #expect(back.data == bytes)
+        // SeaweedFS on a loaded machine now and then answers a plain GET with fewer bytes (none):
+        // asked again, as the product does (`S3Objects` reads with the listed length).
+        var back = try await s3.send(.GET, key: "big")
+        for _ in 0 ..< 3 where back.data.count != bytes.count { back = try await s3.send(.GET, key: "big") }
+        #expect(bytesDiffer(back.data, bytes) == nil)
         #expect(seen.values.last == Int64(bytes.count) && seen.values.count == 3)
     }
 
