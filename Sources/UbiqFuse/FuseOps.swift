@@ -190,7 +190,7 @@ enum FuseOps {
                 let who = caller(req)
                 let size = s.fs.kernelSizeAtOpen(ino, pid: who.pid)
                 if size == .lookAgain { fuse_reply_err(req, ESTALE); return }
-                if size == .gone { fuse_reply_err(req, ENOENT); return }
+                if size == .gone { s.fs.openAnswered(pid: who.pid); fuse_reply_err(req, ENOENT); return }
                 s.answer(req, later: s.fs.waitsForStore(ino, flags: flags)) { req in
                     do {
                         let fh = try s.fs.open(ino, flags: flags, caller: who, clearSetID: clearSetID)
@@ -198,11 +198,18 @@ enum FuseOps {
                         fi.fh = fh
                         ubiq_fi_set_keep_cache(&fi, 1)
                         if size == .unsure { ubiq_fi_set_direct_io(&fi, 1) }
+                        s.fs.openAnswered(pid: who.pid)
                         if fuse_reply_open(req, &fi) != 0 { s.fs.release(fh) }
                     } catch FSError.stale where !s.fs.mayAnswerStale(pid: who.pid) {
                         // The kernel's retry (`FileSystem.mayAnswerStale`): the file went as it opened.
+                        s.fs.openAnswered(pid: who.pid)
                         fuse_reply_err(req, ENOENT)
-                    } catch { s.replyError(req, error) }
+                    } catch FSError.stale {
+                        fuse_reply_err(req, ESTALE)
+                    } catch {
+                        s.fs.openAnswered(pid: who.pid)
+                        s.replyError(req, error)
+                    }
                 }
             }
         }

@@ -194,6 +194,9 @@ import UbiqStore
         #expect(b.fs.kernelSizeAtOpen(old) == .lookAgain, "not here, and no name: the kernel looks again")
         #expect(b.fs.kernelSizeAtOpen(old, pid: 4444) == .lookAgain)
         #expect(b.fs.kernelSizeAtOpen(old, pid: 4444) == .gone, "the kernel's retry met it: ENOENT, not a second ESTALE")
+        // Once the retry was answered, another file's open by the thread looks again in its turn.
+        b.fs.openAnswered(pid: 4444)
+        #expect(b.fs.kernelSizeAtOpen(old, pid: 4444) == .lookAgain)
         // The name went while the open prepared (after the kernel was told it may open): the
         // open itself answers "stale", not EIO.
         #expect(throws: FSError.stale) { try b.fs.open(old, flags: O_RDONLY) }

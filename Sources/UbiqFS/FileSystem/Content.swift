@@ -212,7 +212,9 @@ extension FileSystem {
     /// no program expects of a local disk; the retry can meet it when the name it looked up
     /// again stands for another file by then, one that also went, or whose size the kernel
     /// holds wrong (a rename over the name, another device's change, while it looked again).
-    /// nil: an open not from the kernel (tests), always.
+    /// nil: an open not from the kernel (tests), always. The note goes once the thread's next
+    /// open was answered (`openAnswered`): that was the retry, and an open of another file
+    /// after it may be sent back in its turn.
     public func mayAnswerStale(pid: Int32?) -> Bool {
         guard let pid else { return true }
         let now = InodeNoticeTimes.now
@@ -222,6 +224,12 @@ extension FileSystem {
             m[pid] = now
             return true
         }
+    }
+
+    /// An open by thread `pid` was answered (a handle, or an error other than ESTALE): the
+    /// retry of one sent back came, if it was waited for (`mayAnswerStale`).
+    public func openAnswered(pid: Int32) {
+        staleAnswered.withLock { m in if !m.isEmpty { m[pid] = nil } }
     }
 
     /// The kernel took an answer to a lookup of `ino` (sent: the FUSE binding calls this after
