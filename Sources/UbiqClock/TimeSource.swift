@@ -91,6 +91,12 @@ public final class ManualTime: TimeSource, @unchecked Sendable {
     }
 }
 
+/// The system's steady clock, in nanoseconds since boot: what `Deadline` and `Stopwatch` go
+/// by, and what notes when something last happened (a change, a read, a kernel notice).
+public enum SteadyClock {
+    @inlinable public static var nanoseconds: UInt64 { DispatchTime.now().uptimeNanoseconds }
+}
+
 /// A moment some seconds from now on the system's steady clock: how long a caller waits for
 /// another thread's work (a guard against a hang, not a decision, which goes by a
 /// `TimeSource`). A wall clock set back or forward meanwhile (NTP, a laptop that slept) does
@@ -99,16 +105,16 @@ public struct Deadline: Sendable {
     private let end: UInt64
 
     public init(in seconds: TimeInterval) {
-        let now = DispatchTime.now().uptimeNanoseconds
+        let now = SteadyClock.nanoseconds
         // Forever only when asked for; a NaN (a bug upstream) waits for nothing.
         end = seconds == .infinity ? .max : seconds.isNaN ? now : now &+ UInt64(max(0, min(seconds, 1e9)) * 1e9)
     }
 
-    public var passed: Bool { DispatchTime.now().uptimeNanoseconds >= end }
+    public var passed: Bool { SteadyClock.nanoseconds >= end }
 
     /// Seconds left (0 once passed).
     public var remaining: TimeInterval {
-        let now = DispatchTime.now().uptimeNanoseconds
+        let now = SteadyClock.nanoseconds
         return now >= end ? 0 : Double(end - now) / 1e9
     }
 
@@ -125,7 +131,7 @@ public struct Deadline: Sendable {
 /// Seconds since it was started, on the system's steady clock (a transfer's rate, how long a
 /// command took).
 public struct Stopwatch: Sendable {
-    private let start = DispatchTime.now().uptimeNanoseconds
+    private let start = SteadyClock.nanoseconds
     public init() {}
-    public var seconds: TimeInterval { Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9 }
+    public var seconds: TimeInterval { Double(SteadyClock.nanoseconds - start) / 1e9 }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 
 /// Per-operation counts and time spent in the daemon, when `FuseOptions.operationStats` is on
 /// (the CLI's UBIQ_OP_STATS=1): written to the log at unmount. For profiling; off by default
@@ -13,9 +14,9 @@ final class OpStats: @unchecked Sendable {
     @inline(__always)
     static func measure<T>(_ op: String, _ body: () -> T) -> T {
         guard enabled else { return body() }
-        let start = DispatchTime.now().uptimeNanoseconds
+        let start = SteadyClock.nanoseconds
         let r = body()
-        shared.add(op, DispatchTime.now().uptimeNanoseconds - start)
+        shared.add(op, SteadyClock.nanoseconds - start)
         return r
     }
 

@@ -7,6 +7,8 @@ public struct S3Backend: StoreBackend {
     public let location: S3Location
     public let endpoint: URL
     public let region: String
+    /// What the credentials are read from when the store opens (`StoreURLOptions.environment`).
+    let environment: [String: String]
 
     public static func parse(_ url: String, _ options: StoreURLOptions) throws -> S3Backend? {
         guard url.hasPrefix("s3://") else { return nil }
@@ -23,13 +25,15 @@ public struct S3Backend: StoreBackend {
             throw StoreURLError("invalid S3 endpoint \(text): use http(s)://HOST[:PORT]")
         }
         do { _ = try S3Credentials.resolve(environment: env, home: NSHomeDirectory()) } catch { throw StoreURLError("\(error)") }
-        return S3Backend(location: location, endpoint: endpoint, region: region)
+        return S3Backend(location: location, endpoint: endpoint, region: region, environment: env)
     }
 
-    public init(location: S3Location, endpoint: URL, region: String) {
+    public init(location: S3Location, endpoint: URL, region: String,
+                environment: [String: String] = ProcessInfo.processInfo.environment) {
         self.location = location
         self.endpoint = endpoint
         self.region = region
+        self.environment = environment
     }
 
     public var url: String { "s3://\(location.bucket)/\(location.prefix)" }
@@ -43,7 +47,7 @@ public struct S3Backend: StoreBackend {
     public var daemonArguments: [String] { ["--s3-endpoint", endpoint.absoluteString, "--s3-region", region] }
 
     public func open(_ how: StoreOpening) async throws -> OpenedStore {
-        let credentials = try S3Credentials.resolve(environment: ProcessInfo.processInfo.environment, home: NSHomeDirectory())
+        let credentials = try S3Credentials.resolve(environment: environment, home: NSHomeDirectory())
         let store = try await S3Store.open(location, endpoint: endpoint, region: region, credentials: credentials,
                                            indexPath: how.indexPath, logger: how.logger, fullListingInterval: how.fullListingInterval)
         return OpenedStore(store: store)

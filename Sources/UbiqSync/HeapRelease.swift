@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import CUbiq
+import UbiqClock
 
 /// Gives the memory that large passing work freed back to the system.
 ///
@@ -58,9 +59,9 @@ public final class HeapRelease: @unchecked Sendable {
     @discardableResult
     public func now() -> Bool {
         let before = Self.residentBytes() ?? 0
-        let start = DispatchTime.now().uptimeNanoseconds
+        let start = SteadyClock.nanoseconds
         let released = cubiq_release_free_memory() != 0
-        let seconds = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+        let seconds = Double(SteadyClock.nanoseconds - start) / 1e9
         let after = Self.residentBytes() ?? before
         last.withLock { $0 = after }
         if released { report(before, after, seconds) }

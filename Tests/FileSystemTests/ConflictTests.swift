@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import UbiqClock
 @testable import UbiqFS
 import UbiqState
 import UbiqStore
@@ -164,13 +165,13 @@ import UbiqStore
 
     @Test func aNoticeSentWhileALookupWasOutKeepsTheSizeUnsure() {
         let times = InodeNoticeTimes()
-        let asked = InodeNoticeTimes.now
+        let asked = SteadyClock.nanoseconds
         #expect(times.quiet(7, since: asked))
         times.posted(7)
         #expect(!times.quiet(7, since: asked), "posted, not sent")
         times.sent(7)
         #expect(!times.quiet(7, since: asked), "sent after the open was sent back")
-        #expect(times.quiet(7, since: InodeNoticeTimes.now + 1))
+        #expect(times.quiet(7, since: SteadyClock.nanoseconds + 1))
         #expect(times.quiet(8, since: asked))
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import UbiqClock
 
 /// Notices for the kernel (a name or an inode it should forget), sent in the order they were
 /// posted by a thread of their own, started when some wait and ended when none do. Never by
@@ -66,12 +67,10 @@ final class InodeNoticeTimes: @unchecked Sendable {
     private var sent: [UInt64: UInt64] = [:]
     private let kept: UInt64 = 10_000_000_000
 
-    static var now: UInt64 { DispatchTime.now().uptimeNanoseconds }
-
     func posted(_ ino: UInt64) { lock.withLock { waiting[ino, default: 0] += 1 } }
 
     func sent(_ ino: UInt64) {
-        let now = Self.now
+        let now = SteadyClock.nanoseconds
         lock.withLock {
             if let w = waiting[ino] { waiting[ino] = w > 1 ? w - 1 : nil }
             sent[ino] = now

@@ -195,7 +195,7 @@ extension FileSystem {
         inodes.locked { t in
             guard let n = t[ino] else { return .known }
             let gone = n.nlink == 0 && n.isRegular && !n.rec.present && materializer.localBytes(ino) == nil
-            let now = InodeNoticeTimes.now
+            let now = SteadyClock.nanoseconds
             if !gone {
                 guard n.kernelSizeStale else { return .known }
                 if n.lookAgainAsked > 0 && Double(now - n.lookAgainAsked) < sizeUnsureFor * 1e9 { return .unsure }
@@ -206,41 +206,26 @@ extension FileSystem {
         }
     }
 
-    /// Whether an open by thread `pid` may be answered ESTALE, and notes that it was: not
-    /// within a second after the last such answer to it. The kernel tries an open that was so
-    /// answered once more, with LOOKUP_REVAL, and fails it with ESTALE at a second one, which
-    /// no program expects of a local disk; the retry can meet it when the name it looked up
-    /// again stands for another file by then, one that also went, or whose size the kernel
-    /// holds wrong (a rename over the name, another device's change, while it looked again).
-    /// nil: an open not from the kernel (tests), always. The note goes once the thread's next
-    /// open was answered (`openAnswered`): that was the retry, and an open of another file
-    /// after it may be sent back in its turn.
-    public func mayAnswerStale(pid: Int32?) -> Bool {
-        guard let pid else { return true }
-        let now = InodeNoticeTimes.now
-        return staleAnswered.withLock { m in
-            if let last = m[pid], now - last < 1_000_000_000 { return false }
-            if m.count > 256 { m = m.filter { now - $0.value < 1_000_000_000 } }
-            m[pid] = now
-            return true
-        }
-    }
+    /// Whether an open by thread `pid` may be answered ESTALE, and notes that it was
+    /// (`StaleOpens`): not the kernel's retry of one so answered.
+    public func mayAnswerStale(pid: Int32?) -> Bool { staleOpens.mayAnswer(pid: pid) }
 
     /// An open by thread `pid` was answered (a handle, or an error other than ESTALE): the
     /// retry of one sent back came, if it was waited for (`mayAnswerStale`).
-    public func openAnswered(pid: Int32) {
-        staleAnswered.withLock { m in if !m.isEmpty { m[pid] = nil } }
-    }
+    public func openAnswered(pid: Int32) { staleOpens.answered(pid: pid) }
 
     /// The kernel took an answer to a lookup of `ino` (sent: the FUSE binding calls this after
     /// the reply), with its size. It kept that size if nothing bumped the inode's attribute
     /// version while the lookup was out: no notice for it was sent since the open was sent
     /// back to look again, and no handle of it is open (a write's end bumps it, and so does a
     /// read that came back short). Then the size it holds is right again (`kernelSizeAtOpen`).
+    /// Every entry the kernel takes comes here (a lookup, a create, a mkdir): while no node's
+    /// size is stale, it takes no lock (`Node.staleSizes`).
     public func kernelLookedUp(_ ino: UInt64) {
+        guard Node.staleSizes.load(ordering: .relaxed) > 0 else { return }
         inodes.locked { t in
             guard let n = t[ino], n.kernelSizeStale, n.opens == 0, n.lookAgainAsked > 0,
-                  InodeNoticeTimes.now - n.lookAgainAsked < 5_000_000_000,
+                  SteadyClock.nanoseconds - n.lookAgainAsked < 5_000_000_000,
                   noticeTimes.quiet(ino, since: n.lookAgainAsked) else { return }
             n.kernelSizeStale = false
         }

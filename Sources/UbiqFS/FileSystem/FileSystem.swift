@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import UbiqClock
 import Logging
 import UbiqCoordinator
 import UbiqState
@@ -56,9 +57,9 @@ public final class FileSystem: @unchecked Sendable {
     public var syncWait: TimeInterval = 60
     /// How long after an open was sent back to look again (ESTALE) the opens of that file skip
     /// the kernel's page cache (`kernelSizeAtOpen`; a test shortens it).
-    public var sizeUnsureFor: TimeInterval = 1
+    public var sizeUnsureFor: TimeInterval = StaleOpens.retryWindow
     /// Threads whose open was last answered ESTALE, and when (`mayAnswerStale`).
-    let staleAnswered = Mutex<[Int32: UInt64]>([:])
+    let staleOpens = StaleOpens()
     /// Whether a commit of `pendingCreates` is scheduled: one timer a `pendingCreatesDelay`,
     /// not one a create (each close empties the list; a timer per file woke a thread per file).
     let pendingCreatesTimer = Mutex<Bool>(false)
@@ -416,13 +417,13 @@ public final class FileSystem: @unchecked Sendable {
 
     /// Every local change ends here: notes the time (the uploader waits for quiet) and wakes the uploader.
     func kickUploader() {
-        lastChange.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+        lastChange.store(SteadyClock.nanoseconds, ordering: .relaxed)
         uploader?.kick()
     }
 
     /// A read of a file's bytes: the uploader waits a little for reads to settle too.
     func noteRead() {
-        lastRead.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+        lastRead.store(SteadyClock.nanoseconds, ordering: .relaxed)
     }
 
     public var secondsSinceLastChange: TimeInterval { Self.seconds(since: lastChange) }
@@ -431,7 +432,7 @@ public final class FileSystem: @unchecked Sendable {
     private static func seconds(since last: borrowing Atomic<UInt64>) -> TimeInterval {
         // Another thread may record a time between the two reads: never subtract past zero.
         let then = last.load(ordering: .relaxed)
-        let now = DispatchTime.now().uptimeNanoseconds
+        let now = SteadyClock.nanoseconds
         return now > then ? Double(now - then) / 1e9 : 0
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import UbiqState
 
 /// The inode table: the inodes in memory and every open handle, behind one lock.
@@ -342,8 +343,14 @@ final class Node {
     /// The kernel may hold a size other than the file's (another device's version came in, an
     /// append came at another end), until it keeps the answer to a lookup or forgets the inode
     /// (`FileSystem.kernelSizeAtOpen`).
-    var kernelSizeStale = false
-    /// When an open was last sent back to look again (`InodeNoticeTimes.now`; 0: never).
+    var kernelSizeStale = false {
+        didSet { if kernelSizeStale != oldValue { Node.staleSizes.wrappingAdd(kernelSizeStale ? 1 : -1, ordering: .relaxed) } }
+    }
+    /// How many nodes in memory, of every file system in the process, have `kernelSizeStale`
+    /// set: while none has, an entry the kernel takes needs no look at its node
+    /// (`FileSystem.kernelLookedUp`).
+    static let staleSizes = Atomic<Int>(0)
+    /// When an open was last sent back to look again (`SteadyClock.nanoseconds`; 0: never).
     var lookAgainAsked: UInt64 = 0
 
     /// Whether it may leave memory and be read from its rows again when asked for: nothing
@@ -354,6 +361,8 @@ final class Node {
     }
 
     init(_ rec: InodeRecord) { self.rec = rec }
+
+    deinit { if kernelSizeStale { Node.staleSizes.wrappingSubtract(1, ordering: .relaxed) } }
 
     /// The node of a file, link or device node as its rows say: its record, how many names it
     /// has, its xattrs.
