@@ -231,6 +231,7 @@ struct Daemon {
         options.hydration = plan.hydration
         options.cacheLimit = plan.cacheSize
         options.syncOnClose = plan.syncOnClose
+        options.accessTimes = plan.accessTimes
         options.traceUploads = ProcessInfo.processInfo.environment["UBIQ_TRACE_UPLOADS"] == "1"
         if let w = ProcessInfo.processInfo.environment["UBIQ_SYNC_WAIT"].flatMap(Double.init), w.isFinite, w > 0, w <= 3600 {
             options.syncWait = w

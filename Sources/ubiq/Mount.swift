@@ -187,6 +187,8 @@ struct MountPlan {
     var hydration: HydrationPolicy
     var cacheSize: Int64
     var syncOnClose = false
+    /// When a read moves an access time (mount options `relatime`, `strictatime`, `noatime`).
+    var accessTimes = AccessTimes.relative
     /// nil: leave the store's quota as it is; 0: remove it.
     var quota: Int64?
     /// What this mount made (a new store's directory, a new state directory): a mount that
@@ -292,14 +294,16 @@ struct MountPlan {
         }
         var fo = FuseOptions()
         fo.operationStats = ProcessInfo.processInfo.environment["UBIQ_OP_STATS"] == "1"
-        fo.mountOptions = m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" }
+        let (accessTimes, fuseMountOptions) = AccessTimes.from(
+            mountOptions: m.options.flatMap { $0.split(separator: ",").map(String.init) }.filter { $0 != "nonempty" })
+        fo.mountOptions = fuseMountOptions
         return MountPlan(mountpoint: mp, store: store, container: m.container, scope: m.scope, stateDir: stateDir,
                          fuseOptions: fo, drainTimeout: m.drainTimeout, uploadDelay: m.uploadDelay, pollInterval: m.pollInterval,
                          fullListingInterval: m.fullListingInterval, readTimeout: m.readTimeout, transfers: m.transfers ?? store.transfers,
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),
-                         cacheSize: cacheSize, syncOnClose: m.syncOnClose, quota: quota, made: made)
+                         cacheSize: cacheSize, syncOnClose: m.syncOnClose, accessTimes: accessTimes, quota: quota, made: made)
     }
 
     /// The kinds of store a device can mount, the one place they are chosen: the first that

@@ -100,6 +100,32 @@ import Testing
         #expect(p.out.hasPrefix("0\n0 1689600\n") && p.out.hasSuffix("same\n"), "\(p.out)\(p.err)")
     }
 
+    /// A read moves a file's access time as the mount's option says: `relatime` (the default:
+    /// when older than the last change), `strictatime` (every read), `noatime` (never; an exec
+    /// is a read). Each read comes after a remount, so that it reaches ubiq, not the kernel's
+    /// cache; the time a remount keeps is the one written at unmount.
+    @Test func accessTimesFollowTheMountsOption() throws {
+        for (option, moves) in [("", [true, false]), ("-o relatime", [true, false]), ("-o strictatime", [true, true]),
+                                ("-o noatime", [false, false])] {
+            let m = try MountFixture(extra: option)
+            defer { m.cleanup() }
+            let made = m.sh("printf '#!/bin/sh\\nexit 0\\n' > x && chmod +x x && touch -a -d '2020-01-01 00:00:00' x && stat -c %X x")
+            expectOK(made)
+            var times = [made.out.trimmingCharacters(in: .whitespacesAndNewlines)]
+            for read in ["./x", "cat x > /dev/null"] {
+                expectOK(m.unmount())
+                try m.mount()
+                let r = m.sh("sleep 1.1; \(read) && stat -c %X x")
+                expectOK(r)
+                times.append(r.out.trimmingCharacters(in: .whitespacesAndNewlines))
+            }
+            #expect(times[0] == "1577836800", "\(option): touch -a sets it")
+            for i in 0 ..< 2 {
+                #expect((times[i + 1] != times[i]) == moves[i], "\(option), read \(i + 1): \(times)")
+            }
+        }
+    }
+
     /// The kernel drops a file's cached pages only when ubiq asks (another device's version,
     /// an eviction), not when a write here moved its mtime: with the kernel's own invalidation
     /// (auto_inval_data) every write emptied the file's cache for the next open, stat or read,

@@ -36,6 +36,7 @@ public struct Engine {
         public var hydration: HydrationPolicy = .off
         public var cacheLimit: Int64?
         public var syncOnClose = false
+        public var accessTimes = AccessTimes.relative
         /// Every store write of the uploader goes to the log.
         public var traceUploads = false
         /// How long a claim waits before it fails with ETIMEDOUT.
@@ -66,6 +67,7 @@ public struct Engine {
         fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
                             uploader: uploader, logger: logger, uploadDelay: options.uploadDelay,
                             hydration: options.hydration, cacheLimit: options.cacheLimit, syncOnClose: options.syncOnClose,
+                            accessTimes: options.accessTimes,
                             residentLimit: options.residentNodes, checkNodes: options.checkNodes)
         fs.syncWait = options.syncWait
         // The feed holds the file system (its sink); the file system reaches the feed weakly

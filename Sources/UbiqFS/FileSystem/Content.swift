@@ -396,17 +396,17 @@ extension FileSystem {
         return done
     }
 
-    /// relatime, as ext4 mounts by default: a read updates atime when it is older than
-    /// the last change, or a day old. Like ext4, the update stays in memory and is written
-    /// with the inode's next change, or in one batch at unmount (`writeAccessTimes`): an
-    /// access time lost to a crash loses no data.
+    /// A read moves the access time as the mount's mode says (`AccessTimes`: relatime, as
+    /// ext4 mounts by default, unless asked otherwise). Like ext4, the update stays in memory
+    /// and is written with the inode's next change, or in one batch at unmount
+    /// (`writeAccessTimes`): an access time lost to a crash loses no data.
     private func touchAccessTime(_ ino: UInt64) {
-        let day: Int64 = 86_400_000_000_000
+        guard accessTimes != .never else { return }
         inodes.locked { t in
             guard let n = t[ino], n.nlink > 0 else { return }
             let now = nowNanos()
             let r = n.rec
-            guard r.atimeNs <= r.mtimeNs || r.atimeNs <= r.ctimeNs || now - r.atimeNs >= day else { return }
+            guard accessTimes.moves(atime: r.atimeNs, mtime: r.mtimeNs, ctime: r.ctimeNs, now: now) else { return }
             n.rec.atimeNs = now
             n.atimeDirty = true
         }

@@ -41,6 +41,8 @@ public final class FileSystem: @unchecked Sendable {
     /// (`--sync-on-close`). Off: close commits, which a killed daemon never loses, and
     /// fsync is the promise against power loss, as on ext4.
     let syncOnClose: Bool
+    /// When a read moves a file's access time (the mount's `relatime`, `strictatime`, `noatime`).
+    let accessTimes: AccessTimes
     let limitCheckPending = Mutex<Bool>(false)
     /// The rows of files made by `create` that no transaction has written yet, oldest first.
     /// The next transaction writes them before its own (`persist`): the file's first close,
@@ -108,8 +110,8 @@ public final class FileSystem: @unchecked Sendable {
     public init(state: LocalState, coordinator: Coordinator, cache: ContentCache, materializer: Materializer,
                 uploader: Uploader?, logger: Logger, rootOwner: Caller = Caller(uid: getuid(), gid: getgid()),
                 uploadDelay: TimeInterval = 0.2, hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil,
-                syncOnClose: Bool = false, residentLimit: Int = FileSystem.defaultResidentLimit,
-                checkNodes: Bool = false) throws {
+                syncOnClose: Bool = false, accessTimes: AccessTimes = .relative,
+                residentLimit: Int = FileSystem.defaultResidentLimit, checkNodes: Bool = false) throws {
         self.state = state
         self.coordinator = coordinator
         self.cache = cache
@@ -120,6 +122,7 @@ public final class FileSystem: @unchecked Sendable {
         self.hydration = hydration
         self.cacheLimit = cacheLimit
         self.syncOnClose = syncOnClose
+        self.accessTimes = accessTimes
         setUpNodeSource(residentLimit: residentLimit, checking: checkNodes)
         try load(rootOwner: rootOwner)
         uploader?.attach(host: self)
