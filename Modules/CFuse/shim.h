@@ -57,6 +57,10 @@ static inline void ubiq_conn_configure(struct fuse_conn_info *conn, unsigned max
     if (conn->capable & FUSE_CAP_READDIRPLUS_AUTO) conn->want |= FUSE_CAP_READDIRPLUS_AUTO;
     if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
     if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+    /* File handles (name_to_handle_at, NFS export) that outlive the kernel's cache and a
+       remount: it looks an inode it does not hold up by number, as "." of it
+       (docs/kernel-options.md). */
+    if (conn->capable & FUSE_CAP_EXPORT_SUPPORT) conn->want |= FUSE_CAP_EXPORT_SUPPORT;
     /* Splice moves pages without a copy; measured in scripts/bench. */
     conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
 }

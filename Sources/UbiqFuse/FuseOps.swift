@@ -30,7 +30,10 @@ enum FuseOps {
                 let nm = name(n)
                 let found: (Attributes, timeout: Double)
                 do {
-                    let folder = try s.permit(req, parent, PermissionRules.exec)
+                    // `.` and `..`: the kernel finds an item by its handle (`FileSystem.lookup`),
+                    // for a caller it let do so (CAP_DAC_READ_SEARCH): no folder to search.
+                    let byHandle = nm == [UInt8(ascii: ".")] || nm == [UInt8(ascii: "."), UInt8(ascii: ".")]
+                    let folder = byHandle ? nil : try s.permit(req, parent, PermissionRules.exec)
                     found = (try s.fs.lookup(parent, nm), s.entryTimeout(in: folder, req))
                 } catch FSError.notFound where s.fs.notListedYet(nm, in: parent) {
                     // A name a new device's listing of the store has not reached yet: answered

@@ -51,6 +51,11 @@ public struct StateTransaction {
         try db.execute(cached: "DELETE FROM inodes WHERE ino = ?", arguments: [i])
         try db.execute(cached: "DELETE FROM xattrs WHERE ino = ?", arguments: [i])
         try db.execute(cached: "DELETE FROM outbox WHERE ino = ?", arguments: [i])
+        // Its number is never given to another item (`maxInode`): a file handle names it.
+        try db.execute(cached: """
+            INSERT INTO meta (key, value) VALUES ('ino_high_water', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value
+            WHERE CAST(excluded.value AS INTEGER) > CAST(meta.value AS INTEGER)
+            """, arguments: [String(i)])
     }
 
     public func inode(_ ino: UInt64) throws -> InodeRecord? {
@@ -141,8 +146,14 @@ public struct StateTransaction {
                        arguments: [error, kind, Int64(bitPattern: ino)])
     }
 
+    /// The highest inode number ever given, here or to an item since removed: new items
+    /// take numbers past it, so a number (a kernel's file handle, `name_to_handle_at`) never
+    /// comes to stand for another item, across remounts too.
     public func maxInode() throws -> Int64 {
-        try Int64.fetchOne(db, cached: "SELECT coalesce(max(ino), 1) FROM inodes") ?? 1
+        try Int64.fetchOne(db, cached: """
+            SELECT max(coalesce((SELECT max(ino) FROM inodes), 1),
+                       coalesce((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'ino_high_water'), 1))
+            """) ?? 1
     }
 
     // MARK: xattrs

@@ -100,6 +100,38 @@ import Testing
         #expect(p.out.hasPrefix("0\n0 1689600\n") && p.out.hasSuffix("same\n"), "\(p.out)\(p.err)")
     }
 
+    /// A file handle (`name_to_handle_at`) opens its file after the kernel forgot it, a
+    /// remount between (`open_by_handle_at`, as an NFS export does), while the file has a
+    /// name; then ESTALE, also once a new file came after it (its number is not given again).
+    @Test func fileHandlesOutliveARemount() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        let tool = packageRoot.appendingPathComponent("Tests/MountTests/tools/handles.py").path
+        let made = m.sh("mkdir d && echo deep > d/g && echo hello > f && ln f h && python3 \(tool) get f d/g d")
+        expectOK(made)
+        let handles = made.out.split(separator: "\n").map(String.init)
+        #expect(handles.count == 3, "\(made.out)\(made.err)")
+        guard handles.count == 3 else { return }
+        let (f, g, d) = (handles[0], handles[1], handles[2])
+        func open(_ h: String) -> String { m.sh("python3 \(tool) open \(m.mnt) \(h)").out }
+        #expect(open(f) == "hello\n", "in the kernel's cache")
+        expectOK(m.unmount())
+        try m.mount()
+        #expect(open(f) == "hello\n", "after a remount")
+        #expect(open(g) == "deep\n", "a file in a folder")
+        #expect(open(d).hasPrefix("error EISDIR"), "a folder opens as one (read fails): \(open(d))")
+        expectOK(m.sh("mv d/g d/moved && rm f"))
+        expectOK(m.unmount())
+        try m.mount()
+        #expect(open(g) == "deep\n", "a rename keeps the handle")
+        #expect(open(f) == "hello\n", "another name (h) still holds it")
+        expectOK(m.sh("rm h"))
+        expectOK(m.unmount())
+        try m.mount()
+        expectOK(m.sh("echo other > n"))
+        #expect(open(f) == "error ESTALE\n", "gone: \(open(f))")
+    }
+
     /// A read moves a file's access time as the mount's option says: `relatime` (the default:
     /// when older than the last change), `strictatime` (every read), `noatime` (never; an exec
     /// is a read). Each read comes after a remount, so that it reaches ubiq, not the kernel's

@@ -544,9 +544,20 @@ public final class FileSystem: @unchecked Sendable {
     }
 
     /// Resolves `name` in `parent` as it is here now, and counts one kernel reference to the result.
+    ///
+    /// `.` and `..` come from the kernel only to find an inode by its number, or a folder's
+    /// parent (`open_by_handle_at`, an NFS export: the handle is the inode number, which stays
+    /// the same across remounts and is never given to another item, `InodeTable.nextIno`):
+    /// `.` of any item that still has a name here, else ENOENT, which the kernel answers ESTALE.
     public func lookup(_ parent: UInt64, _ name: [UInt8]) throws -> Attributes {
         if name.count > maxNameBytes { throw FSError.nameTooLong }
         return try inodes.locked { t in
+            if name == [UInt8(ascii: ".")] {
+                let n = try t.node(parent)
+                guard n.nlink > 0 else { throw FSError.notFound }
+                n.lookups += 1
+                return attributes(n)
+            }
             let dir = try t.directory(parent)
             let ino: UInt64
             if name == [UInt8(ascii: ".")] { ino = parent } else if name == [UInt8(ascii: "."), UInt8(ascii: ".")] {
