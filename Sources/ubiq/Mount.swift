@@ -96,6 +96,9 @@ struct Mount: ParsableCommand {
     @Flag(help: .hidden)
     var notifyReady = false
 
+    @Flag(help: "Change the options of the ubiq mount at MOUNTPOINT in place: ro, rw, exec, noexec (mount -o remount,ro does this; root only).")
+    var remount = false
+
     @Flag(help: "Print nothing once mounted (errors still go to stderr); a mount by mount(8) or fstab is quiet, as its helpers are.")
     var quiet = false
 
@@ -103,6 +106,13 @@ struct Mount: ParsableCommand {
     var mountpoint: String
 
     func run() throws {
+        if remount {
+            do {
+                let said = try Remount.apply(mountpoint, options: options)
+                if !quiet { print(said) }
+            } catch { fail("\(error)") }
+            return
+        }
         if writebackCache {
             FileHandle.standardError.write(Data("""
                 ubiq: writeback-cache is ignored: with it the kernel keeps its own size of a file, and a \

@@ -19,6 +19,10 @@ enum MountHelper {
               !Ubiq.configuration.subcommands.contains(where: { $0._commandName == args[0] }) else { return nil }
         // Silent once mounted, as mount(8)'s helpers are.
         var out = ["mount", "--quiet", "--store", args[0]]
+        // `mount -o remount,...`: the mount's options change in place (`Remount`).
+        if let i = args.firstIndex(of: "-o"), i + 1 < args.count, args[i + 1].split(separator: ",").contains("remount") {
+            return ["mount", "--quiet", "--remount", "-o", args[i + 1], args[1]]
+        }
         var fuse: [String] = []
         var i = 2
         while i < args.count {

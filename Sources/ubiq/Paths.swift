@@ -72,13 +72,17 @@ enum Mounts {
         return String(decoding: out, as: UTF8.self)
     }
 
-    /// The mount table entry for `path`, if any: (fstype, source).
-    static func entry(at path: String) -> (type: String, source: String)? {
+    /// The mount table entry for `path`, if any: its fstype, source, and the file system's own
+    /// options (a FUSE mount's `allow_other`, `user_id=0`).
+    static func entry(at path: String) -> (type: String, source: String, superOptions: [String])? {
         guard let text = mountinfo() else { return nil }
         for line in text.split(separator: "\n") {
             let f = line.split(separator: " ")
             guard f.count > 9, let dash = f.firstIndex(of: "-"), dash + 2 < f.count else { continue }
-            if unescape(String(f[4])).sameBytes(path) { return (String(f[dash + 1]), String(f[dash + 2])) }
+            if unescape(String(f[4])).sameBytes(path) {
+                let options = dash + 3 < f.count ? f[dash + 3].split(separator: ",").map(String.init) : []
+                return (String(f[dash + 1]), String(f[dash + 2]), options)
+            }
         }
         return nil
     }

@@ -83,7 +83,8 @@ import TestSupport
     }
 
     /// An /etc/fstab line mounts it (mount(8) → mount.fuse3 → `ubiq SOURCE DIR -o OPTIONS`),
-    /// with ubiq's own options among the mount options; umount(8) unmounts and uploads.
+    /// with ubiq's own options among the mount options; `mount -o remount,ro` and `rw` change
+    /// it in place; umount(8) unmounts and uploads.
     @Test func anFstabLineMountsIt() throws {
         let base = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-fstab-\(UUID().uuidString.prefix(8))").path
         let mnt = base + "/mnt"
@@ -103,12 +104,22 @@ import TestSupport
         #expect(options.contains("fuse.ubiq") && options.contains("nosuid,nodev"), "as ubiq mount makes it: \(options)")
         expectOK(shell("echo via-fstab > \(mnt)/f && [ \"$(getfattr -n user.ubiq.cache-limit --only-values \(mnt))\" = 1073741824 ]"))
         #expect(shell("pgrep -af 'state \(base)/state'").out.contains("--sync-on-close"), "sync_on_close reaches the daemon")
+        // A remount goes read-only and back in place (mount.fuse3 passes the fstab line's
+        // options with it); what cannot change on a live mount is refused, saying so.
+        expectOK(shell("mount -T \(base)/fstab -o remount,ro \(mnt)"), "remount,ro")
+        let refused = shell("echo more >> \(mnt)/f")
+        #expect(refused.status != 0 && refused.err.contains("Read-only file system"), "\(refused.err)")
+        #expect(shell("grep ' \(mnt) ' /proc/mounts").out.contains(" ro,nosuid,nodev"), "still nosuid,nodev")
+        let allow = shell("\(ubiqBinary) mount --remount -o allow_other \(mnt)")
+        #expect(allow.status != 0 && allow.err.contains("allow_other cannot change on a remount"), "\(allow.err)")
+        expectOK(shell("mount -T \(base)/fstab -o remount,rw \(mnt)"), "remount,rw")
+        expectOK(shell("echo more >> \(mnt)/f"))
         expectOK(shell("umount \(mnt)"), "umount")
         // The daemon uploads what is pending after the unmount, then exits.
         waitUntil(seconds: 30, every: 0.1) { shell("pgrep -f 'state \(base)/state'").status != 0 }
         let again = try MountFixture(store: base + "/store", name: "other")
         defer { again.cleanup() }
-        #expect(again.sh("cat f").out == "via-fstab\n")
+        #expect(again.sh("cat f").out == "via-fstab\nmore\n")
     }
 
     /// `ubiq service install` writes a systemd user unit that systemd accepts, whose
