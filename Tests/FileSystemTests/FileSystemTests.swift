@@ -1227,7 +1227,7 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
     @Test func thumbnailersGetNoDownloads() throws {
         let (store, bytes) = try StreamingTests.storeWithFile(4 << 20)
         let counting = CountingStore(store)
-        let policy = HydrationPolicy(processName: { pid in pid == 4242 ? "tumblerd" : "cat" })
+        let policy = HydrationPolicy(names: { pid in pid == 4242 ? ["pool-tumblerd", "tumblerd"] : ["cat", "bash"] })
         let d = try Device(store: store, remote: counting, hydration: policy)
         let ino = try d.ino("big.bin")
         let thumbnailer = Caller(uid: 0, gid: 0, pid: 4242)
@@ -1244,6 +1244,48 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         var buf = [UInt8](repeating: 0, count: 16)
         _ = try buf.withUnsafeMutableBytes { try d.fs.read(th, offset: 0, count: 16, into: $0.baseAddress!) }
         #expect(buf == Array(bytes[0 ..< 16]))
+    }
+
+    /// A thumbnailer is known by its process, not only by the thread that reads (tumblerd reads
+    /// in a worker named `pool-tumblerd`), and so is a helper it started. Real processes: a
+    /// Python named tumblerd, its worker thread, and a child of it.
+    @Test func aThumbnailerIsKnownByItsProcessAndItsHelpers() throws {
+        let script = """
+            import ctypes, os, subprocess, threading, time
+            libc = ctypes.CDLL(None)
+            libc.prctl(15, b"tumblerd", 0, 0, 0)
+            def worker():
+                libc.prctl(15, b"pool-tumblerd", 0, 0, 0)
+                child = subprocess.Popen(["sleep", "30"])
+                print(threading.get_native_id(), child.pid, flush=True)
+                time.sleep(30)
+            threading.Thread(target=worker, daemon=True).start()
+            time.sleep(30)
+            """
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        p.arguments = ["-c", script]
+        let out = Pipe()
+        p.standardOutput = out
+        try p.run()
+        // (SIGKILL: a process started here may inherit a mask that blocks SIGTERM.)
+        defer { kill(p.processIdentifier, SIGKILL); p.waitUntilExit() }
+        var read = Data()
+        while !read.contains(UInt8(ascii: "\n")) {
+            let more = out.fileHandleForReading.availableData
+            if more.isEmpty { break }
+            read += more
+        }
+        let line = String(decoding: read, as: UTF8.self)
+        let ids = line.split(whereSeparator: { $0 == " " || $0 == "\n" }).compactMap { Int32($0) }
+        #expect(ids.count == 2, "\(line)")
+        guard ids.count == 2 else { return }
+        defer { kill(ids[1], SIGKILL) }
+        let policy = HydrationPolicy()
+        #expect(HydrationPolicy.callerNames(ids[0]).prefix(2) == ["pool-tumblerd", "tumblerd"])
+        #expect(!policy.mayDownload(pid: ids[0]), "its worker thread")
+        #expect(!policy.mayDownload(pid: ids[1]), "a helper it started: \(HydrationPolicy.callerNames(ids[1]))")
+        #expect(policy.mayDownload(pid: getpid()), "this test: \(HydrationPolicy.callerNames(getpid()))")
     }
 
     /// Reading three times the cache limit keeps local content under it; what must stay, stays.
