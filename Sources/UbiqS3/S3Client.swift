@@ -4,6 +4,7 @@ import UbiqClock
 import Logging
 import NIOCore
 import NIOHTTP1
+import Synchronization
 import UbiqStore
 
 /// Where an S3-compatible service is, and who we are to it.
@@ -55,6 +56,10 @@ public final class S3Client: Sendable {
     /// jittered pause doubling from 0.2 s between them.
     var retries: RetryPolicy { RetryPolicy(first: 0.2, jitter: 0.5, tries: attempts) }
     public let timeout: TimeAmount
+    /// Whether the service could not be reached at the last try: said once when that starts
+    /// and once when it answers again, not at every try between (a device offline with 50
+    /// uploads queued said each try of each, 600 lines a minute).
+    private let unreachable = Atomic<Bool>(false)
 
     /// One HTTP client for the process (its connections are pooled per host). It does not
     /// retry a refused connection itself until the request's deadline: `send` retries, briefly,
@@ -205,7 +210,9 @@ public final class S3Client: Sendable {
         while true {
             tries += 1
             do {
-                switch try await attempt() {
+                let outcome = try await attempt()
+                reached()
+                switch outcome {
                 case .done(let value): return value
                 case .answered(let r):
                     let error = Self.error(for: r, key: key ?? "", method: method)
@@ -222,10 +229,22 @@ public final class S3Client: Sendable {
                 throw e  // the local disk, not the link
             } catch {
                 // Could not reach it, or the connection broke: transient.
-                guard retries.triesAgain(afterFailures: tries) else { throw StoreError.unavailable("\(endpoint.url.absoluteString): \(Self.describe(error))") }
-                logger.info("S3 \(method) \(what) failed (\(Self.describe(error))), trying again")
+                let said = Self.describe(error)
+                if !unreachable.exchange(true, ordering: .relaxed) {
+                    logger.warning("S3 \(endpoint.url.absoluteString) cannot be reached (\(method) \(what): \(said)); every request tries again, said once until it answers")
+                } else {
+                    logger.debug("S3 \(method) \(what) failed (\(said))")
+                }
+                guard retries.triesAgain(afterFailures: tries) else { throw StoreError.unavailable("\(endpoint.url.absoluteString): \(said)") }
             }
             try await Task.sleep(nanoseconds: UInt64(retries.pause(afterFailures: tries) * 1e9))
+        }
+    }
+
+    /// The service answered (anything): said once after it could not be reached.
+    private func reached() {
+        if unreachable.load(ordering: .relaxed), unreachable.exchange(false, ordering: .relaxed) {
+            logger.notice("S3 \(endpoint.url.absoluteString) answers again")
         }
     }
 

@@ -193,29 +193,6 @@ final class Device: @unchecked Sendable {
     }
 }
 
-/// Log lines kept in memory (and printed, as the default handler would).
-final class LogLines: @unchecked Sendable {
-    private let lock = NSLock()
-    private var lines: [String] = []
-    var all: [String] { lock.lock(); defer { lock.unlock() }; return lines }
-    func count(_ containing: String) -> Int { all.filter { $0.contains(containing) }.count }
-    func add(_ line: String) { lock.lock(); lines.append(line); lock.unlock(); print(line) }
-
-    struct Handler: LogHandler {
-        let lines: LogLines
-        var logLevel: Logger.Level = .info
-        var metadata: Logger.Metadata = [:]
-        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-            get { metadata[key] }
-            set { metadata[key] = newValue }
-        }
-        func log(level: Logger.Level, message: Logger.Message, metadata: Logger.Metadata?, source: String,
-                 file: String, function: String, line: UInt) {
-            lines.add("\(level) test: \(message)")
-        }
-    }
-}
-
 func newStore() throws -> DirectoryStore {
     try DirectoryStore(root: TempPaths.make("ubiq-store"))
 }

@@ -105,6 +105,60 @@ import TestSupport
         }
     }
 
+    /// A service that cannot be reached is said once, not at every try of every request (a
+    /// device offline with 50 uploads queued said 600 lines a minute), and once when it
+    /// answers again (anything: here a plain HTTP server's 404).
+    @Test func anUnreachableServiceIsSaidOnceAndAgainWhenItAnswers() async throws {
+        let port = try Self.freePort()
+        let lines = LogLines()
+        let client = S3Client(endpoint: S3Endpoint(url: URL(string: "http://127.0.0.1:\(port)")!, region: "us-east-1", bucket: "b",
+                                                   credentials: S3Credentials(accessKey: "a", secretKey: "s", source: "test")),
+                              logger: Logger(label: "s3-test") { _ in LogLines.Handler(lines: lines) }, attempts: 3)
+        for _ in 0 ..< 4 {
+            await #expect(throws: StoreError.self) { try await client.send(.GET, key: "k") }
+        }
+        #expect(lines.count("cannot be reached") == 1 && lines.all.count == 1, "\(lines.all)")
+        let dir = TempPaths.make("ubiq-http").path
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let server = Process()
+        server.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        server.arguments = ["-m", "http.server", String(port), "--bind", "127.0.0.1", "--directory", dir]
+        server.standardOutput = FileHandle.nullDevice
+        server.standardError = FileHandle.nullDevice
+        try server.run()
+        defer { kill(server.processIdentifier, SIGKILL); server.waitUntilExit() }
+        #expect(waitUntil(seconds: 30, every: 0.05) { (try? Self.connects(port)) == true })
+        await #expect(throws: StoreError.self) { try await client.send(.GET, key: "k") }
+        #expect(lines.count("answers again") == 1 && lines.all.count == 2, "\(lines.all)")
+    }
+
+    static func freePort() throws -> UInt16 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var a = sockaddr_in()
+        a.sin_family = sa_family_t(AF_INET)
+        a.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let ok = withUnsafeMutablePointer(to: &a) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0 }
+        }
+        guard ok else { throw POSIXError(.EADDRINUSE) }
+        return UInt16(bigEndian: a.sin_port)
+    }
+
+    static func connects(_ port: UInt16) throws -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var a = sockaddr_in()
+        a.sin_family = sa_family_t(AF_INET)
+        a.sin_port = port.bigEndian
+        a.sin_addr.s_addr = inet_addr("127.0.0.1")
+        return withUnsafePointer(to: &a) { p in
+            p.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
+    }
+
     /// A bucket is made when missing (and making it again changes nothing); whether it keeps
     /// versions is read from the bucket, before and after versioning is turned on.
     @Test func bucketsAreMadeAndTheirVersioningRead() async throws {
