@@ -310,16 +310,31 @@ struct Evict: ParsableCommand {
         var refused = 0
         var evicted = 0
         for root in BytePath.inMounts(paths) {
+            // A folder's refusals are said a line a reason, naming a few (a pinned folder of
+            // 2,000 files said 2,000 lines); a file given by itself is named.
+            var why: [String: [String]] = [:]
+            var order: [String] = []
+            let folder = root.lstat().map { ($0.st_mode & S_IFMT) == S_IFDIR } ?? false
+            let prefix = root.display.hasSuffix("/") ? root.display : root.display + "/"
             for item in root.regularFiles() {
-                let f = item.display
                 let e = item.setAttribute("user.ubiq.action", "evict")
+                if e == 0 { evicted += 1; continue }
+                refused += 1
+                let reason: String
                 switch e {
-                case 0: evicted += 1
-                case EBUSY: print("ubiq: not evicted: \(f): open, or still downloading"); refused += 1
-                case EINPROGRESS: print("ubiq: not evicted: \(f): changes not yet uploaded"); refused += 1
-                case EPERM: print("ubiq: not evicted: \(f): pinned (keep downloaded)"); refused += 1
-                default: print("ubiq: not evicted: \(f): \(String(cString: strerror(e)))"); refused += 1
+                case EBUSY: reason = "open, or still downloading"
+                case EINPROGRESS: reason = "changes not yet uploaded"
+                case EPERM: reason = "pinned (keep downloaded)"
+                default: reason = String(cString: strerror(e))
                 }
+                if !folder { print("ubiq: not evicted: \(item.display): \(reason)"); continue }
+                if why[reason] == nil { order.append(reason) }
+                why[reason, default: []].append(String(item.display.dropFirst(prefix.count)))
+            }
+            for reason in order {
+                let names = why[reason] ?? []
+                let shown = names.prefix(3).joined(separator: ", ") + (names.count > 3 ? " and \(names.count - 3) more" : "")
+                print("ubiq: not evicted: \(names.count) file\(names.count == 1 ? "" : "s") in \(root.display): \(reason): \(shown)")
             }
         }
         print("evicted \(evicted) files" + (refused > 0 ? ", \(refused) refused" : ""))
