@@ -315,7 +315,7 @@ struct Evict: ParsableCommand {
             var why: [String: [String]] = [:]
             var order: [String] = []
             let folder = root.lstat().map { ($0.st_mode & S_IFMT) == S_IFDIR } ?? false
-            let prefix = root.display.hasSuffix("/") ? root.display : root.display + "/"
+            let prefix = root.bytes.count + (root.bytes.last == UInt8(ascii: "/") ? 0 : 1)
             for item in root.regularFiles() {
                 let e = item.setAttribute("user.ubiq.action", "evict")
                 if e == 0 { evicted += 1; continue }
@@ -329,7 +329,7 @@ struct Evict: ParsableCommand {
                 }
                 if !folder { print("ubiq: not evicted: \(item.display): \(reason)"); continue }
                 if why[reason] == nil { order.append(reason) }
-                why[reason, default: []].append(String(item.display.dropFirst(prefix.count)))
+                why[reason, default: []].append(BytePath(bytes: Array(item.bytes.dropFirst(prefix))).display)
             }
             for reason in order {
                 let names = why[reason] ?? []
