@@ -29,8 +29,11 @@ public protocol ContentSink: AnyObject, Sendable {
 
 /// Where the change feed hands the changes it found in the store.
 public protocol RemoteChangeSink: AnyObject, Sendable {
-    /// Applies `changes`; returns the keys to try again at the next poll.
-    func applyRemote(_ changes: [RemoteChange]) -> [String]
+    /// Writes the rows of what this device made that are not written yet (new files' rows
+    /// wait half a second), so that the store's changes are weighed against all of them.
+    func commitPendingCreates() throws
+    /// Applies `batch` (its moves as moves); returns the keys to try again at the next poll.
+    func applyRemote(_ batch: RemoteBatch) -> [String]
     /// A poll reached the store (after its changes were applied): what failed for want of it
     /// may stop saying so (downloads that failed while it could not be reached).
     func storeAnswered()

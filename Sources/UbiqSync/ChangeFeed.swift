@@ -261,15 +261,34 @@ public final class ChangeFeed: @unchecked Sendable {
         if !round.reconcile && !round.told.isEmpty { try passOverOwnChanges(&round) }
         if round.reconcile { try compareEverything(&round) }
         let found = try described(&round)
-        let changes = found.changes + (try movedAway(found.changes, asked: &round.seen))
-        let retry = Set(((changes.isEmpty ? [] : self.changes.applyRemote(stamped(changes))) + found.unread).map(KeyBytes.init)).map(\.key)
+        let (count, applied) = hand(found.changes, asked: &round.seen, stamped)
+        let retry = Set((applied + found.unread).map(KeyBytes.init)).map(\.key)
         keyValues?.apply(objectKeys: found.kvKeys, initial: round.reconcile)  // also when none changed: it sends what waits
         let (newCursor, pending) = (round.cursor, round.pending)
         try state.write { tx in
             if let newCursor { try tx.setMeta(Self.cursorKey, newCursor) }
             if !(pending.isEmpty && retry.isEmpty) { try tx.setFeedPending(retry) }
         }
-        return changes.count
+        return count
+    }
+
+    /// Hands `found` to the file system as one batch, with what it implies: the deletes of
+    /// moves made elsewhere that have not reached this device yet, and the moves paired
+    /// (`RemoteMoves`). Returns how many changes went, and the keys to try again.
+    private func hand(_ found: [RemoteChange], asked: inout Set<KeyBytes>,
+                      _ stamped: ([RemoteChange]) -> [RemoteChange]) -> (count: Int, retry: [String]) {
+        guard !found.isEmpty else { return (0, []) }
+        var batch = RemoteBatch([])
+        do {
+            let all = found + (try RemoteMoves.deletesImplied(by: found, state: state, store: store, asked: &asked))
+            batch = RemoteBatch(stamped(all))
+            try changes.commitPendingCreates()
+            batch.moves = try RemoteMoves.pair(batch, in: state)
+        } catch {
+            logger.warning("remote changes wait: \(error)")
+            return (batch.changes.count, batch.changes.isEmpty ? found.map(\.key) : batch.changes.map(\.key))
+        }
+        return (batch.changes.count, changes.applyRemote(batch))
     }
 
     /// What one poll has learned so far, handed from step to step. Keys as bytes throughout:
@@ -307,9 +326,9 @@ public final class ChangeFeed: @unchecked Sendable {
         do {
             try importer.runLive(stopping: { [loop] in loop.isStopping }, listed: { [self] in listed(through: $0) }) { [self] page in
                 var asked = Set(page.map { KeyBytes($0.key) })
-                let all = page + (try movedAway(page, asked: &asked))
-                handed += all.count
-                retry += all.isEmpty ? [] : self.changes.applyRemote(stamped(all))
+                let (count, again) = hand(page, asked: &asked, stamped)
+                handed += count
+                retry += again
             }
         } catch {
             cond.lock(); listingHalted = true; cond.broadcast(); cond.unlock()
@@ -536,76 +555,6 @@ public final class ChangeFeed: @unchecked Sendable {
         }
         return found.value
     }
-
-    /// A new item in the store that this device has under another key (the same id in the
-    /// store, or for a file without one the same bytes) is a copy, or a move made on another
-    /// device: the store copies, then deletes the old key, and the delete may reach this
-    /// device a poll later (a log object written between the two). The old key is asked for
-    /// here (one HEAD per such item), and when it is gone its delete goes with this batch, so
-    /// the file system applies a move: nothing is downloaded again.
-    private func movedAway(_ changes: [RemoteChange], asked: inout Set<KeyBytes>) throws -> [RemoteChange] {
-        var out: [RemoteChange] = []
-        let files = changes.filter { c in
-            guard let info = c.info, c.recordedBefore == nil, !c.key.hasSuffix("/"), info.metadata.kind != .directory else { return false }
-            return info.metadata.fileID != nil || info.isFileWithBytes
-        }
-        // One read for all of them (a listing's page is 10,000 objects: a read each was a tenth
-        // of a large import).
-        let holding = try state.read { tx in
-            let recorded = Set(try tx.recordedKeys(among: files.map(\.key)).map(KeyBytes.init))
-            // The ids and bytes any item here records, asked for all of them at once: an item
-            // none of whose is recorded is held by nothing here (most of a listing's).
-            let infos = files.lazy.filter { !recorded.contains(KeyBytes($0.key)) }.map { $0.info! }
-            let ids = try tx.recorded(.fileID, among: infos.compactMap(\.metadata.fileID))
-            let tags = try tx.recorded(.tag, among: infos.compactMap(\.contentTag))
-            let digests = try tx.recorded(.digest, among: infos.compactMap(\.metadata.sha256))
-            // Bytes that many items here hold (copies of one file, another tool's files of the
-            // same content) do not say which of them moved: a new item is not paired by such
-            // bytes. (Each was a lookup among all their holders and up to eight HEADs: a fresh
-            // device's rest of a bucket of a million alike files took over twenty minutes.)
-            var common: [String: Bool] = [:]
-            func manyHold(_ what: StateTransaction.RecordedValue, _ value: String?) throws -> Bool {
-                guard let value else { return false }
-                let key = what.rawValue + ":" + value
-                if let known = common[key] { return known }
-                let many = try tx.recorded(what, value, byMoreThan: Self.holdersOfAMove)
-                common[key] = many
-                return many
-            }
-            return try files.map { c -> [EntryRecord] in
-                let info = c.info!
-                guard !recorded.contains(KeyBytes(c.key)) else { return [] }
-                // By bytes too when no item here records the id (uploaded before items had one).
-                if let id = info.metadata.fileID, ids.contains(id), case let found = try tx.entries(fileID: id, limit: 8), !found.isEmpty {
-                    return found
-                }
-                guard info.isFileWithBytes, info.contentTag.map(tags.contains) == true || info.metadata.sha256.map(digests.contains) == true,
-                      try !manyHold(.tag, info.contentTag), try !manyHold(.digest, info.metadata.sha256)
-                else { return [] }
-                let name = Array(StoreKey.segments(c.key).parts.last!.utf8)
-                return try tx.entries(tag: info.contentTag, digest: info.metadata.sha256, name: name, limit: Self.holdersOfAMove)
-                    .filter { $0.holdsTheBytes(of: info) }
-            }
-        }
-        for holders in holding {
-            for e in holders {
-                // A key of this batch already: its own change says whether it went.
-                guard let old = e.remoteKey, let version = e.remoteVersion, asked.insert(KeyBytes(old)).inserted else { continue }
-                do {
-                    _ = try runBlocking { [store] in try await store.head(old) }
-                } catch StoreError.notFound {
-                    out.append(RemoteChange(key: old, info: nil, recordedBefore: version))
-                    break
-                } catch {
-                    continue  // a copy, as far as this poll can tell
-                }
-            }
-        }
-        return out
-    }
-
-    /// Items holding one file's bytes past which a new item is not paired by them (`movedAway`).
-    static let holdersOfAMove = 8
 
     /// Whether metadata says this device wrote it (its origin tag).
     private func writtenHere(_ metadata: ObjectMetadata?) -> Bool {

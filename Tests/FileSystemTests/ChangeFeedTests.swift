@@ -437,7 +437,7 @@ import Synchronization
         a.sync()
         let after = try a.state.read { try $0.entries(remoteKey: "f").first?.remoteVersion }
         #expect(after != nil && after != before)
-        let retry = a.fs.applyRemote([RemoteChange(key: "f", info: nil, recordedBefore: before)])
+        let retry = a.fs.applyRemote(RemoteBatch([RemoteChange(key: "f", info: nil, recordedBefore: before)]))
         #expect(retry == ["f"])
         #expect(try a.read("f") == "second")
         // Looked at again: the store has this device's upload, and nothing changes.
@@ -467,8 +467,8 @@ import Synchronization
         a.sync()
         #expect(try a.state.read { try $0.tombstones(limit: 10) }.isEmpty)
         await #expect(throws: StoreError.self) { try await store.head("old/") }
-        let retry = a.fs.applyRemote([RemoteChange(key: "old/", info: marker, askedAt: question.at),
-                                      RemoteChange(key: "gone.txt", info: file, askedAt: question.at)])
+        let retry = a.fs.applyRemote(RemoteBatch([RemoteChange(key: "old/", info: marker, askedAt: question.at),
+                                      RemoteChange(key: "gone.txt", info: file, askedAt: question.at)]))
         #expect(Set(retry) == ["old/", "gone.txt"])
         #expect(try a.names("") == ["new"])
         // Looked at again: gone from the store, and nothing comes back.

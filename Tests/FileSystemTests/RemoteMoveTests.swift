@@ -583,7 +583,7 @@ import UbiqStore
     }
 
     static func foldersMoved(_ old: String, _ new: String) -> [String] {
-        FileSystem.foldersMoved(from: old, to: new).map { "\($0.new.key) <- \($0.old.key)" }
+        RemoteMoves.foldersMoved(from: old, to: new).map { "\($0.new.key) <- \($0.old.key)" }
     }
 }
 

@@ -23,26 +23,19 @@ import UbiqSync
 /// Every change claims the items it touches through the Coordinator, and drops what
 /// the kernel cached of them.
 extension FileSystem {
-    /// Applies `changes`; returns the keys to try again later.
-    public func applyRemote(_ changes: [RemoteChange]) -> [String] {
+    /// Applies `batch`, its moves as moves (the change feed paired them: `RemoteMoves`);
+    /// returns the keys to try again later.
+    public func applyRemote(_ batch: RemoteBatch) -> [String] {
         // What the store says is weighed against this device's rows: new files' rows first.
         do { try commitPendingCreates() } catch {
             logger.warning("remote changes wait: \(error)")
-            return changes.map(\.key)
+            return batch.changes.map(\.key)
         }
-        func depth(_ k: String) -> Int { k.utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } - (k.hasSuffix("/") ? 1 : 0) }
-        // Parents before children for additions; children before parents for removals.
-        let puts = changes.filter { $0.info != nil }.sorted { (depth($0.key), $0.key) < (depth($1.key), $1.key) }
-        let deletes = changes.filter { $0.info == nil }.sorted { (depth($0.key), $0.key) > (depth($1.key), $1.key) }
+        let (puts, deletes, moves) = (batch.puts, batch.deletes, batch.moves)
         var retry: [String] = []
         // The folders that held what the store deleted: one with no marker in the store that is
         // left empty here went from the store with its last file (below).
         let emptying = (try? state.read { tx in Set(try deletes.compactMap { try tx.entries(remoteKey: $0.key).first?.parent }) }) ?? []
-        let moves: MovesMadeElsewhere
-        do { moves = try movesMadeElsewhere(puts: puts, deletes: deletes) } catch {
-            logger.warning("remote changes wait: \(error)")
-            return changes.map(\.key)
-        }
         // New items of the store that this device has no record of, in runs of one folder's,
         // each run made in one transaction (`addFromRemote(run:)`); the rest one at a time.
         let plain = plainAdditions(puts, moves)
@@ -111,7 +104,7 @@ extension FileSystem {
     /// with no entry and no pending delete (asked in one read, where `applyRemotePut` asks
     /// twice for each), a valid key. A mount again brought 100,000 such from its listing at
     /// about 600 a second, one transaction each; a fresh device's import took 10 s.
-    private func plainAdditions(_ puts: [RemoteChange], _ moves: MovesMadeElsewhere) -> Set<KeyBytes> {
+    private func plainAdditions(_ puts: [RemoteChange], _ moves: RemoteMoves) -> Set<KeyBytes> {
         let candidates = puts.filter {
             $0.recordedBefore == nil && moves.items[KeyBytes($0.key)] == nil && moves.pinsFrom[KeyBytes($0.key)] == nil
                 && (try? StoreKey.validate($0.key)) != nil
@@ -249,154 +242,6 @@ extension FileSystem {
             if let gone { emit(.deleted, dir, path: gone) }
             queue.append(e.parent)
         }
-    }
-
-    // MARK: - Moves
-
-    struct MovesMadeElsewhere {
-        /// New keys, and the entry of the item here that moved there.
-        var items: [KeyBytes: EntryRecord] = [:]
-        /// New folder keys that come as new folders, and the folder here they moved from
-        /// (not whole, see below): a pin of it goes to the new folder.
-        var pinsFrom: [KeyBytes: UInt64] = [:]
-    }
-
-    /// The new keys of `puts` that are items here under a key of `deletes`, unchanged here
-    /// since: a move made on another device (the store copies, then deletes). An item is paired
-    /// with a deleted item of the same id in the store (`ObjectMetadata.fileID`), else a file
-    /// with a deleted file that holds its bytes (`holdsTheBytes`); a folder with a deleted
-    /// folder whose files moved into it under the same names. Applied as moves, they keep
-    /// what is here: downloaded bytes, pins, open files, the inode.
-    private func movesMadeElsewhere(puts: [RemoteChange], deletes: [RemoteChange]) throws -> MovesMadeElsewhere {
-        guard !puts.isEmpty, !deletes.isEmpty else { return MovesMadeElsewhere() }
-        return try state.read { tx in
-            // What went from the store, as this device recorded it, unchanged here since: files by
-            // digest and by tag, and by those with the name (a folder's move keeps its files' names;
-            // files with the same bytes are many, as often as not).
-            var goneFiles = GoneFiles()
-            var goneFolders: [KeyBytes: EntryRecord] = [:]
-            // Items other than folders by their id in the store (`ObjectMetadata.fileID`).
-            var goneItems: [String: EntryRecord] = [:]
-            for d in deletes {
-                guard let e = try tx.entries(remoteKey: d.key).first, e.remoteVersion == d.recordedBefore,
-                      let r = try tx.inode(e.ino) else { continue }
-                if try tx.isChangedHere(e.ino) { continue }
-                if r.type == UInt32(S_IFDIR) {
-                    if d.key.hasSuffix("/") { goneFolders[KeyBytes(d.key)] = e }
-                    continue
-                }
-                if let id = e.remoteFileID, !d.key.hasSuffix("/") { goneItems[id] = e }
-                if r.type == UInt32(S_IFREG) { goneFiles.add(e) }
-            }
-            var moves = MovesMadeElsewhere()
-            func isNew(_ key: String) throws -> Bool { try tx.entries(remoteKey: key).isEmpty && !(try tx.hasTombstone(key: key)) }
-            // Files first: they are what shows which folder went where. An item the store names
-            // by its id is that item, whatever its bytes (an empty file or a link has none to
-            // go by, and a file may be moved and edited at once); one without, by its bytes.
-            var folderMoves: [KeyBytes: KeyBytes] = [:]  // new folder key -> old
-            var paired: [(RemoteChange, EntryRecord)] = []
-            for p in puts {
-                guard let info = p.info, info.metadata.kind != .directory, !p.key.hasSuffix("/"), p.recordedBefore == nil,
-                      let id = info.metadata.fileID, let e = goneItems[id], try isNew(p.key) else { continue }
-                goneItems[id] = nil
-                goneFiles.exclude(e.id)
-                paired.append((p, e))
-            }
-            let byID = Set(paired.map { KeyBytes($0.0.key) })
-            for p in puts where !byID.contains(KeyBytes(p.key)) {
-                guard let info = p.info, info.isFileWithBytes, p.recordedBefore == nil, try isNew(p.key) else { continue }
-                guard let e = goneFiles.take(holding: info, name: Array(StoreKey.segments(p.key).parts.last!.utf8)) else { continue }
-                paired.append((p, e))
-            }
-            for (p, e) in paired {
-                guard let old = e.remoteKey else { continue }
-                moves.items[KeyBytes(p.key)] = e
-                for (new, was) in Self.foldersMoved(from: old, to: p.key) where folderMoves[new] == nil { folderMoves[new] = was }
-            }
-            var folders: [KeyBytes: EntryRecord] = [:]
-            for p in puts where p.key.hasSuffix("/") && p.recordedBefore == nil {
-                guard let old = folderMoves[KeyBytes(p.key)], let e = goneFolders[old], try isNew(p.key) else { continue }
-                folders[KeyBytes(p.key)] = e
-            }
-            // A folder moves here whole only when all it holds moves with it in this batch: else
-            // what it holds that the other device did not move (a file this device added since,
-            // what the next poll brings) would sit here under the new name and there under the
-            // old. Then each file moves on its own, into a new folder that takes the old one's pin.
-            for (new, e) in folders {
-                guard let old = e.remoteKey else { continue }
-                var whole = true
-                var stack = [e.ino]
-                walk: while let dir = stack.popLast() {
-                    for child in try tx.children(of: dir) {
-                        guard let key = child.remoteKey, key.utf8.starts(with: old.utf8) else { whole = false; break walk }
-                        let there = KeyBytes(new.key + String(decoding: key.utf8.dropFirst(old.utf8.count), as: UTF8.self))
-                        if key.hasSuffix("/") {
-                            guard folders[there]?.id == child.id else { whole = false; break walk }
-                            stack.append(child.ino)
-                        } else if moves.items[there]?.id != child.id {
-                            whole = false; break walk
-                        }
-                    }
-                }
-                if whole { moves.items[new] = e } else { moves.pinsFrom[new] = e.ino }
-            }
-            return moves
-        }
-    }
-
-    /// Files whose keys went from the store, to be paired with new keys holding their bytes.
-    struct GoneFiles {
-        private var lists: [String: [EntryRecord]] = [:]
-        /// How far each list has been taken from.
-        private var next: [String: Int] = [:]
-        private var taken = Set<Int64>()
-
-        private static func keys(digest: String?, tag: String?, name: [UInt8]?) -> [String] {
-            let n = name.map { "\u{0}" + String(decoding: $0, as: UTF8.self) } ?? ""
-            return (digest.map { ["d" + $0 + n] } ?? []) + (tag.map { ["t" + $0 + n] } ?? [])
-        }
-
-        /// `id`'s entry is taken already (paired by the item's id).
-        mutating func exclude(_ id: Int64) { taken.insert(id) }
-
-        mutating func add(_ e: EntryRecord) {
-            for k in Self.keys(digest: e.remoteDigest, tag: e.remoteTag, name: e.name) + Self.keys(digest: e.remoteDigest, tag: e.remoteTag, name: nil) {
-                lists[k, default: []].append(e)
-            }
-        }
-
-        /// A file not taken yet that holds `info`'s bytes, one named `name` first.
-        mutating func take(holding info: ObjectInfo, name: [UInt8]) -> EntryRecord? {
-            for k in Self.keys(digest: info.metadata.sha256, tag: info.contentTag, name: name)
-                + Self.keys(digest: info.metadata.sha256, tag: info.contentTag, name: nil) {
-                guard let list = lists[k] else { continue }
-                var i = next[k, default: 0]
-                while i < list.count, taken.contains(list[i].id) || !list[i].holdsTheBytes(of: info) { i += 1 }
-                next[k] = i
-                if i < list.count {
-                    taken.insert(list[i].id)
-                    return list[i]
-                }
-            }
-            return nil
-        }
-    }
-
-    /// The folders that moved with a file moved from `old` to `new`: each pair of folder keys
-    /// below which the rest of the path is the same ("B/sub/f" from "A/sub/f": `B/sub/` from
-    /// `A/sub/`, `B/` from `A/`).
-    static func foldersMoved(from old: String, to new: String) -> [(new: KeyBytes, old: KeyBytes)] {
-        let slash = UInt8(ascii: "/")
-        var n = Array(new.utf8).split(separator: slash, omittingEmptySubsequences: false).map(Array.init)
-        var o = Array(old.utf8).split(separator: slash, omittingEmptySubsequences: false).map(Array.init)
-        var out: [(KeyBytes, KeyBytes)] = []
-        while n.count > 1, o.count > 1, n.last == o.last {
-            n.removeLast(); o.removeLast()
-            if n == o { break }
-            func key(_ segs: [[UInt8]]) -> KeyBytes { KeyBytes(String(decoding: Array(segs.joined(separator: [slash])) + [slash], as: UTF8.self)) }
-            out.append((key(n), key(o)))
-        }
-        return out
     }
 
     /// Moves the item of entry `e` (whose key the store deleted) to `key`, where the store now
