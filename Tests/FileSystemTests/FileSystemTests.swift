@@ -1277,10 +1277,10 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         for i in 1 ..< 6 {
             #expect(try b.read("f\(i)") == String(repeating: Character(String(i)), count: 1 << 20))
             try waitLocal(b, try b.ino("f\(i)"))
-            b.fs.enforceCacheLimit()
+            b.engine.cacheLimit.enforce()
         }
         try waitLocal(b, try b.ino("f0"))
-        b.fs.enforceCacheLimit()
+        b.engine.cacheLimit.enforce()
         // Pinned f0 stays even though it is the oldest; the most recent file stays; the rest went.
         let (f0, f5) = (try b.ino("f0"), try b.ino("f5"))
         #expect(try b.state.read { try $0.inode(f0)?.present } == true)
@@ -1299,7 +1299,7 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         let a = try Device(store: store, cacheLimit: limit, time: time)
         for i in 0 ..< 3 { try a.write("f\(i)", String(repeating: Character(String(i)), count: 8 << 20)) }
         #expect(a.fs.localContentBytes == 24 << 20)
-        a.fs.enforceCacheLimit()
+        a.engine.cacheLimit.enforce()
         #expect(a.fs.localContentBytes == 24 << 20, "nothing uploaded yet: nothing may go")
         a.sync()
         // The check an upload asks for is made a tenth of a second later by the clock: not

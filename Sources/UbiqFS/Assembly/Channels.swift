@@ -48,7 +48,7 @@ extension FileSystem: UploadHost, ContentSink, RemoteChangeSink {
     public func uploadEnded(_ ino: UInt64, conflict: Bool) {
         emit(conflict ? .conflict : .status, ino)
         // Uploaded, the file may be evicted now: the cache limit holds again.
-        scheduleCacheLimitCheck()
+        cacheLimit.scheduleCheck()
         // A conflict copy was made in the store: bring it here now, not at the next poll.
         if conflict { storeFeed?.kick(everywhere: false) }
     }

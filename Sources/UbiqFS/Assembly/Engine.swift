@@ -16,6 +16,8 @@ public struct Engine {
     public let uploader: Uploader
     public let fs: FileSystem
     public let feed: ChangeFeed
+    /// What local content stays under, and what is evicted to stay there (`fs` is its host).
+    public let cacheLimit: CacheLimit
 
     public struct Options: Sendable {
         /// This device's name for people: conflict copies of its versions carry it.
@@ -64,9 +66,10 @@ public struct Engine {
         materializer = Materializer(store: store, state: state, cache: cache, logger: logger, chunkSize: options.chunkSize,
                                     parallelism: options.parallelism, completeInBackground: options.completeInBackground)
         materializer.readTimeout = options.readTimeout
+        cacheLimit = CacheLimit(limit: options.cacheLimit, state: state, logger: logger)
         fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
                             uploader: uploader, logger: logger, uploadDelay: options.uploadDelay,
-                            hydration: options.hydration, cacheLimit: options.cacheLimit, syncOnClose: options.syncOnClose,
+                            hydration: options.hydration, cacheLimit: cacheLimit, syncOnClose: options.syncOnClose,
                             accessTimes: options.accessTimes,
                             residentLimit: options.residentNodes, checkNodes: options.checkNodes)
         fs.syncWait = options.syncWait

@@ -71,7 +71,7 @@ extension FileSystem {
         }
         // Its blocks changed (`du` counts what is local): the kernel caches attributes for long.
         invalidateKernelAttributes(ino)
-        scheduleCacheLimitCheck()
+        cacheLimit.scheduleCheck()
         emit(.status, ino)
     }
 
@@ -477,7 +477,7 @@ extension FileSystem {
             // The disk filled up and the state database took its reserve: content may not use
             // that space (an rm, a close must still commit). Make room from evictable files once.
             freedForThis = true
-            if enforceCacheLimit(target: max(0, localContentBytes - Int64(count) - (64 << 20)), waiting: false) > 0 { state.reserve.restore() }
+            if cacheLimit.enforce(target: max(0, localContentBytes - Int64(count) - (64 << 20)), waiting: false) > 0 { state.reserve.restore() }
             if !state.reserve.contentHasRoom(for: Int64(count)) { throw FSError.noSpace }
         }
         var done = 0
@@ -488,7 +488,7 @@ extension FileSystem {
                 // The cache's disk is full: make room from evictable files once, then retry.
                 if (errno == ENOSPC || errno == EDQUOT) && !freedForThis {
                     freedForThis = true
-                    if enforceCacheLimit(target: max(0, localContentBytes - Int64(count - done) - (64 << 20)), waiting: false) > 0 { continue }
+                    if cacheLimit.enforce(target: max(0, localContentBytes - Int64(count - done) - (64 << 20)), waiting: false) > 0 { continue }
                 }
                 if done > 0 { break }
                 throw FSError.fromErrno(errno)
@@ -657,7 +657,7 @@ extension FileSystem {
         if closed, waitingForClose.withLock({ $0.remove(h.ino) != nil }) { storeFeed?.kick(everywhere: false) }
         // Only writing can have grown the cache here (downloads check when they finish): a
         // close after reading does not ask for the check.
-        if h.canWrite { scheduleCacheLimitCheck() }
+        if h.canWrite { cacheLimit.scheduleCheck() }
     }
 
     /// chmod, chown, utimens, truncate. `fh` is the handle of ftruncate/futimens, if any.

@@ -35,15 +35,14 @@ public final class FileSystem: @unchecked Sendable {
     let uploadDelay: TimeInterval
     /// Programs that may not trigger downloads (thumbnailers, indexers).
     let hydration: HydrationPolicy
-    /// Local content bytes to stay under (nil: no limit).
-    let cacheLimit: Int64?
+    /// Local content to stay under (the sync engine's policy; this file system is its host).
+    let cacheLimit: CacheLimit
     /// close(2) makes what was written durable against power loss, as fsync(2) does
     /// (`--sync-on-close`). Off: close commits, which a killed daemon never loses, and
     /// fsync is the promise against power loss, as on ext4.
     let syncOnClose: Bool
     /// When a read moves a file's access time (the mount's `relatime`, `strictatime`, `noatime`).
     let accessTimes: AccessTimes
-    let limitCheckPending = Mutex<Bool>(false)
     /// The rows of files made by `create` that no transaction has written yet, oldest first.
     /// The next transaction writes them before its own (`persist`): the file's first close,
     /// or anything else (a rename, an rm, a remote change, a status read), or a commit half a
@@ -109,7 +108,7 @@ public final class FileSystem: @unchecked Sendable {
 
     public init(state: LocalState, coordinator: Coordinator, cache: ContentCache, materializer: Materializer,
                 uploader: Uploader?, logger: Logger, rootOwner: Caller = Caller(uid: getuid(), gid: getgid()),
-                uploadDelay: TimeInterval = 0.2, hydration: HydrationPolicy = .off, cacheLimit: Int64? = nil,
+                uploadDelay: TimeInterval = 0.2, hydration: HydrationPolicy = .off, cacheLimit: CacheLimit,
                 syncOnClose: Bool = false, accessTimes: AccessTimes = .relative,
                 residentLimit: Int = FileSystem.defaultResidentLimit, checkNodes: Bool = false) throws {
         self.state = state
@@ -127,6 +126,7 @@ public final class FileSystem: @unchecked Sendable {
         try load(rootOwner: rootOwner)
         uploader?.attach(host: self)
         materializer.attach(sink: self)
+        cacheLimit.attach(self)
         resumePinnedDownloads()
     }
 

@@ -54,7 +54,7 @@ extension FileSystem {
             return Array(p.utf8)
         }
         if ino == rootIno && name == "cache-bytes" { return Array(String(localContentBytes).utf8) }
-        if ino == rootIno && name == "cache-limit" { return Array(String(cacheLimit ?? 0).utf8) }
+        if ino == rootIno && name == "cache-limit" { return Array(String(cacheLimit.limit ?? 0).utf8) }
         if ino == rootIno && Self.storeAttributes.contains(name) {
             let look = storeFeed?.look ?? ChangeFeed.Look()
             switch name {

@@ -175,7 +175,7 @@ extension FileSystem {
             }
         }()
         // Unpinned, it may be evicted now: the cache limit holds again.
-        if pinned { try download(ino) } else { scheduleCacheLimitCheck() }
+        if pinned { try download(ino) } else { cacheLimit.scheduleCheck() }
     }
 
     /// Pinned itself, or under a pinned folder.
