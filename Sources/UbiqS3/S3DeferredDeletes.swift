@@ -5,7 +5,7 @@ import UbiqStore
 /// of a key a move copied elsewhere (`S3Store.deleteMoved`) waits in the device (and in its
 /// index, for a crash) and is made just before the log object that tells of the move. While a
 /// folder's move goes on over many rounds and its log entries wait
-/// (`S3ChangeLog.publish(holdingMoves:)`), another device, which still has the folder where it
+/// (`ChangeLog.publish(holdingMoves:)`), another device, which still has the folder where it
 /// was, reads the files it has not downloaded at their old keys; once it reads the move, the
 /// old keys are gone, as the log says.
 ///

@@ -10,7 +10,7 @@ import UbiqStore
 ///   keys the change log told of puts of since;
 /// - `parts`: part uploads under way (multipart journal);
 /// - `unlogged`: keys this device wrote (or tried to) that no log object of its names yet
-///   (S3ChangeLog): a crash between a write and its log object loses no entry;
+///   (ChangeLog): a crash between a write and its log object loses no entry;
 /// - `claimed`: what the change log says puts wrote (this device's and others'), and when,
 ///   until a full listing has shown them (`S3Store.tellKnown`);
 /// - `deferred`: deletes a move implies that wait for the move's log object (`S3Store.delete`),
@@ -314,7 +314,7 @@ final class S3Index: MultipartJournal, @unchecked Sendable {
 
     /// A log object holds these entries of this device's now: their writes are no longer
     /// unlogged, and what each put wrote is kept for the next full listing (`claimed`).
-    func logged(_ entries: [S3ChangeLog.Entry]) {
+    func logged(_ entries: [ChangeLog.Entry]) {
         guard !entries.isEmpty else { return }
         try? run { db in
             let forget = try db.cachedStatement(sql: "DELETE FROM unlogged WHERE id = ?")

@@ -39,6 +39,8 @@ public struct S3Objects: Sendable {
     static let maxMetadataBytes = 2000
     /// Keys under this folder (in the prefix) belong to the S3 store itself: never listed.
     public static let reserved = ReservedKeys.root + "s3/"
+    /// The bucket's change log (`ChangeLog`).
+    public static let logFolder = reserved + "log/"
     /// What each sidecar read turned out to be (`decode`).
     let sidecars = SidecarCache()
     /// Seals what devices write for each other here (`BucketSeal`).

@@ -107,7 +107,7 @@ final class S3Snapshots: @unchecked Sendable {
             for block in S3Client.xmlBlocks("Contents", in: r.text) {
                 guard let key = S3Client.xmlValue("Key", in: block), key.hasPrefix(folder) else { continue }
                 let rest = key.dropFirst(folder.count).split(separator: "/", omittingEmptySubsequences: false)
-                guard rest.count == 2, let time = S3ChangeLog.time(of: String(rest[0])) else { continue }  // not ours: left alone
+                guard rest.count == 2, let time = ChangeLog.time(of: String(rest[0])) else { continue }  // not ours: left alone
                 let name = String(rest[0])
                 var f = byName[name] ?? Found(name: name, time: time)
                 if let size = S3Client.xmlValue("Size", in: block).flatMap({ Int($0) }), size >= 0 { f.sizes[String(rest[1])] = size }
@@ -254,7 +254,7 @@ final class S3Snapshots: @unchecked Sendable {
     /// leaves parts without their `done`: no reader takes them, and `prune` deletes them a day on.
     func write(time: Int64, device: String,
                _ fill: (_ add: ([(ListedObject, ObjectInfo)]) async throws -> Void) async throws -> Void) async throws -> Found {
-        let name = S3ChangeLog.name(time: time, device: device)
+        let name = ChangeLog.name(time: time, device: device)
         let base = Self.folder + name + "/"
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]

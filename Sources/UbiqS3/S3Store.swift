@@ -35,7 +35,7 @@ extension Character {
 /// The store in an S3-compatible bucket (AWS S3, Ceph RGW, SeaweedFS, MinIO, Garage).
 ///
 /// There is no change feed in S3. Devices write what they change to a change log in the
-/// bucket (`S3ChangeLog`), and a poll reads what is new there: one LIST request when nothing
+/// bucket (`ChangeLog`), and a poll reads what is new there: one LIST request when nothing
 /// changed, whatever the bucket's size. Changes the log does not have (other tools' objects, a
 /// log object lost) are found by listing the prefix and comparing with the last listing (ETag,
 /// time and size of each key), kept in a small SQLite index beside the device's state: at
@@ -48,14 +48,14 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// This device's time (`S3Objects.time`).
     var time: any TimeSource { objects.time }
     let index: S3Index
-    let log: S3ChangeLog
+    let log: ChangeLog
     /// The deletes of moves whose log object is not written yet.
     let deletes: S3DeferredDeletes
     let logger: Logger
     /// Seconds between full listings of the bucket (the change log is read at every poll).
     public let fullListingInterval: TimeInterval
     /// How long log objects are kept: well past a full listing, which covers older changes.
-    var logRetention: TimeInterval { max(3600, 2 * fullListingInterval + S3ChangeLog.window) }
+    var logRetention: TimeInterval { max(3600, 2 * fullListingInterval + ChangeLog.window) }
     private let lock = NSLock()
     private var warned = Set<[UInt8]>()
     private var lastFullListing: Date?
@@ -88,7 +88,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// The first listing of the whole bucket in this run when a list asked for it (a mount
     /// again: the importer's), with the log's objects marked just before it: the feed's first
     /// full listing, due at once, takes it rather than listing the bucket again (`listEverything`).
-    private var premarked: (listing: Listing, marked: S3ChangeLog.Read, at: Date)?
+    private var premarked: (listing: Listing, marked: ChangeLog.Read, at: Date)?
     /// Snapshot loads, one at a time (`loadLatestSnapshot`).
     private let snapshotLoads = AsyncGate()
     /// How long a premarked listing waits for the feed's first full listing.
@@ -101,12 +101,12 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     private var foldersSaidDeleted: [KeyBytes: Date] = [:]
     static let foldersCheckedFor: TimeInterval = 600
     /// Where each change of the last look at the log came from (`confirmed` takes them).
-    private var lastNotes: [KeyBytes: S3ChangeLog.Note] = [:]
+    private var lastNotes: [KeyBytes: ChangeLog.Note] = [:]
 
     init(objects: S3Objects, index: S3Index, logger: Logger, fullListingInterval: TimeInterval, snapshotInterval: TimeInterval) {
         self.objects = objects; self.index = index; self.logger = logger
         self.fullListingInterval = fullListingInterval; self.snapshotInterval = snapshotInterval
-        log = S3ChangeLog(objects: objects, device: index.id, seal: objects.seal, time: objects.time, logged: { [index] in index.logged($0) })
+        log = ChangeLog(objects: objects, reserved: S3Objects.reserved, device: index.id, seal: objects.seal, time: objects.time, logged: { [index] in index.logged($0) })
         let deletes = S3DeferredDeletes(objects: objects, index: index)
         self.deletes = deletes
         log.settleDeletes = { try await deletes.settleForLog($0, ahead: $1) }
@@ -587,7 +587,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         else { return reset }
         log.noteRead(read)  // a cursor older than `next` is a reset from now on: nothing is missed
         noteLogPosition(read.position)
-        var notes: [KeyBytes: S3ChangeLog.Note] = [:]
+        var notes: [KeyBytes: ChangeLog.Note] = [:]
         for (c, n) in zip(read.changes, read.notes) { notes[KeyBytes(c.key)] = n }
         claimOthers(read)
         lock.withLock { lastLook = (read.requests, false); lastNotes = notes }
@@ -679,14 +679,14 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         // that listing whatever was asked (one taken anew would tell every key past the part:
         // millions of changes), and one asked for comes at the next look.
         var askedStill = false
-        let taken = lock.withLock { () -> (listing: Listing, marked: S3ChangeLog.Read)? in
+        let taken = lock.withLock { () -> (listing: Listing, marked: ChangeLog.Read)? in
             defer { premarked = nil }
             guard since != nil, let p = premarked, !fullListingAsked || firstPartOnly,
                   firstPartOnly || time.now.timeIntervalSince(p.at) < Self.premarkedFor else { return nil }
             askedStill = fullListingAsked
             return (p.listing, p.marked)
         }
-        let marked: S3ChangeLog.Read
+        let marked: ChangeLog.Read
         let listing: Listing
         if let taken {
             (marked, listing) = (taken.marked, taken.listing)
@@ -779,7 +779,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// another device until that device's next full listing writes one, needs no HEAD either.
     /// (One page of names at most: more log objects than that are not worth reading, and a
     /// look that fails is only the HEADs it would have saved.)
-    private func lookSinceLastRun() async throws -> S3ChangeLog.Read {
+    private func lookSinceLastRun() async throws -> ChangeLog.Read {
         if let (from, reading) = await lastLookOrSnapshot(),
            let read = try? await log.look(from: from, markOnly: false, readingAtMost: logObjectsReadAtAMountAgain, namePages: 1,
                                           readingFrom: reading),
@@ -806,14 +806,14 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         // (`unsettled`, and the server's time as each device reckons it: a second or so each.)
         guard let time = try? await snapshots.latest()?.time ?? 0 else { return nil }
         let reading = time - Int64((Self.unsettled + 3) * 1000)
-        let window = Int64(S3ChangeLog.window * 1000)
+        let window = Int64(ChangeLog.window * 1000)
         return (min(reading + window, log.serverNow()), reading)
     }
 
     /// Keeps what other devices' entries in `read` say their puts wrote (a delete, or a put
     /// that does not say, drops what was kept of its key), for the next listing to bear out
     /// (`claimsBorneOut`); this device's own are kept as they are logged.
-    private func claimOthers(_ read: S3ChangeLog.Read) {
+    private func claimOthers(_ read: ChangeLog.Read) {
         try? index.claim(zip(read.changes, read.notes).filter { !$0.1.mine }.map { c, n in
             (c.key, c.kind == .put ? c.claimed : nil, n.at)
         })

@@ -1,17 +1,17 @@
 import Foundation
 import Testing
 import TestSupport
-import UbiqStore
+@testable import UbiqStore
 @testable import UbiqS3
 
-/// The change log's own logic (S3ChangeLog: batches, moves held back and logged whole, the
+/// The change log's own logic (ChangeLog: batches, moves held back and logged whole, the
 /// deletes a move waits with, reading, pruning) over log objects kept in a plain folder, so it
 /// runs in milliseconds without a server; S3ChangeLogTests runs it again on SeaweedFS, through
 /// the S3 store.
 @Suite struct ChangeLogInAFolderTests {
     let meta = ObjectMetadata(kind: .file, mode: 0o644, uid: 1000, gid: 1000, mtimeNs: 1_700_000_000_000_000_000)
 
-    func put(_ key: String, _ version: String, from: String? = nil, row: Int64? = nil) -> S3ChangeLog.Entry {
+    func put(_ key: String, _ version: String, from: String? = nil, row: Int64? = nil) -> ChangeLog.Entry {
         .init(op: "put", key: key, version: version,
               wrote: ObjectInfo(key: key, version: version, size: 3, metadata: meta, contentTag: "\"t-\(version)\""),
               at: 1_800_000_000_000, row: row, from: from)
@@ -19,9 +19,9 @@ import UbiqStore
 
     static let seal = BucketSeal(secret: "the devices' secret", bucket: "b", prefix: "drive/")
 
-    func devices() -> (FolderLogObjects, S3ChangeLog, S3ChangeLog) {
+    func devices() -> (FolderLogObjects, ChangeLog, ChangeLog) {
         let folder = FolderLogObjects(TempPaths.make("ubiq-log"))
-        let a = S3ChangeLog(objects: folder, device: "a", seal: Self.seal), b = S3ChangeLog(objects: folder, device: "b", seal: Self.seal)
+        let a = ChangeLog(objects: folder, reserved: S3Objects.reserved, device: "a", seal: Self.seal), b = ChangeLog(objects: folder, reserved: S3Objects.reserved, device: "b", seal: Self.seal)
         a.publishesBySelf = false
         b.publishesBySelf = false
         return (folder, a, b)
@@ -89,10 +89,10 @@ import UbiqStore
     @Test func oldLogObjectsArePrunedAndOthersLeftAlone() async throws {
         let (folder, a, _) = devices()
         let now = a.serverNow()
-        let old = S3ChangeLog.name(time: now - 3_600_000, device: "x")
-        let young = S3ChangeLog.name(time: now - 60_000, device: "x")
+        let old = ChangeLog.name(time: now - 3_600_000, device: "x")
+        let young = ChangeLog.name(time: now - 60_000, device: "x")
         for name in [old, young, "not-a-log-object"] {
-            try await folder.create(S3ChangeLog.folder + name, Data(#"{"op":"put","key":"k"}"#.utf8))
+            try await folder.create(S3Objects.logFolder + name, Data(#"{"op":"put","key":"k"}"#.utf8))
         }
         try await a.prune(olderThan: 1800)
         #expect(try folder.names().sorted() == [young, "not-a-log-object"].sorted())
@@ -105,7 +105,7 @@ import UbiqStore
         let start = b.serverNow()
         let lines = [#"{"op":"put","key":"good","version":"v"}"#, "not json", #"{"op":"put","key":"../escape"}"#,
                      #"{"op":"put","key":".ubiquity/s3/log/x"}"#, #"{"op":"rename","key":"a"}"#, #"{"op":"delete","key":"gone"}"#]
-        try await folder.create(S3ChangeLog.folder + S3ChangeLog.name(time: start, device: "other"),
+        try await folder.create(S3Objects.logFolder + ChangeLog.name(time: start, device: "other"),
                                 Data(lines.joined(separator: "\n").utf8))
         let read = try await b.look(from: start, markOnly: false)
         #expect(read.changes.map(\.key) == ["good", "gone"])
@@ -121,10 +121,10 @@ extension ChangeLogInAFolderTests {
     @Test func anObjectThatDoesNotReadHoldsBackNoOther() async throws {
         let (folder, a, b) = devices()
         let start = b.serverNow()
-        try await folder.create(S3ChangeLog.folder + S3ChangeLog.name(time: start, device: "x"), Data())
-        let stuck = S3ChangeLog.name(time: start + 1, device: "y")
-        try await folder.create(S3ChangeLog.folder + stuck, Data(#"{"op":"put","key":"late","version":"v"}"#.utf8))
-        folder.failing.withLock { _ = $0.insert(S3ChangeLog.folder + stuck) }
+        try await folder.create(S3Objects.logFolder + ChangeLog.name(time: start, device: "x"), Data())
+        let stuck = ChangeLog.name(time: start + 1, device: "y")
+        try await folder.create(S3Objects.logFolder + stuck, Data(#"{"op":"put","key":"late","version":"v"}"#.utf8))
+        folder.failing.withLock { _ = $0.insert(S3Objects.logFolder + stuck) }
         a.record(put("docs/x", "v1"))
         try await a.publish()
         let first = try await b.look(from: start, markOnly: false)
@@ -137,11 +137,11 @@ extension ChangeLogInAFolderTests {
         #expect(second.changes.map(\.key) == ["late"], "\(second.changes)")
         b.noteRead(second)
         // One that never reads is passed over at its third try, and said.
-        let never = S3ChangeLog.name(time: start + 2, device: "z")
-        try await folder.create(S3ChangeLog.folder + never, Data(#"{"op":"put","key":"never","version":"v"}"#.utf8))
-        folder.failing.withLock { _ = $0.insert(S3ChangeLog.folder + never) }
+        let never = ChangeLog.name(time: start + 2, device: "z")
+        try await folder.create(S3Objects.logFolder + never, Data(#"{"op":"put","key":"never","version":"v"}"#.utf8))
+        folder.failing.withLock { _ = $0.insert(S3Objects.logFolder + never) }
         var said: [String] = []
-        for _ in 0 ..< S3ChangeLog.attemptsPerObject {
+        for _ in 0 ..< ChangeLog.attemptsPerObject {
             let look = try await b.look(from: second.position, markOnly: false)
             b.noteRead(look)
             said += look.unreadable.lines
@@ -157,14 +157,14 @@ extension ChangeLogInAFolderTests {
         let (folder, a, _) = devices()
         let now = a.serverNow()
         for i in 0 ..< 1_100 {
-            try await folder.create(S3ChangeLog.folder + "+junk\(i)", Data("x".utf8))
+            try await folder.create(S3Objects.logFolder + "+junk\(i)", Data("x".utf8))
         }
         for i in 0 ..< 1_100 {
-            try await folder.create(S3ChangeLog.folder + String(format: "0000000000000junk%04d", i), Data("x".utf8))
+            try await folder.create(S3Objects.logFolder + String(format: "0000000000000junk%04d", i), Data("x".utf8))
         }
-        let old = S3ChangeLog.name(time: now - 3_600_000, device: "x")
-        let young = S3ChangeLog.name(time: now - 60_000, device: "x")
-        for name in [old, young] { try await folder.create(S3ChangeLog.folder + name, Data(#"{"op":"put","key":"k"}"#.utf8)) }
+        let old = ChangeLog.name(time: now - 3_600_000, device: "x")
+        let young = ChangeLog.name(time: now - 60_000, device: "x")
+        for name in [old, young] { try await folder.create(S3Objects.logFolder + name, Data(#"{"op":"put","key":"k"}"#.utf8)) }
         try await a.prune(olderThan: 1800)
         let left = Set(try folder.names())
         #expect(!left.contains(old) && left.contains(young) && left.count == 2_201)
@@ -183,19 +183,19 @@ extension ChangeLogInAFolderTests {
         a.record(put("docs/real", "v1"))
         try await a.publish()
         let forged = #"{"at":1800000000000,"key":"docs/x","meta":{"kind":"file","mode":511,"uid":0,"gid":0,"mtimeNs":0,"xattrs":{"user.evil":"eA=="}},"op":"put","size":3,"tag":"\"t\"","version":"\"t\"~abc"}"#
-        let unsealed = S3ChangeLog.name(time: start + 1, device: "x")
-        try await folder.create(S3ChangeLog.folder + unsealed, Data((forged + "\n").utf8))
-        let otherKey = S3ChangeLog.name(time: start + 2, device: "y")
+        let unsealed = ChangeLog.name(time: start + 1, device: "x")
+        try await folder.create(S3Objects.logFolder + unsealed, Data((forged + "\n").utf8))
+        let otherKey = ChangeLog.name(time: start + 2, device: "y")
         let other = BucketSeal(secret: "another secret", bucket: "b", prefix: "drive/")
-        try await folder.create(S3ChangeLog.folder + otherKey, other.sealed(Data((forged + "\n").utf8), name: otherKey))
+        try await folder.create(S3Objects.logFolder + otherKey, other.sealed(Data((forged + "\n").utf8), name: otherKey))
         // Sealed with the right key, then changed.
-        let changed = S3ChangeLog.name(time: start + 3, device: "z")
+        let changed = ChangeLog.name(time: start + 3, device: "z")
         let sealedBody = String(decoding: Self.seal.sealed(Data((forged + "\n").utf8), name: changed), as: UTF8.self)
         let body = Data(sealedBody.replacingOccurrences(of: #""mode":511"#, with: #""mode":510"#).utf8)
-        try await folder.create(S3ChangeLog.folder + changed, body)
+        try await folder.create(S3Objects.logFolder + changed, body)
         // The right seal on another object's name.
-        let moved = S3ChangeLog.name(time: start + 4, device: "w")
-        try await folder.create(S3ChangeLog.folder + moved, Self.seal.sealed(Data((forged + "\n").utf8), name: "elsewhere"))
+        let moved = ChangeLog.name(time: start + 4, device: "w")
+        try await folder.create(S3Objects.logFolder + moved, Self.seal.sealed(Data((forged + "\n").utf8), name: "elsewhere"))
         let read = try await b.look(from: start, markOnly: false)
         #expect(read.changes.count == 5, "\(read.changes)")
         #expect(read.changes[0].key == "docs/real" && read.changes[0].claimed != nil && read.notes[0].at != nil)
@@ -268,10 +268,10 @@ final class FolderLogObjects: LogObjects, @unchecked Sendable {
 
     /// The log objects' names, and what one holds.
     func names() throws -> [String] {
-        ((try? FileManager.default.contentsOfDirectory(atPath: url(S3ChangeLog.folder).path)) ?? []).filter { !$0.hasPrefix(".tmp-") }
+        ((try? FileManager.default.contentsOfDirectory(atPath: url(S3Objects.logFolder).path)) ?? []).filter { !$0.hasPrefix(".tmp-") }
     }
 
     func contents(_ name: String) throws -> Data {
-        try Data(contentsOf: url(S3ChangeLog.folder + name))
+        try Data(contentsOf: url(S3Objects.logFolder + name))
     }
 }

@@ -2,10 +2,10 @@ import Foundation
 import Logging
 import Testing
 import TestSupport
-import UbiqStore
+@testable import UbiqStore
 @testable import UbiqS3
 
-/// The bucket's change log (S3ChangeLog), on a real SeaweedFS: another device's changes come
+/// The bucket's change log (ChangeLog), on a real SeaweedFS: another device's changes come
 /// from it in a request or two whatever the bucket holds; what it lacks comes from the full
 /// listing; what is in it cannot hurt a reader.
 @Suite struct S3ChangeLogTests {
@@ -13,7 +13,7 @@ import UbiqStore
 
     /// The names of the log objects in the bucket.
     func logObjects(_ store: S3Store) async throws -> [String] {
-        let folder = store.objects.prefix + S3ChangeLog.folder
+        let folder = store.objects.prefix + S3Objects.logFolder
         let r = try await store.objects.client.send(.GET, key: nil, query: [("list-type", "2"), ("prefix", folder)])
         return S3Client.xmlBlocks("Contents", in: r.text).compactMap { S3Client.xmlValue("Key", in: $0) }.map { String($0.dropFirst(folder.count)) }
     }
@@ -22,16 +22,16 @@ import UbiqStore
     /// busy server's empty answer is asked again (SeaweedFS under load has answered a GET with
     /// no bytes: a clean-clone run read this test's log object as empty once, and crashed on it).
     func logObject(_ store: S3Store, _ name: String) async throws -> Data {
-        let folder = store.objects.prefix + S3ChangeLog.folder
+        let folder = store.objects.prefix + S3Objects.logFolder
         let r = try await store.objects.client.send(.GET, key: nil, query: [("list-type", "2"), ("prefix", folder + name)])
         let size = S3Client.xmlBlocks("Contents", in: r.text).compactMap { S3Client.xmlValue("Size", in: $0) }.first.flatMap { Int($0) }
-        return try await store.objects.read(S3ChangeLog.folder + name, atMost: S3ChangeLog.maxObjectBytes, expectedLength: size)
+        return try await store.objects.read(S3Objects.logFolder + name, atMost: ChangeLog.maxObjectBytes, expectedLength: size)
     }
 
     /// A log object as a device with the bucket's key writes it (sealed: `BucketSeal`), whatever it holds.
     func putLog(_ store: S3Store, _ name: String, _ body: String) async throws {
         let sealed = store.objects.seal.sealed(Data(body.utf8), name: name)
-        try await store.objects.client.send(.PUT, key: store.objects.prefix + S3ChangeLog.folder + name, body: .data(sealed))
+        try await store.objects.client.send(.PUT, key: store.objects.prefix + S3Objects.logFolder + name, body: .data(sealed))
     }
 
     /// Device B follows device A's puts, copies and deletes through the log: one LIST and one
@@ -112,7 +112,7 @@ import UbiqStore
         defer { clean() }
         let cursor = try await b.currentCursor()
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        try await putLog(b, "\(S3ChangeLog.timeText(now))-other-1", """
+        try await putLog(b, "\(ChangeLog.timeText(now))-other-1", """
             {"op":"put","key":"good"}
             not json
             {"op":"rename","key":"a","to":"b"}
@@ -126,10 +126,10 @@ import UbiqStore
             {"op":"move","from":"e/","items":[]}
             """)
         try await putLog(b, "not-a-log-object", #"{"op":"put","key":"never"}"#)
-        try await putLog(b, "\(S3ChangeLog.timeText(now + 365 * 86_400_000))-other-2", #"{"op":"put","key":"ahead"}"#)
+        try await putLog(b, "\(ChangeLog.timeText(now + 365 * 86_400_000))-other-2", #"{"op":"put","key":"ahead"}"#)
         let line = #"{"op":"put","key":"big"}"# + "\n"
-        try await putLog(b, "\(S3ChangeLog.timeText(now))-other-3",
-                         String(repeating: line, count: S3ChangeLog.maxObjectBytes / line.utf8.count + 1000))
+        try await putLog(b, "\(ChangeLog.timeText(now))-other-3",
+                         String(repeating: line, count: ChangeLog.maxObjectBytes / line.utf8.count + 1000))
         let batch = try await b.changes(since: cursor, limit: 1000)
         #expect(Set(batch.changes.map(\.key)) == ["good", "gone", "ahead", "big", "a/x", "b/x"])
         #expect(batch.changes.first { $0.key == "gone" } == StoreChange(kind: .delete, key: "gone", version: "v1"))
@@ -137,11 +137,11 @@ import UbiqStore
         // it claim nothing); its bad ones are passed over.
         #expect(batch.changes.filter { $0.key.hasPrefix("a/") || $0.key.hasPrefix("b/") }
             == [StoreChange(kind: .delete, key: "a/x", version: nil), StoreChange(kind: .put, key: "b/x", version: "v2")])
-        #expect(batch.changes.filter { $0.key == "big" }.count == S3ChangeLog.maxObjectBytes / line.utf8.count)
+        #expect(batch.changes.filter { $0.key == "big" }.count == ChangeLog.maxObjectBytes / line.utf8.count)
         let why = batch.unreadable.joined(separator: "\n")
         #expect(batch.unreadable.count == 10, "\(why)")
         for part in ["line 2: not an entry", "line 3: an operation this version does not know (\"rename\")", "dot segment",
-                     "reserved", "line 6: not an entry", "other-3, line \(S3ChangeLog.maxObjectBytes / line.utf8.count + 1): not an entry",
+                     "reserved", "line 6: not an entry", "other-3, line \(ChangeLog.maxObjectBytes / line.utf8.count + 1): not an entry",
                      "line 8: a move's item: invalid key \"a/../y\"", "line 9: a move's item: invalid key \".ubiquity/s3/z\"",
                      "line 10: a move's item: invalid key \"d\": moved onto itself", "line 11: not an entry"] {
             #expect(why.contains(part), "\(part) in \(why)")
@@ -159,17 +159,17 @@ import UbiqStore
         let body = Data((#"{"op":"put","key":"good"}"# + "\n").utf8)
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let listing = ScriptedHTTPServer.Answer(200, body: Data("""
-            <ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>drive/.ubiquity/s3/log/\(S3ChangeLog.timeText(now))-other-1</Key>\
+            <ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>drive/.ubiquity/s3/log/\(ChangeLog.timeText(now))-other-1</Key>\
             <Size>\(body.count)</Size></Contents></ListBucketResult>
             """.utf8))
         let empty = ScriptedHTTPServer.Answer(200, body: Data())
         let whole = ScriptedHTTPServer.Answer(206, headers: [("Content-Range", "bytes 0-\(body.count - 1)/\(body.count)")], body: body)
-        func log(_ server: ScriptedHTTPServer) -> S3ChangeLog {
+        func log(_ server: ScriptedHTTPServer) -> ChangeLog {
             let client = S3Client(endpoint: S3Endpoint(url: server.endpoint, region: "us-east-1", bucket: "b",
                                                        credentials: S3Credentials(accessKey: "k", secretKey: "s")),
                                   logger: Logger(label: "s3-test"), attempts: 4)
             let objects = S3Objects(client: client, prefix: "drive", versioned: false)
-            return S3ChangeLog(objects: objects, device: "me", seal: objects.seal)
+            return ChangeLog(objects: objects, reserved: S3Objects.reserved, device: "me", seal: objects.seal)
         }
         let busy = try ScriptedHTTPServer([listing, empty, whole])
         defer { busy.stop() }
@@ -193,7 +193,7 @@ import UbiqStore
         defer { clean() }
         let cursor = try await b.currentCursor()
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        try await putLog(b, "\(S3ChangeLog.timeText(now))-other-1", String(repeating: "x\n", count: 50_000))
+        try await putLog(b, "\(ChangeLog.timeText(now))-other-1", String(repeating: "x\n", count: 50_000))
         let batch = try await b.changes(since: cursor, limit: 1000)
         #expect(batch.changes.isEmpty && batch.unreadable.count == PassedOver.kept + 1)
         #expect(batch.unreadable.last == "… and \(50_000 - PassedOver.kept) more like these")
@@ -207,8 +207,8 @@ import UbiqStore
         defer { clean() }
         var cursor = try await b.currentCursor()
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let old = "\(S3ChangeLog.timeText(now - Int64(b.logRetention * 1000) - 60_000))-other-1"
-        let young = "\(S3ChangeLog.timeText(now - 60_000))-other-2"
+        let old = "\(ChangeLog.timeText(now - Int64(b.logRetention * 1000) - 60_000))-other-1"
+        let young = "\(ChangeLog.timeText(now - 60_000))-other-2"
         try await putLog(b, old, #"{"op":"put","key":"a"}"#)
         try await putLog(b, young, #"{"op":"put","key":"b"}"#)
         cursor = try await b.changes(since: cursor, limit: 1000).cursor
@@ -350,7 +350,7 @@ import UbiqStore
         let body = String(decoding: opened, as: UTF8.self)
         let lines = body.split(separator: "\n")
         #expect(lines.count == 1 && lines.first?.contains(#""op":"move""#) == true, "\(body.prefix(300))")
-        let move = try JSONDecoder().decode(S3ChangeLog.Move.self, from: Data(try #require(lines.first).utf8))
+        let move = try JSONDecoder().decode(ChangeLog.Move.self, from: Data(try #require(lines.first).utf8))
         #expect(move.from == "docs/" && move.to == "moved/" && move.items.count == 39)
         let (changes, _) = try await look(b, from: cursor)
         #expect(changes.count == 78 && changes.filter { $0.kind == .delete }.map(\.key).sorted() == made.map(\.key).sorted())
@@ -366,7 +366,7 @@ import UbiqStore
         try await a.deleteMoved("lone", version: one.version, to: "lone2")
         try await a.publishChanges(holdingMoves: true)
         #expect(try await logObjects(a) == logged)
-        try await Task.sleep(for: .seconds(S3ChangeLog.moveQuiet + 0.1))
+        try await Task.sleep(for: .seconds(ChangeLog.moveQuiet + 0.1))
         try await a.publishChanges(holdingMoves: true)
         #expect(try await logObjects(a).count == logged.count + 1)
     }
@@ -418,26 +418,26 @@ import UbiqStore
     /// the oldest go as they are noted, the newest when a batch comes back, but a move's delete
     /// that waits never does (dropped, it would never be made: the old key would stay).
     @Test func entriesDroppedAreNeverAMovesDelete() {
-        func e(_ key: String, deferred: Bool = false) -> S3ChangeLog.Entry {
+        func e(_ key: String, deferred: Bool = false) -> ChangeLog.Entry {
             .init(op: deferred ? "delete" : "put", key: key, version: deferred ? nil : "v", deferred: deferred)
         }
         let entries = [e("a"), e("m1", deferred: true), e("b"), e("c"), e("m2", deferred: true), e("d")]
-        #expect(S3ChangeLog.trimmed(entries, to: 4, droppingNewest: false).map(\.key) == ["m1", "c", "m2", "d"])
-        #expect(S3ChangeLog.trimmed(entries, to: 4, droppingNewest: true).map(\.key) == ["a", "m1", "b", "m2"])
-        #expect(S3ChangeLog.trimmed(entries, to: 1, droppingNewest: true).map(\.key) == ["m1", "m2"])
-        #expect(S3ChangeLog.trimmed(entries, to: 6, droppingNewest: true) == entries)
+        #expect(ChangeLog.trimmed(entries, to: 4, droppingNewest: false).map(\.key) == ["m1", "c", "m2", "d"])
+        #expect(ChangeLog.trimmed(entries, to: 4, droppingNewest: true).map(\.key) == ["a", "m1", "b", "m2"])
+        #expect(ChangeLog.trimmed(entries, to: 1, droppingNewest: true).map(\.key) == ["m1", "m2"])
+        #expect(ChangeLog.trimmed(entries, to: 6, droppingNewest: true) == entries)
     }
 
     /// How a move's keys split into the folders moved and a name, and the lines a batch of
     /// entries goes to the log as: a copy and the delete of its source as a move's item.
     @Test func aMoveIsLoggedByItsFolders() throws {
-        #expect(S3ChangeLog.Move.split(from: "A/sub/x", to: "B/sub/x") == ("A/", "B/", "sub/x"))
-        #expect(S3ChangeLog.Move.split(from: "A/", to: "B/") == ("A/", "B/", ""))
-        #expect(S3ChangeLog.Move.split(from: "A/x", to: "A/y") == ("A/x", "A/y", ""))
-        #expect(S3ChangeLog.Move.split(from: "x/a", to: "y/x/a") == ("", "y/", "x/a"))
-        #expect(S3ChangeLog.Move.split(from: "ab/c", to: "b/c") == ("ab/", "b/", "c"))
-        #expect(S3ChangeLog.Move.split(from: "é/ü", to: "ü") == ("é/", "", "ü"))
-        typealias E = S3ChangeLog.Entry
+        #expect(ChangeLog.Move.split(from: "A/sub/x", to: "B/sub/x") == ("A/", "B/", "sub/x"))
+        #expect(ChangeLog.Move.split(from: "A/", to: "B/") == ("A/", "B/", ""))
+        #expect(ChangeLog.Move.split(from: "A/x", to: "A/y") == ("A/x", "A/y", ""))
+        #expect(ChangeLog.Move.split(from: "x/a", to: "y/x/a") == ("", "y/", "x/a"))
+        #expect(ChangeLog.Move.split(from: "ab/c", to: "b/c") == ("ab/", "b/", "c"))
+        #expect(ChangeLog.Move.split(from: "é/ü", to: "ü") == ("é/", "", "ü"))
+        typealias E = ChangeLog.Entry
         let batch = [
             E(op: "put", key: "B/x", version: "v1", from: "A/x"),
             E(op: "put", key: "other", version: "v9"),
@@ -450,7 +450,7 @@ import UbiqStore
             E(op: "put", key: "same", version: "v5", from: "same"),
         ]
         #expect(batch[8].from == nil, "a copy onto itself is no move")
-        let lines = String(decoding: try S3ChangeLog.lines(batch), as: UTF8.self).split(separator: "\n").map(String.init)
+        let lines = String(decoding: try ChangeLog.lines(batch), as: UTF8.self).split(separator: "\n").map(String.init)
         #expect(lines == [
             #"{"from":"A/","items":[{"name":"x","version":"v1"},{"name":"s/z","version":"v3"}],"op":"move","to":"B/"}"#,
             #"{"key":"other","op":"put","version":"v9"}"#,
@@ -581,7 +581,7 @@ import UbiqStore
         try await a.delete("docs/gone", condition: .always)
         try await a.publishChanges()
         for name in Set(try await logObjects(a)).subtracting(before) {
-            try await a.objects.send(.DELETE, S3ChangeLog.folder + name, validate: false)
+            try await a.objects.send(.DELETE, S3Objects.logFolder + name, validate: false)
         }
         try await a.objects.send(.DELETE, "docs/other-tool", validate: false)
         let (none, last) = try await look(b, from: next)
@@ -827,10 +827,10 @@ import UbiqStore
             let o = try await b.head(key)
             let wrote = ObjectInfo(key: key, version: o.version, size: o.size, metadata: meta, contentTag: o.contentTag)
             wanted[key] = wrote
-            lines.append(String(decoding: try JSONEncoder().encode(S3ChangeLog.Entry(op: "put", key: key, version: o.version,
+            lines.append(String(decoding: try JSONEncoder().encode(ChangeLog.Entry(op: "put", key: key, version: o.version,
                                                                                      wrote: wrote, at: now)), as: UTF8.self))
         }
-        try await putLog(b, "\(S3ChangeLog.timeText(now))-other-1", lines.joined(separator: "\n"))
+        try await putLog(b, "\(ChangeLog.timeText(now))-other-1", lines.joined(separator: "\n"))
         let (changes, _) = try await look(b, from: cursor)
         let told = await b.confirmed(changes)
         #expect(b.lastLook.requests == 3, "a LIST of the log, its GET, one LIST of big/ from z00: \(b.lastLook)")
@@ -856,7 +856,7 @@ import UbiqStore
         let encoder = JSONEncoder()
         func entry(_ key: String, tag: String? = nil, size: Int64? = nil, at: Int64? = nil) throws -> String {
             let o = listed[key]!
-            let e = S3ChangeLog.Entry(op: "put", key: key, version: o.version,
+            let e = ChangeLog.Entry(op: "put", key: key, version: o.version,
                                       wrote: ObjectInfo(key: key, version: o.version, size: size ?? o.size, metadata: meta,
                                                         contentTag: tag ?? o.contentTag),
                                       at: at ?? now)
@@ -874,7 +874,7 @@ import UbiqStore
         lines.append(#"{"op":"delete","key":"f/k14"}"#)
         lines.append(#"{"op":"delete","key":"f/k15"}"#)
         lines.append(#"{"op":"delete","key":"f/gone"}"#)
-        try await putLog(b, "\(S3ChangeLog.timeText(now))-other-1", lines.joined(separator: "\n"))
+        try await putLog(b, "\(ChangeLog.timeText(now))-other-1", lines.joined(separator: "\n"))
         let (changes, _) = try await look(b, from: cursor)
         let told = await b.confirmed(changes)
         #expect(b.lastLook.requests == 3, "a LIST of the log, its GET, a LIST of f/: \(b.lastLook)")

@@ -2,7 +2,7 @@ import Foundation
 import Logging
 import Testing
 import TestSupport
-import UbiqStore
+@testable import UbiqStore
 @testable import UbiqS3
 
 /// Snapshots of the bucket (S3Snapshots), on a real SeaweedFS: a new device learns what the
@@ -261,14 +261,14 @@ import UbiqStore
                 try await putSealedPart(a, snapshot: name, object, body)
             }
         }
-        let name = S3ChangeLog.name(time: now - 2000, device: "other")
+        let name = ChangeLog.name(time: now - 2000, device: "other")
         try await put(name, "00000", lines.joined(separator: "\n"))
         try await put(name, "done", #"{"format":1,"parts":1,"entries":8}"#)
         // Later ones a reader must not take: a newer format, and one still being written.
-        let newer = S3ChangeLog.name(time: now - 1000, device: "newer")
+        let newer = ChangeLog.name(time: now - 1000, device: "newer")
         try await put(newer, "00000", entry("y", stamp: stamp["y"]!, version: "\"1\"", tag: "\"1\"", meta: good))
         try await put(newer, "done", #"{"format":2,"parts":1,"entries":1}"#)
-        try await put(S3ChangeLog.name(time: now, device: "busy"), "00000", entry("y", stamp: stamp["y"]!, version: "\"2\"", tag: "\"2\"", meta: good))
+        try await put(ChangeLog.name(time: now, device: "busy"), "00000", entry("y", stamp: stamp["y"]!, version: "\"2\"", tag: "\"2\"", meta: good))
 
         let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
         defer { cleanB() }
@@ -307,7 +307,7 @@ import UbiqStore
     @Test func aFloodOfBadLinesIsCounted() async throws {
         let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
         defer { cleanA() }
-        let name = S3ChangeLog.name(time: a.log.serverNow(), device: "flood")
+        let name = ChangeLog.name(time: a.log.serverNow(), device: "flood")
         try await putSealedPart(a, snapshot: name, "00000", String(repeating: "x\n", count: 50_000))
         try await putRaw(a, S3Snapshots.folder + name + "/done", #"{"format":1,"parts":1,"entries":50000}"#)
         let loaded = try await a.snapshots.load(try #require(try await a.snapshots.latest()), into: a.index)
@@ -343,7 +343,7 @@ import UbiqStore
     @Test func aDoneObjectThatIsNotOneIsSaid() async throws {
         let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
         defer { cleanA() }
-        let name = S3ChangeLog.name(time: a.log.serverNow(), device: "odd")
+        let name = ChangeLog.name(time: a.log.serverNow(), device: "odd")
         try await putRaw(a, S3Snapshots.folder + name + "/00000", #"{"key":"x"}"# + "\n")
         try await putRaw(a, S3Snapshots.folder + name + "/done", "<done/>")
         let loaded = try await a.snapshots.load(try #require(try await a.snapshots.latest()), into: a.index)
@@ -381,8 +381,8 @@ import UbiqStore
             try await putRaw(a, S3Snapshots.folder + name + "/00000", lines.joined(separator: "\n") + "\n")
             try await putRaw(a, S3Snapshots.folder + name + "/done", #"{"format":1,"parts":1,"entries":2}"#)
         }
-        let future = S3ChangeLog.name(time: 9_999_999_999_000, device: "evil")
-        let now = S3ChangeLog.name(time: a.log.serverNow(), device: "evil")
+        let future = ChangeLog.name(time: 9_999_999_999_000, device: "evil")
+        let now = ChangeLog.name(time: a.log.serverNow(), device: "evil")
         try await forged(future)
         try await forged(now)
         let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)

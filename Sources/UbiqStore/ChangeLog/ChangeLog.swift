@@ -1,12 +1,13 @@
 import Foundation
 import UbiqClock
-import UbiqStore
 
-/// The bucket's change log (docs/s3.md): what devices changed, so that another device finds
-/// it with one small listing instead of listing the whole bucket.
+/// A store's change log, kept in the store itself (docs/s3.md: the bucket's): what devices
+/// changed, so that another device finds it with one small listing instead of listing the
+/// whole store. It needs of its place only what `LogObjects` says, so any store that can list
+/// and create an object only where none is can keep one.
 ///
-/// - Each device appends what it wrote and deleted as log objects under
-///   `PREFIX/.ubiquity/s3/log/`, one object per upload round (at most `entriesPerObject`
+/// - Each device appends what it wrote and deleted as log objects under its `folder`
+///   (`PREFIX/.ubiquity/s3/log/` in a bucket), one object per upload round (at most `entriesPerObject`
 ///   entries), never rewriting one (`If-None-Match: *` where the server honours it). An object
 ///   is named `TIME-DEVICE-RANDOM`: TIME in milliseconds by the server's clock (as the device
 ///   last read it from a `Date` header), 13 digits, so names sort by time.
@@ -28,49 +29,52 @@ import UbiqStore
 ///   visible more than `window` after its name's time, one lost, and an object that another tool
 ///   wrote are all found by the full listing that still runs at its own, slower interval.
 /// - Log objects older than the retention are deleted by whichever device lists the bucket.
-final class S3ChangeLog: @unchecked Sendable {
-    static let folder = S3Objects.reserved + "log/"
+public final class ChangeLog: @unchecked Sendable {
+    /// Where the log objects are (`RESERVED/log/`), and the keys that are the store's own, which
+    /// no entry may name.
+    public let folder: String
+    public let reserved: String
     /// How far before its last look a reader lists the log again.
-    static let window: TimeInterval = 60
-    static let entriesPerObject = 1000
+    public static let window: TimeInterval = 60
+    public static let entriesPerObject = 1000
     /// A log object larger than this is not read (its changes are found by the full listing).
-    static let maxObjectBytes = 4 << 20
+    public static let maxObjectBytes = 4 << 20
     /// Entries kept while the store cannot be reached; past it the oldest are dropped (the full
     /// listing finds their changes).
-    static let maxPending = 100_000
+    public static let maxPending = 100_000
     /// A log object that cannot be fetched this many looks in a row is passed over.
-    static let attemptsPerObject = 3
+    public static let attemptsPerObject = 3
     /// How long a move under way waits for the rest of it at most, and without a change noted
     /// (`publish(holdingMoves:)`); and how many of its entries wait at most (a folder of 10,000
     /// files and its folders: a copy and a delete each).
-    static let moveHold: TimeInterval = 120
-    static let moveQuiet: TimeInterval = 2
-    static let maxHeld = 25_000
+    public static let moveHold: TimeInterval = 120
+    public static let moveQuiet: TimeInterval = 2
+    public static let maxHeld = 25_000
 
-    struct Entry: Codable, Equatable {
-        var op: String
-        var key: String
-        var version: String?
+    public struct Entry: Codable, Equatable {
+        public var op: String
+        public var key: String
+        public var version: String?
         /// What a put wrote, and the server's time (ms) when its answer came (see above);
         /// nil where the writer does not say (a delete, a write whose answer was lost, large
         /// metadata, an older version's entry).
-        var size: Int64? = nil
-        var tag: String? = nil
-        var meta: ObjectMetadata? = nil
-        var at: Int64? = nil
+        public var size: Int64? = nil
+        public var tag: String? = nil
+        public var meta: ObjectMetadata? = nil
+        public var at: Int64? = nil
         /// The write's row in the device's index (`S3Index.unlogged`), forgotten once a log
         /// object holds the entry; not part of the log.
-        var row: Int64? = nil
+        public var row: Int64? = nil
         /// A put that copied another key to this one: that key (a move's first half, when its
         /// delete follows). In the log only as part of a `move` entry.
-        var from: String? = nil
+        public var from: String? = nil
         /// A delete a move implies that is made only now, just before the log object that
         /// holds it (`settleDeletes`); not part of the log.
-        var deferred = false
+        public var deferred = false
 
         enum CodingKeys: String, CodingKey { case op, key, version, size, tag, meta, at }
 
-        init(op: String, key: String, version: String?, wrote info: ObjectInfo? = nil, at: Int64? = nil, row: Int64? = nil,
+        public init(op: String, key: String, version: String?, wrote info: ObjectInfo? = nil, at: Int64? = nil, row: Int64? = nil,
              from: String? = nil, deferred: Bool = false) {
             self.op = op; self.key = key; self.version = version; self.row = row
             self.deferred = op == "delete" && deferred
@@ -83,7 +87,7 @@ final class S3ChangeLog: @unchecked Sendable {
         /// A reader takes an entry's op, key and version, or passes it over; what it says a
         /// put wrote is read only if it reads (a wrong `meta` from a newer or hostile writer
         /// costs the reader a HEAD, not the entry).
-        init(from decoder: any Decoder) throws {
+        public init(from decoder: any Decoder) throws {
             let c = try decoder.container(keyedBy: CodingKeys.self)
             op = try c.decode(String.self, forKey: .op)
             key = try c.decode(String.self, forKey: .key)
@@ -96,48 +100,48 @@ final class S3ChangeLog: @unchecked Sendable {
 
         /// Metadata small enough to go in every entry (links' targets and xattrs of a few
         /// hundred bytes; larger ones cost the reader a HEAD).
-        static func small(_ m: ObjectMetadata) -> Bool {
+        public static func small(_ m: ObjectMetadata) -> Bool {
             (m.target?.count ?? 0) + m.xattrs.reduce(0) { $0 + $1.key.utf8.count + $1.value.count } <= 1024
         }
 
         /// What the entry says its put wrote (nil: it does not say, or says what cannot be).
-        var claimed: ObjectInfo? {
+        public var claimed: ObjectInfo? {
             guard op == "put", let version, let size, size >= 0, let meta, at != nil else { return nil }
             return ObjectInfo(key: key, version: version, size: size, metadata: meta, contentTag: tag)
         }
     }
 
     /// Where each change a look found comes from.
-    struct Note: Equatable {
+    public struct Note: Equatable {
         /// The entry's `at` (nil: it does not say).
-        var at: Int64?
+        public var at: Int64?
         /// In a log object of this device's.
-        var mine: Bool
+        public var mine: Bool
     }
 
     /// What a look at the log found.
-    struct Read {
-        var changes: [StoreChange] = []
+    public struct Read {
+        public var changes: [StoreChange] = []
         /// Of each change, in the same order.
-        var notes: [Note] = []
-        var unreadable = PassedOver()
+        public var notes: [Note] = []
+        public var unreadable = PassedOver()
         /// The server's time of the look (the next one lists from `window` before it).
-        var position: Int64 = 0
-        var requests = 0
+        public var position: Int64 = 0
+        public var requests = 0
         /// The log objects read (or passed over), by their time: noted as read by `noteRead`.
-        var logObjects: [String: Int64] = [:]
+        public var logObjects: [String: Int64] = [:]
         /// Whether every log object after `from` was listed and read (not cut short by
         /// `namePages`, nor only marked: `look`).
-        var whole = true
+        public var whole = true
         /// Log objects that did not read, left for the next look.
-        var unreadLeft = 0
+        public var unreadLeft = 0
         /// Log objects read whose seal did not hold (their entries are hints only).
-        var unsealed = 0
+        public var unsealed = 0
     }
 
-    let objects: any LogObjects
+    public let objects: any LogObjects
     /// This device's name in log object names (its S3 index's id).
-    let device: String
+    public let device: String
     private let lock = NSLock()
     /// Entries noted and not yet written (oldest first), and how many were ever noted.
     private var pending: [Entry] = []
@@ -154,7 +158,7 @@ final class S3ChangeLog: @unchecked Sendable {
     private var lastNoted = Date.distantPast
     private var releasing = 0
     /// `moveHold` (tests shorten it).
-    var moveHoldLimit = S3ChangeLog.moveHold
+    public var moveHoldLimit = ChangeLog.moveHold
     /// The server's clock minus this device's, from the last `Date` header read.
     private var clockOffset: TimeInterval = 0
     /// Log objects read (or covered by a full listing) that are still in the window, by their time.
@@ -169,22 +173,24 @@ final class S3ChangeLog: @unchecked Sendable {
     /// log object's keys whose delete was refused (the key holds another version now: their
     /// entries are not written). Throws when one could not be made (the batch waits for the
     /// next publish).
-    var settleDeletes: @Sendable ([String], _ ahead: [String]) async throws -> Set<String> = { _, _ in [] }
+    public var settleDeletes: @Sendable ([String], _ ahead: [String]) async throws -> Set<String> = { _, _ in [] }
     /// Whether a change noted outside a round goes to the log by itself (tests of a crash
     /// before the log object turn it off).
-    var publishesBySelf = true
+    public var publishesBySelf = true
 
     /// What seals this device's log objects, and checks others' (nil: none is sealed, and no
     /// object's claims are taken).
-    let seal: BucketSeal?
+    public let seal: BucketSeal?
 
     /// This device's time: when a change was noted, how long a move is held, the server's
     /// time as this device reckons it (`serverNow`).
-    let time: any TimeSource
+    public let time: any TimeSource
 
-    init(objects: any LogObjects, device: String, seal: BucketSeal?, time: any TimeSource = SystemTime(),
-         logged: @escaping @Sendable ([Entry]) -> Void = { _ in }) {
-        self.objects = objects; self.device = device; self.seal = seal; self.time = time; self.logged = logged
+    /// A log in `objects` under `reserved` (the store's own keys: the log is in `reserved/log/`).
+    public init(objects: any LogObjects, reserved: String, device: String, seal: BucketSeal?, time: any TimeSource = SystemTime(),
+                logged: @escaping @Sendable ([Entry]) -> Void = { _ in }) {
+        self.objects = objects; self.reserved = reserved; folder = reserved + "log/"
+        self.device = device; self.seal = seal; self.time = time; self.logged = logged
     }
 
     // MARK: - Writing
@@ -193,7 +199,7 @@ final class S3ChangeLog: @unchecked Sendable {
     /// within half a second for a change made outside an upload round. Changes noted while a
     /// round goes on go in few log objects (what half a second brought, or a round's), never one
     /// each: every reader fetches every log object.
-    func record(_ entry: Entry) {
+    public func record(_ entry: Entry) {
         lock.withLock {
             pending.append(entry)
             noted += 1
@@ -232,7 +238,7 @@ final class S3ChangeLog: @unchecked Sendable {
     /// `moveHold` seconds, `maxHeld` entries, or `moveQuiet` seconds without a change noted.
     /// They are in the device's index meanwhile, as every entry not yet written is (a crash
     /// loses none of them).
-    func publish(holdingMoves: Bool = false) async throws {
+    public func publish(holdingMoves: Bool = false) async throws {
         // Entries leave `pending` in order (to the log, or held back) and are dropped only when
         // too many wait, so every entry noted before the call is written, held or given up once
         // this many are. Held entries go back to the front when released.
@@ -294,7 +300,7 @@ final class S3ChangeLog: @unchecked Sendable {
     /// oldest or the newest dropped first, but never a move's delete that waits (`Entry.deferred`):
     /// its entry is what makes the delete, just before its log object; dropped, the old key
     /// would stay in the store, and every other device would keep the file twice.
-    static func trimmed(_ entries: [Entry], to most: Int = maxPending, droppingNewest: Bool) -> [Entry] {
+    public static func trimmed(_ entries: [Entry], to most: Int = maxPending, droppingNewest: Bool) -> [Entry] {
         var over = entries.count - most
         guard over > 0 else { return entries }
         var drop = Set<Int>()
@@ -355,21 +361,21 @@ final class S3ChangeLog: @unchecked Sendable {
     private func write(_ batch: [Entry]) async throws {
         let name = Self.name(time: serverNow(), device: device)
         let lines = try Self.lines(batch)
-        try await objects.create(Self.folder + name, seal?.sealed(lines, name: name) ?? lines)
+        try await objects.create(folder + name, seal?.sealed(lines, name: name) ?? lines)
     }
 
-    static func name(time ms: Int64, device: String) -> String {
+    public static func name(time ms: Int64, device: String) -> String {
         timeText(ms) + "-" + device + "-" + UUID().uuidString.lowercased().prefix(8)
     }
 
     /// A time as the 13 digits that begin a name.
-    static func timeText(_ ms: Int64) -> String {
+    public static func timeText(_ ms: Int64) -> String {
         let t = String(max(0, min(ms, 9_999_999_999_999)))
         return String(repeating: "0", count: 13 - t.count) + t
     }
 
     /// The time in a log object's name (nil: not a log object's name).
-    static func time(of name: String) -> Int64? {
+    public static func time(of name: String) -> Int64? {
         let parts = name.split(separator: "-", omittingEmptySubsequences: false)
         guard parts.count == 3, parts[0].utf8.count == 13, parts[0].utf8.allSatisfy({ (48 ... 57).contains($0) }),
               !parts[1].isEmpty, !parts[2].isEmpty else { return nil }
@@ -377,7 +383,7 @@ final class S3ChangeLog: @unchecked Sendable {
     }
 
     /// Now by the server's clock (as last read), in ms.
-    func serverNow() -> Int64 {
+    public func serverNow() -> Int64 {
         Int64((time.now.timeIntervalSince1970 + lock.withLock { clockOffset }) * 1000)
     }
 
@@ -387,7 +393,7 @@ final class S3ChangeLog: @unchecked Sendable {
     /// (a full listing is about to cover their changes: they are only noted as read) or there
     /// are more than `readingAtMost`; their names listed in `namePages` requests at most. Those
     /// named before `readingFrom` (ms) are only noted as read, as if `markOnly`.
-    func look(from: Int64?, markOnly: Bool, readingAtMost: Int = .max, namePages: Int = .max,
+    public func look(from: Int64?, markOnly: Bool, readingAtMost: Int = .max, namePages: Int = .max,
               readingFrom: Int64 = .min) async throws -> Read {
         // This device's own changes first: a look never misses what was done before it (but a
         // move under way, which this device knows of already, goes when it is over).
@@ -423,7 +429,7 @@ final class S3ChangeLog: @unchecked Sendable {
                 // Its length is known from the listing (a log object is never rewritten): a
                 // busy server's empty answer is asked again, never read as an empty object
                 // (its changes were lost until the next full listing).
-                data = try await objects.read(Self.folder + name, atMost: Self.maxObjectBytes, expectedLength: size)
+                data = try await objects.read(folder + name, atMost: Self.maxObjectBytes, expectedLength: size)
             } catch {
                 // Gone too (listed, then not there) counts as a failure: an object in the window
                 // is younger than any retention, so that is the server's hiccup, not a prune.
@@ -452,7 +458,7 @@ final class S3ChangeLog: @unchecked Sendable {
     }
 
     /// Notes the log objects `look` read as read: the next looks in the window pass them over.
-    func noteRead(_ look: Read) {
+    public func noteRead(_ look: Read) {
         lock.withLock { read.merge(look.logObjects) { a, _ in a } }
     }
 
@@ -466,7 +472,7 @@ final class S3ChangeLog: @unchecked Sendable {
         var token: String?
         repeat {
             let sent = time.now
-            let page = try await objects.listPage(Self.folder, after: after, token: token)
+            let page = try await objects.listPage(folder, after: after, token: token)
             out.requests += 1
             if out.position == 0 {
                 if let d = page.date {
@@ -487,7 +493,7 @@ final class S3ChangeLog: @unchecked Sendable {
     }
 
     /// The entries of one log object; what cannot be read is described, and passed over.
-    func parse(_ raw: Data, of name: String, into out: inout Read) {
+    public func parse(_ raw: Data, of name: String, into out: inout Read) {
         // What an object not sealed with this bucket's key says it wrote is not taken: each key
         // it names is asked of the bucket (a forged entry's metadata was shown as the file's).
         let (data, sealed) = seal?.opened(raw, name: name) ?? (raw, false)
@@ -530,7 +536,7 @@ final class S3ChangeLog: @unchecked Sendable {
             default: out.unreadable.add("log object \(name), line \(lineNumber): an operation this version does not know (\(e.op.prefix(40).debugDescription))"); continue
             }
             do {
-                try Self.validate(e.key)
+                try validate(e.key)
             } catch {
                 out.unreadable.add("log object \(name), line \(lineNumber): \(error)"); continue
             }
@@ -540,15 +546,15 @@ final class S3ChangeLog: @unchecked Sendable {
     }
 
     /// A key an entry may name: a valid one, not the store's own.
-    static func validate(_ key: String) throws {
+    public func validate(_ key: String) throws {
         try StoreKey.validate(key)
-        if key.hasPrefix(S3Objects.reserved) { throw StoreError.invalidKey(key, reason: "reserved for the store's own use") }
+        if key.hasPrefix(reserved) { throw StoreError.invalidKey(key, reason: "reserved for the store's own use") }
     }
 
 
     /// Deletes log objects older than `retention` (any device's: a delete of one already gone
     /// is no harm), up to a thousand at a time.
-    func prune(olderThan retention: TimeInterval) async throws {
+    public func prune(olderThan retention: TimeInterval) async throws {
         let cutoff = serverNow() - Int64(retention * 1000)
         // Names sort by their time, so the listing starts where a log object's name can (names
         // that sort before the digits are passed over unlisted) and goes page after page until
@@ -556,11 +562,11 @@ final class S3ChangeLog: @unchecked Sendable {
         // many come first: one page of them stopped every prune before (2026-12-07).
         var after = Self.timeText(0)
         for _ in 0 ..< Self.prunePages {
-            let page = try await objects.listPage(Self.folder, after: after, token: nil)
+            let page = try await objects.listPage(folder, after: after, token: nil)
             for (name, _) in page.names {
                 guard let time = Self.time(of: name) else { continue }
                 if time >= cutoff { return }
-                try await objects.remove(Self.folder + name)
+                try await objects.remove(folder + name)
             }
             guard page.next != nil, let last = page.names.last?.name else { return }
             after = last
@@ -568,22 +574,24 @@ final class S3ChangeLog: @unchecked Sendable {
     }
 
     /// Pages of names a prune lists at most (of 1,000 each).
-    static let prunePages = 50
+    public static let prunePages = 50
 }
 
 /// What a reader of the bucket's own objects (log, snapshots) could not take: the first `kept`
 /// descriptions and how many there were in all, as a hostile object may hold millions of bad
 /// lines.
-struct PassedOver {
-    static let kept = 20
-    private(set) var said: [String] = []
-    private(set) var count = 0
+public struct PassedOver: Sendable {
+    public static let kept = 20
+    public private(set) var said: [String] = []
+    public private(set) var count = 0
 
-    mutating func add(_ what: @autoclosure () -> String) {
+    public init() {}
+
+    public mutating func add(_ what: @autoclosure () -> String) {
         count += 1
         if said.count < Self.kept { said.append(what()) }
     }
 
     /// The descriptions, and a last line for those not kept.
-    var lines: [String] { count > said.count ? said + ["… and \(count - said.count) more like these"] : said }
+    public var lines: [String] { count > said.count ? said + ["… and \(count - said.count) more like these"] : said }
 }

@@ -1,31 +1,30 @@
 import Foundation
-import UbiqStore
 
 // Moves in the change log: a copy to a new key and the delete of its source, written as one
 // item of a `move` entry (docs/s3.md), and read back as the delete and the put they stand for.
-extension S3ChangeLog {
+extension ChangeLog {
     /// A `move` entry: the keys `from` + each item's name, copied to `to` + the name and deleted.
-    struct Move: Codable {
-        var op = "move"
-        var from: String
-        var to: String
-        var items: [Item]
+    public struct Move: Codable {
+        public var op = "move"
+        public var from: String
+        public var to: String
+        public var items: [Item]
 
         /// One key moved, and what its put wrote (as a put's entry says it).
-        struct Item: Codable {
-            var name: String
-            var version: String?
-            var size: Int64? = nil
-            var tag: String? = nil
-            var meta: ObjectMetadata? = nil
-            var at: Int64? = nil
+        public struct Item: Codable {
+            public var name: String
+            public var version: String?
+            public var size: Int64? = nil
+            public var tag: String? = nil
+            public var meta: ObjectMetadata? = nil
+            public var at: Int64? = nil
 
             init(name: String, _ put: Entry) {
                 self.name = name; version = put.version; size = put.size; tag = put.tag; meta = put.meta; at = put.at
             }
 
             /// As an entry's: what it says it wrote is read only if it reads.
-            init(from decoder: any Decoder) throws {
+            public init(from decoder: any Decoder) throws {
                 let c = try decoder.container(keyedBy: CodingKeys.self)
                 name = try c.decode(String.self, forKey: .name)
                 version = try c.decodeIfPresent(String.self, forKey: .version)
@@ -36,7 +35,7 @@ extension S3ChangeLog {
             }
 
             /// The put of `key` it stands for.
-            func put(_ key: String) -> Entry {
+            public func put(_ key: String) -> Entry {
                 var e = Entry(op: "put", key: key, version: version)
                 e.size = size; e.tag = tag; e.meta = meta; e.at = at
                 return e
@@ -47,7 +46,7 @@ extension S3ChangeLog {
         /// longest name that starts a segment in both (P and Q empty or ending in `/`): a
         /// folder's files and markers share one P and Q, a file renamed in place has its whole
         /// keys as P and Q and an empty name.
-        static func split(from: String, to: String) -> (from: String, to: String, name: String) {
+        public static func split(from: String, to: String) -> (from: String, to: String, name: String) {
             let f = Array(from.utf8), t = Array(to.utf8)
             let slash = UInt8(ascii: "/")
             var best = 0
@@ -69,7 +68,7 @@ extension S3ChangeLog {
     /// The lines of one log object of `batch`: each entry's, but a copy and the delete of its
     /// source after it, which go as one item of a `move` entry (one for each pair of folders
     /// moved, where the first of its copies was).
-    static func lines(_ batch: [Entry]) throws -> Data {
+    public static func lines(_ batch: [Entry]) throws -> Data {
         var copyAt: [String: Int] = [:]
         var pairedDelete = Set<Int>()
         var deleteOf: [Int: Int] = [:]
@@ -115,12 +114,12 @@ extension S3ChangeLog {
     /// A `move` entry's changes: for each item, the delete of its old key and the put of its new
     /// one, side by side (the feed pairs them as a move). An item whose keys are not both good
     /// is passed over, both halves.
-    func take(_ m: Move, of name: String, line: Int, mine: Bool, into out: inout Read) {
+    public func take(_ m: Move, of name: String, line: Int, mine: Bool, into out: inout Read) {
         for item in m.items {
             let old = m.from + item.name, new = m.to + item.name
             do {
-                try Self.validate(old)
-                try Self.validate(new)
+                try validate(old)
+                try validate(new)
                 guard old != new else { throw StoreError.invalidKey(new, reason: "moved onto itself") }
             } catch {
                 out.unreadable.add("log object \(name), line \(line): a move's item: \(error)"); continue

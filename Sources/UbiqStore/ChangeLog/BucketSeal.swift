@@ -1,5 +1,4 @@
 import Foundation
-import UbiqStore
 
 /// What devices write in the bucket for each other to take on their word (log objects and
 /// snapshot parts: what each object holds, its metadata above all, without a HEAD) is sealed
@@ -31,7 +30,7 @@ public struct BucketSeal: Sendable {
     }
 
     /// `body` (whole lines) with its seal as `name`'s.
-    func sealed(_ body: Data, name: String) -> Data {
+    public func sealed(_ body: Data, name: String) -> Data {
         var out = body
         if let last = out.last, last != 0x0A { out.append(0x0A) }
         let covered = out
@@ -43,7 +42,7 @@ public struct BucketSeal: Sendable {
 
     /// What `data`, read as `name`, holds before its seal line, and whether that seal holds
     /// (false: no seal, another key's, or bytes changed; the whole of `data` comes back then).
-    func opened(_ data: Data, name: String) -> (body: Data, sealed: Bool) {
+    public func opened(_ data: Data, name: String) -> (body: Data, sealed: Bool) {
         var end = data.endIndex
         while end > data.startIndex, data[end - 1] == 0x0A { end -= 1 }
         let lineStart = data[..<end].lastIndex(of: 0x0A).map { $0 + 1 } ?? data.startIndex
