@@ -307,7 +307,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                     add()
                     guard let info else { continue }
                     found[KeyBytes(o.key)] = info
-                    if Self.settled(o, info, in: listing) { learned.append((o.stamp, info)) }
+                    if Self.settled(o, info, in: listing, within: settleWindow) { learned.append((o.stamp, info)) }
                 }
             }
             try index.remember(learned)
@@ -320,15 +320,18 @@ public final class S3Store: CloudStore, @unchecked Sendable {
 
     /// Whether `info` is surely `o` as listed, and settled (see S3Index.advance): what the
     /// index and snapshots remember.
-    static func settled(_ o: ListedObject, _ info: ObjectInfo, in listing: Listing) -> Bool {
+    static func settled(_ o: ListedObject, _ info: ObjectInfo, in listing: Listing, within window: TimeInterval = unsettled) -> Bool {
         guard info.contentTag == o.etag, let m = o.modified else { return false }
-        return listing.taken.timeIntervalSince(m) >= unsettled
+        return listing.taken.timeIntervalSince(m) >= window
     }
 
     /// How long after an object's listed time it may still change unseen (S3 times are in
     /// seconds; a metadata change keeps the ETag and size): until then a stamp does not name
     /// one version.
     static let unsettled: TimeInterval = 2
+    /// `unsettled`, for this store (tests that write nothing twice in a second take 0: what
+    /// they wrote is settled at once, where they waited two seconds of the server's clock).
+    public var settleWindow = S3Store.unsettled
 
     // MARK: - Snapshots
 
@@ -408,13 +411,13 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         if wanted { return true }
         let interval = snapshotInterval * snapshotJitter
         let worth = snapshotWorth(listing.objects.count)
-        if let known, time.now.timeIntervalSince(known.at) < interval, Self.written(since: known.time, in: listing) < worth { return false }
+        if let known, time.now.timeIntervalSince(known.at) < interval, Self.written(since: known.time, in: listing, settleWindow: settleWindow) < worth { return false }
         // Due by what this device knew (or it never looked): one LIST says whether another
         // device wrote one since.
         let latest = try await snapshots.latest()
         let now = (at: latest.map(writtenAt) ?? .distantPast, time: latest?.time ?? 0)
         lock.withLock { latestSnapshot = now }
-        return time.now.timeIntervalSince(now.at) >= interval || Self.written(since: now.time, in: listing) >= worth
+        return time.now.timeIntervalSince(now.at) >= interval || Self.written(since: now.time, in: listing, settleWindow: settleWindow) >= worth
     }
 
     /// Objects a new device would ask for one by one that make a snapshot worth writing.
@@ -423,8 +426,8 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// The listed objects a snapshot written at the server's `time` (ms) may not hold: written
     /// after its listing's settled ones (`unsettled` before the listing's time, which its
     /// `Date` gives in whole seconds; objects' times are in seconds too).
-    static func written(since time: Int64, in listing: Listing) -> Int {
-        let since = Date(timeIntervalSince1970: Double(time) / 1000 - unsettled - 1)
+    static func written(since time: Int64, in listing: Listing, settleWindow: TimeInterval = unsettled) -> Int {
+        let since = Date(timeIntervalSince1970: Double(time) / 1000 - settleWindow - 1)
         return listing.objects.reduce(0) { n, o in n + ((o.modified ?? .distantFuture) >= since ? 1 : 0) }
     }
 
@@ -443,7 +446,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
             var count = 0
             let written = try await snapshots.write(time: taken, device: index.id) { add in
                 try await describe(listing, counted: false, pagesOf: describePage) { page in
-                    let settled = page.filter { Self.settled($0.0, $0.1, in: listing) }
+                    let settled = page.filter { Self.settled($0.0, $0.1, in: listing, within: settleWindow) }
                     count += settled.count
                     try await add(settled)
                 }
@@ -647,7 +650,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                 case .put:
                     guard let o, let claim = c.claimed, let at = notes[KeyBytes(c.key)]?.at, Self.bearsOut(o, claim, at: at) else { continue }
                     changes[i].current = .object(claim)
-                    if Self.settled(o, claim, in: found.listing) { learned.append((o.stamp, claim)) }
+                    if Self.settled(o, claim, in: found.listing, within: settleWindow) { learned.append((o.stamp, claim)) }
                 }
             }
         }
@@ -719,7 +722,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         }
         // The listing the importer brought in what it did not know from, after a first part:
         // the keys past that part are in (`S3Index.advance`).
-        guard var (changes, next) = try index.advance(since: since, to: listing, unsettled: Self.unsettled,
+        guard var (changes, next) = try index.advance(since: since, to: listing, unsettled: settleWindow,
                                                       stableFolders: !objects.keepsFolderMetadata, tell: tell,
                                                       quietPastFirstPart: taken != nil) else {
             return ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
@@ -805,7 +808,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         guard (try? index.neverListed()) == true else { return nil }
         // (`unsettled`, and the server's time as each device reckons it: a second or so each.)
         guard let time = try? await snapshots.latest()?.time ?? 0 else { return nil }
-        let reading = time - Int64((Self.unsettled + 3) * 1000)
+        let reading = time - Int64((settleWindow + 3) * 1000)
         let window = Int64(ChangeLog.window * 1000)
         return (min(reading + window, log.serverNow()), reading)
     }
@@ -829,7 +832,7 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let claims = try index.claims(unknown.map(\.key))
         return unknown.compactMap { o in
             guard let (claim, at) = claims[KeyBytes(o.key)], Self.bearsOut(o, claim, at: at),
-                  Self.settled(o, claim, in: listing) else { return nil }
+                  Self.settled(o, claim, in: listing, within: settleWindow) else { return nil }
             return (o.stamp, claim)
         }
     }

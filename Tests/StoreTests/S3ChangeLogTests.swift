@@ -540,7 +540,7 @@ import TestSupport
     /// files moved on another device was a HEAD each there, after the log had told them).
     /// Only what was settled when it was confirmed (a second more may change it unseen).
     @Test func aFullListingAsksNothingTheLogAlreadyTold() async throws {
-        let (a, b, clean) = try await twoDevices()
+        let (a, b, clean) = try await twoDevices(settleWindow: 0)
         defer { clean() }
         let cursor = try await b.currentCursor()
         var made: [ObjectInfo] = []
@@ -548,7 +548,6 @@ import TestSupport
             made.append(try await a.put("docs/f\(i)", contentsOf: try tempFile(Array("file \(i)".utf8)), metadata: meta, condition: .ifAbsent))
         }
         try await a.publishChanges()
-        try await Task.sleep(nanoseconds: 2_500_000_000)
         let (changes, next) = try await look(b, from: cursor)
         let told = await b.confirmed(changes)
         #expect(told.count == 20 && told.allSatisfy { $0.current != nil }, "\(told)")
@@ -558,7 +557,6 @@ import TestSupport
         try await a.publishChanges()
         let (more, last) = try await look(b, from: next)
         #expect(more.map(\.key) == ["docs/late"])
-        try await Task.sleep(nanoseconds: 2_500_000_000)
         try await fullListingTells(b, since: last, made + [late])
     }
 
@@ -645,7 +643,7 @@ import TestSupport
     /// device with no look saved, or more log objects since than are worth reading, gets
     /// HEADs as before.
     @Test func aMountAgainTakesWhatTheLogToldWithoutAHeadEach() async throws {
-        let (a, b, comeBack, clean) = try await twoDevicesOneComingBack()
+        let (a, b, comeBack, clean) = try await twoDevicesOneComingBack(settleWindow: 0)
         defer { clean() }
         let bucket = a.objects.client.endpoint.bucket
         let start = try await b.currentCursor()
@@ -662,7 +660,6 @@ import TestSupport
         }
         try await a.publishChanges()
         try await a.objects.send(.PUT, "docs/foreign", body: .data(Data("x".utf8)), validate: false)
-        try await Task.sleep(nanoseconds: 2_500_000_000)  // settled (S3 times are in seconds)
         let (again, cleanAgain) = try await comeBack()
         defer { cleanAgain() }
         var listed: [ObjectInfo] = []
@@ -672,14 +669,14 @@ import TestSupport
         #expect(again.headsForLastListing == 1, "only another tool's object is asked for: \(again.headsForLastListing) HEADs")
         // A new device reads the log since the latest snapshot (B's first full listing wrote
         // one of the empty bucket): the same, without a HEAD for what it told.
-        let (fresh, cleanFresh) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400)
+        let (fresh, cleanFresh) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanFresh() }
         var seen: [ObjectInfo] = []
         try await fresh.list(prefix: "", pagesOf: 100) { seen += $0 }
         #expect(seen == listed && fresh.headsForLastListing == 1, "\(fresh.headsForLastListing) HEADs")
         // More log objects since the last look than are worth reading: a HEAD each, as before.
         let index2 = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
-        let (c, cleanC) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index2)
+        let (c, cleanC) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index2, settleWindow: 0)
         defer { cleanC() }
         let cStart = try await c.currentCursor()
         _ = try await c.list(prefix: "")  // (its import: what is there now, known)
@@ -688,8 +685,7 @@ import TestSupport
             _ = try await a.put("more/r\(round)", contentsOf: try tempFile([UInt8(round)]), metadata: meta, condition: .ifAbsent)
             try await a.publishChanges()
         }
-        try await Task.sleep(nanoseconds: 2_500_000_000)
-        let (cAgain, cleanCAgain) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index2)
+        let (cAgain, cleanCAgain) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index2, settleWindow: 0)
         defer { cleanCAgain() }
         cAgain.logObjectsReadAtAMountAgain = 1
         var cListed = 0
@@ -700,13 +696,13 @@ import TestSupport
     /// Two devices' stores on one new bucket, as `twoDevices`; the second's index stays on
     /// disk, so that it comes back (`comeBack`: its store opened again on that index, as a
     /// mount again or after a crash does; the caller cleans up after that one).
-    func twoDevicesOneComingBack() async throws -> (S3Store, S3Store, () async throws -> (S3Store, () -> Void), () -> Void) {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+    func twoDevicesOneComingBack(settleWindow: TimeInterval? = nil) async throws -> (S3Store, S3Store, () async throws -> (S3Store, () -> Void), () -> Void) {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: settleWindow)
         let bucket = a.objects.client.endpoint.bucket
         let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
         do {
-            let (b, cleanB) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index)
-            let comeBack = { try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index) }
+            let (b, cleanB) = try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index, settleWindow: settleWindow)
+            let comeBack = { try await SeaweedFS.shared().store(of: bucket, fullListingInterval: 86_400, index: index, settleWindow: settleWindow) }
             return (a, b, comeBack, { cleanB(); cleanA() })
         } catch {
             cleanA()
@@ -716,10 +712,11 @@ import TestSupport
 
     /// Two devices' stores on one new bucket, with no full listing by itself (a day apart,
     /// however slow the machine), and what removes them.
-    func twoDevices() async throws -> (S3Store, S3Store, () -> Void) {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+    func twoDevices(settleWindow: TimeInterval? = nil) async throws -> (S3Store, S3Store, () -> Void) {
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: settleWindow)
         do {
-            let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+            let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400,
+                                                                 settleWindow: settleWindow)
             return (a, b, { cleanB(); cleanA() })
         } catch {
             cleanA()
@@ -783,7 +780,7 @@ import TestSupport
     /// a HEAD, when the listing bears them out and they are settled: 3,000 files uploaded were
     /// 3,000 HEADs there. Another tool's object is asked for; an entry is used once.
     @Test func aFullListingTakesThisDevicesOwnPutsFromItsLog() async throws {
-        let (a, clean) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        let (a, clean) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: 0)
         defer { clean() }
         let cursor = try await a.currentCursor()
         var made: [ObjectInfo] = []
@@ -793,7 +790,6 @@ import TestSupport
         try await a.publishChanges()
         #expect(try a.index.claims(made.map(\.key)).count == 5)
         try await a.objects.client.send(.PUT, key: a.objects.prefix + "mine/other", body: .data(Data("x".utf8)))
-        try await Task.sleep(nanoseconds: 2_500_000_000)
         let full = try await fullListingTells(a, since: cursor, made)
         let other = try #require(full.changes.first { $0.key == "mine/other" })
         #expect(other.current == nil && other.version == nil, "\(other)")

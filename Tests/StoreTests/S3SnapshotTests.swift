@@ -24,7 +24,7 @@ import TestSupport
     /// and learns the same metadata a HEAD gives. B writes none while A's is recent, and
     /// writes one when its own listing needed many HEADs.
     @Test func aNewDeviceLearnsTheBucketFromASnapshot() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanA() }
         var m = fileMeta
         for i in 0 ..< 30 {
@@ -33,15 +33,13 @@ import TestSupport
             _ = try await a.put("d\(i % 4)/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: m, condition: .ifAbsent)
         }
         _ = try await a.put("e/", contentsOf: nil, metadata: ObjectMetadata(kind: .directory, mode: 0o750), condition: .ifAbsent)
-        try await Task.sleep(for: .seconds(2.2))  // settled (S3 times are in seconds)
         _ = try await a.currentCursor()
         let written = try await a.snapshots.all()
         #expect(written.count == 1 && written.first?.complete == true && written.first?.parts == ["00000"], "\(written)")
 
         _ = try await a.put("late", contentsOf: try tempFile([7]), metadata: fileMeta, condition: .ifAbsent)
         try await putRaw(a, "foreign.txt", "f")
-        try await Task.sleep(for: .seconds(2.2))
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanB() }
         b.logObjectsReadAtAMountAgain = 0  // (the snapshot alone: not the log since it, which tells "late")
         let seen = try await b.list(prefix: "")
@@ -54,7 +52,7 @@ import TestSupport
         // it writes one at its next.
         _ = try await b.currentCursor()
         #expect(try await b.snapshots.all().count == 1)
-        let (c, cleanC) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        let (c, cleanC) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanC() }
         c.headsWorthASnapshot = 2
         c.logObjectsReadAtAMountAgain = 0
@@ -62,25 +60,27 @@ import TestSupport
         c.snapshots.entriesPerPart = 5  // and its snapshot goes up in parts as they fill
         #expect(try await c.list(prefix: "") == heads)
         #expect(c.headsForLastListing == 2)
+        // A snapshot is named by its listing's second: C's comes after A's (of two in one
+        // second, a reader takes either; the older costs it HEADs, never a wrong file).
+        try await Task.sleep(for: .seconds(1.1))
         _ = try await c.currentCursor()
         let now = try await c.snapshots.all()
         #expect(now.count == 2 && now.allSatisfy(\.complete), "\(now)")
         #expect(now.last?.parts.count == 7, "33 objects in parts of 5: \(now)")
         // A device that comes next needs no HEAD at all, another tool's object included.
-        let (d, cleanD) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        let (d, cleanD) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanD() }
         #expect(try await d.list(prefix: "") == heads && d.headsForLastListing == 0)
 
         // A device whose listing needed many HEADs and that stops before its next full listing
         // writes the snapshot at its first full listing after it starts again.
         for k in ["g1", "g2", "g3"] { try await putRaw(a, k, k) }
-        try await Task.sleep(for: .seconds(2.2))
         let index = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
-        let (e, _) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, index: index)
+        let (e, _) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, index: index, settleWindow: 0)
         e.headsWorthASnapshot = 2
         #expect(try await e.list(prefix: "").count == 36 && e.headsForLastListing == 3)
         let before = Set(try await e.snapshots.all().map(\.name))
-        let (again, cleanAgain) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, index: index)
+        let (again, cleanAgain) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, index: index, settleWindow: 0)
         defer { cleanAgain() }
         _ = try await again.currentCursor()
         let after = try await again.snapshots.all()
@@ -95,28 +95,27 @@ import TestSupport
     /// older snapshot looks for a newer one first (one LIST), so of devices that all see the
     /// bucket grow, not every one writes it.
     @Test func aBucketFilledThroughOneDeviceGetsASnapshotForTheNext() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanA() }
         a.headsWorthASnapshot = 10
         _ = try await a.currentCursor()  // the empty bucket's snapshot
         let first = try await a.snapshots.latest()?.name
         #expect(first != nil)
         for i in 0 ..< 6 { _ = try await a.put("d/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta, condition: .ifAbsent) }
-        try await Task.sleep(for: .seconds(2.2))  // settled (S3 times are in seconds)
         _ = try await a.currentCursor()
         #expect(try await a.snapshots.latest()?.name == first, "six objects written since are not ten")
         // A new device meanwhile reads the log since that snapshot: no HEAD for them either.
         try await a.publishChanges()
-        let (x, cleanX) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        let (x, cleanX) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanX() }
         _ = try await x.startingCursor(listingFirst: 100_000)
         #expect(try await x.list(prefix: "") == a.list(prefix: "") && x.headsForLastListing == 0, "\(x.headsForLastListing) HEADs")
         for i in 6 ..< 20 { _ = try await a.put("d/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta, condition: .ifAbsent) }
         try await a.publishChanges()
-        // (A snapshot may lack what was written in the 3 s before it: past that, B's count
-        // below leaves these out; and B reads the log from 5 s before it: this log object is
-        // older, and in the window still.)
-        try await Task.sleep(for: .seconds(7.5))
+        // (A snapshot may lack what was written in the second before it, by the server's clock
+        // (the settle window is 0 here): past that, B's count below leaves these out; and B reads
+        // the log from 3 s before it: this log object is older, and in the window still.)
+        try await Task.sleep(for: .seconds(5.5))
         _ = try await a.currentCursor()
         let second = try await a.snapshots.latest()?.name
         #expect(second != first)
@@ -125,7 +124,7 @@ import TestSupport
         // objects from before the snapshot, in the window still, are marked read: its first
         // look reads none of them (one LIST).
         try await a.publishChanges()
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanB() }
         b.headsWorthASnapshot = 10
         let bStart = try await b.startingCursor(listingFirst: 100_000)
@@ -138,7 +137,7 @@ import TestSupport
         // Both see twelve more objects; A writes a snapshot of them first, and B, which knew
         // the one before, finds A's and writes none.
         for i in 20 ..< 32 { _ = try await a.put("e/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta, condition: .ifAbsent) }
-        try await Task.sleep(for: .seconds(4.2))
+        try await Task.sleep(for: .seconds(1.2))  // a snapshot is named by its listing's second
         _ = try await a.currentCursor()
         let third = try await a.snapshots.latest()?.name
         #expect(third != second)
@@ -150,15 +149,14 @@ import TestSupport
     /// lists, once the first page says there is more than a page (its mount waited for the two
     /// one after the other); a bucket of one page is not asked for snapshots then.
     @Test func aNewDeviceReadsTheSnapshotWhileItLists() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanA() }
         for i in 0 ..< 6 { _ = try await a.put("f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta, condition: .ifAbsent) }
-        try await Task.sleep(for: .seconds(2.2))  // settled (S3 times are in seconds)
         _ = try await a.currentCursor()
         let written = try #require(try await a.snapshots.latest())
         let heads = try await a.list(prefix: "")
         for (pageSize, readWhileListing) in [(2, true), (1000, false)] {
-            let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+            let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, settleWindow: 0)
             defer { cleanB() }
             b.listingPageSize = pageSize
             _ = try await b.currentCursor()
@@ -175,15 +173,14 @@ import TestSupport
     /// them from it), and of the part what changed since. A first part is no full listing: a
     /// device that finds no snapshot writes none of it.
     @Test func aNewDeviceListsItsFirstPartAndReadsOnlyTheSnapshotsPartsForIt() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanA() }
         for i in 0 ..< 60 {
             _ = try await a.put(String(format: "d%d/f%02d", i % 3, i), contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta,
                                 condition: .ifAbsent)
         }
-        try await Task.sleep(for: .seconds(2.2))  // settled (S3 times are in seconds)
         // No snapshot yet: a new device's first part writes none.
-        let (b0, cleanB0) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        let (b0, cleanB0) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanB0() }
         b0.listingPageSize = 5
         _ = try await b0.startingCursor(listingFirst: 20)
@@ -194,7 +191,7 @@ import TestSupport
         #expect(written.parts.count == 6)
         let heads = try await a.list(prefix: "")
 
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanB() }
         b.listingPageSize = 5
         let cursor = try await b.startingCursor(listingFirst: 20)
@@ -212,7 +209,6 @@ import TestSupport
 
         // One key of the part changes meanwhile (another tool's write).
         try await a.objects.client.send(.PUT, key: a.objects.prefix + "d0/f00", body: .data(Data("changed".utf8)))
-        try await Task.sleep(for: .seconds(2.2))
         let whole = try await b.list(prefix: "")
         #expect(whole.count == 60 && b.headsForLastListing == 1, "\(whole.count) objects, \(b.headsForLastListing) HEADs")
         #expect(try b.index.setting("snapshot") == written.name)
@@ -227,11 +223,10 @@ import TestSupport
     /// each costs at most a HEAD or is read as a HEAD's would be; a newer format, or one
     /// without its `done`, is passed over whole.
     @Test func whatASnapshotHoldsCannotHurtAReader() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanA() }
         for k in ["x", "y", "w"] { _ = try await a.put(k, contentsOf: try tempFile([1]), metadata: fileMeta, condition: .ifAbsent) }
         try await putRaw(a, "raw", "r")  // another tool's
-        try await Task.sleep(for: .seconds(2.2))
         let listing = try await a.objects.listAll(under: "")
         let stamp = Dictionary(uniqueKeysWithValues: listing.objects.map { ($0.key, $0.stamp) })
         let x = try await a.head("x"), y = try await a.head("y"), raw = try await a.head("raw")
@@ -270,7 +265,7 @@ import TestSupport
         try await put(newer, "done", #"{"format":2,"parts":1,"entries":1}"#)
         try await put(ChangeLog.name(time: now, device: "busy"), "00000", entry("y", stamp: stamp["y"]!, version: "\"2\"", tag: "\"2\"", meta: good))
 
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanB() }
         b.logObjectsReadAtAMountAgain = 0  // (the snapshots alone, not A's log since them)
         // The latest complete one is of a newer format: passed over whole, every object a HEAD.
@@ -279,7 +274,7 @@ import TestSupport
         #expect(b.headsForLastListing == 4 && seen == heads)
         // Without it, the hostile one: x from it, y (wrong version) a HEAD, w read leniently.
         for o in ["done", "00000"] { try await a.objects.send(.DELETE, S3Snapshots.folder + newer + "/" + o, validate: false) }
-        let (c, cleanC) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        let (c, cleanC) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanC() }
         c.logObjectsReadAtAMountAgain = 0
         seen = try await c.list(prefix: "")
@@ -305,7 +300,7 @@ import TestSupport
     /// A part of nothing but bad lines is counted, and only the first few are kept to be said:
     /// memory does not grow with what a hostile writer puts there.
     @Test func aFloodOfBadLinesIsCounted() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanA() }
         let name = ChangeLog.name(time: a.log.serverNow(), device: "flood")
         try await putSealedPart(a, snapshot: name, "00000", String(repeating: "x\n", count: 50_000))
@@ -341,7 +336,7 @@ import TestSupport
     /// A done object that is not one (another client's, a hostile one) is asked for once more,
     /// then said with what it held, and the snapshot gives nothing: the listing covers it.
     @Test func aDoneObjectThatIsNotOneIsSaid() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanA() }
         let name = ChangeLog.name(time: a.log.serverNow(), device: "odd")
         try await putRaw(a, S3Snapshots.folder + name + "/00000", #"{"key":"x"}"# + "\n")
@@ -359,12 +354,11 @@ import TestSupport
     /// it (which is then taken), and then for good. (Every new device showed the forged
     /// metadata, and every read failed its digest, also after a full listing.)
     @Test func aForgedSnapshotChangesNothingADeviceShows() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanA() }
         var meta = fileMeta
         meta.xattrs = ["user.kept": Data("yes".utf8)]
         for k in ["x", "y"] { _ = try await a.put(k, contentsOf: try tempFile([1, 2]), metadata: meta, condition: .ifAbsent) }
-        try await Task.sleep(for: .seconds(2.2))
         // The real snapshot, by A.
         let listing = try await a.objects.listAll(under: "")
         let heads = try await a.list(prefix: "")
@@ -385,7 +379,7 @@ import TestSupport
         let now = ChangeLog.name(time: a.log.serverNow(), device: "evil")
         try await forged(future)
         try await forged(now)
-        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400)
+        let (b, cleanB) = try await SeaweedFS.shared().store(of: a.objects.client.endpoint.bucket, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanB() }
         b.logObjectsReadAtAMountAgain = 0
         #expect(try await b.snapshots.latest()?.name == now, "the one named for a time to come was taken")
@@ -401,7 +395,7 @@ import TestSupport
     /// still being written; one abandoned a day ago goes. Two devices writing at once write
     /// two whole snapshots.
     @Test func oldSnapshotsGo() async throws {
-        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400)
+        let (a, cleanA) = try await SeaweedFS.shared().newStore(versioned: false, fullListingInterval: 86_400, settleWindow: 0)
         defer { cleanA() }
         let now = a.log.serverNow()
         let hour: Int64 = 3_600_000

@@ -98,27 +98,32 @@ public final class SeaweedFS: @unchecked Sendable {
 extension SeaweedFS {
     /// An S3 store in a new bucket of its own (with versioning when asked), its index in a
     /// temporary file; the cleanup removes the index.
+    /// `settleWindow`: the store's (`S3Store.settleWindow`; 0 for a test that writes nothing
+    /// twice in a second and would otherwise wait for the server's clock).
     public func newStore(versioned: Bool, prefix: String = "drive", multipartThreshold: Int64 = 64 << 20,
-                  fullListingInterval: TimeInterval = 300, snapshotInterval: TimeInterval = 86_400) async throws -> (S3Store, cleanup: () -> Void) {
+                  fullListingInterval: TimeInterval = 300, snapshotInterval: TimeInterval = 86_400,
+                  settleWindow: TimeInterval? = nil) async throws -> (S3Store, cleanup: () -> Void) {
         let client = try await newBucket(versioned ? "sv" : "su")
         if versioned {
             let enable = "<VersioningConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Status>Enabled</Status></VersioningConfiguration>"
             try await client.send(.PUT, key: nil, query: [("versioning", "")], body: .data(Data(enable.utf8)))
         }
         return try await store(of: client.endpoint.bucket, prefix: prefix, multipartThreshold: multipartThreshold,
-                               fullListingInterval: fullListingInterval, snapshotInterval: snapshotInterval)
+                               fullListingInterval: fullListingInterval, snapshotInterval: snapshotInterval,
+                               settleWindow: settleWindow)
     }
 
     /// An S3 store of `bucket` (as another device sees it: an index of its own, at `index` when
     /// given: the same device again); the cleanup removes the index.
     public func store(of bucket: String, prefix: String = "drive", multipartThreshold: Int64 = 64 << 20,
                fullListingInterval: TimeInterval = 300, snapshotInterval: TimeInterval = 86_400,
-               index: String? = nil) async throws -> (S3Store, cleanup: () -> Void) {
+               index: String? = nil, settleWindow: TimeInterval? = nil) async throws -> (S3Store, cleanup: () -> Void) {
         let index = index ?? FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3index-\(UUID().uuidString).db").path
         let store = try await S3Store.open(try S3Location("s3://\(bucket)/\(prefix)"), endpoint: endpoint,
                                            region: "us-east-1", credentials: credentials, indexPath: index,
                                            logger: Logger(label: "s3-store-test"), multipartThreshold: multipartThreshold,
                                            fullListingInterval: fullListingInterval, snapshotInterval: snapshotInterval)
+        if let settleWindow { store.settleWindow = settleWindow }
         return (store, { unlink(index); unlink(index + "-wal"); unlink(index + "-shm") })
     }
 }
