@@ -281,7 +281,7 @@ import Synchronization
         let pulled = Mutex(false)
         let poll = Thread { b.pull(); pulled.withLock { $0 = true } }
         poll.start()
-        while !held.waiting.withLock({ $0 }) { usleep(5_000) }
+        #expect(waitUntil { held.waiting.withLock { $0 } }, "the listing never reached its held page")
         let d = try b.ino("d")
         #expect(b.fs.notListedYet(late, in: d), "d/f9 comes after what is in")
         #expect(b.fs.notListedYet(Array("f3".utf8), in: d), "d/f3 is in the page the listing holds")
@@ -296,10 +296,10 @@ import Synchronization
         usleep(300_000)
         #expect(found.withLock { $0 } == nil, "the lookup of z waits while the listing is held")
         held.held.withLock { $0 = false }
-        while found.withLock({ $0 }) == nil { usleep(5_000) }
+        #expect(waitUntil { found.withLock { $0 } != nil }, "the lookup of z never returned")
         let zAttributes = try #require(try found.withLock { $0 }?.get())
         #expect(zAttributes.isDirectory)
-        while !pulled.withLock({ $0 }) { usleep(5_000) }
+        #expect(waitUntil { pulled.withLock { $0 } }, "the feed's first poll never ended")
         #expect(try b.read("z/late") == "late")
         #expect(try b.read("d/f9") == "9")
         #expect(!b.fs.notListedYet(Array("nothing".utf8), in: rootIno), "the listing is over")
@@ -409,7 +409,7 @@ import Synchronization
         lookup.start()
         b.pull()
         #expect(!b.feed.look.listing && Importer.importedBefore(b.state))
-        while found.withLock({ $0 }) == nil { usleep(5_000) }
+        #expect(waitUntil { found.withLock { $0 } != nil }, "the lookup of d1 never returned")
         #expect(try found.withLock { $0 }?.get().isDirectory == true, "\(String(describing: found.withLock { $0 }))")
         let bucket = try runBlocking { try await a.list(prefix: "") }.map(\.key)
         let here = try ["d0", "d1"].flatMap { d in try b.names(d).map { d + "/" + $0 } }
@@ -828,7 +828,8 @@ import Synchronization
         let b = try Device(store: store, remote: faulty)
         faulty.hold(readsAt: 3 << 20)  // the download stalls part-way
         try b.fs.download(try b.ino("big"))
-        usleep(300_000)
+        let stalled = try b.ino("big")
+        #expect(waitUntil(seconds: 10) { (b.materializer.localBytes(stalled) ?? 0) >= 3 << 20 }, "the chunks before the held one did not arrive")
         try new.write(to: src)
         let cur = try runBlocking { try await store.head("big") }
         _ = try runBlocking { try await store.put("big", contentsOf: src, metadata: ObjectMetadata(kind: .file), condition: .ifMatch(cur.version)) }

@@ -1014,7 +1014,8 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         let ino = try d.ino("big.bin")
         faulty.hold(readsAt: 1 << 20)
         try d.fs.download(ino)
-        usleep(300_000)  // the chunks after the held one arrive meanwhile
+        // The chunks before and after the held one arrive meanwhile (5 of its 6 MiB).
+        #expect(waitUntil(seconds: 10) { (d.materializer.localBytes(ino) ?? 0) >= 5 << 20 }, "the other chunks did not arrive")
         faulty.release(readsAt: 1 << 20, failing: .unavailable("injected fault"))
         waitUntil(seconds: 10, every: 0.05) { d.materializer.lastError(ino) != nil }
         #expect(d.materializer.lastError(ino) != nil, "the download halted")
@@ -1057,7 +1058,7 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         defer { d.fs.release(fh) }
         // One read: its chunk and the first window (4 chunks).
         _ = try read(d, fh, 0, 1 << 20)
-        usleep(300_000)
+        waitUntil(seconds: 5) { counting.bytesRead >= 5 << 20 }  // (more would fail below)
         let first = counting.bytesRead
         #expect(first <= 5 << 20)
         // Six more sequential reads: the window doubles each time (8, 16, 32, 64 chunks...).

@@ -289,8 +289,7 @@ extension ReliabilityTests {
         // under its peak (40 MiB of 103; it stayed near it before: 114 of 140).
         let anon = { Int(shell("awk '/RssAnon/ {print $2}' /proc/\(pid)/status").out.trimmingCharacters(in: .whitespacesAndNewlines)) ?? .max }
         let under = { anon() * 5 <= (Int(peak) ?? 0) * 3 }  // at most 60% of the peak
-        let deadline = Date().addingTimeInterval(20)
-        while !under(), Date() < deadline { usleep(200_000) }
+        waitUntil(seconds: 20, every: 0.2, under)
         #expect(under(), "the daemon's own memory: \(anon()) KiB, its peak RSS \(peak) KiB")
     }
 
