@@ -88,6 +88,23 @@ extension StateTransaction {
         return n
     }
 
+    /// Whether any of `inos` is a placeholder: asked of those rows by number when they are few,
+    /// else read as a stream of the placeholders' numbers that stops at the first of them.
+    public func anyPlaceholder(among inos: Set<UInt64>) throws -> Bool {
+        guard !inos.isEmpty else { return false }
+        if inos.count <= 500 {
+            let list = inos.map { String(Int64(bitPattern: $0)) }.joined(separator: ",")
+            return try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino IN (\(list)) AND type = ? AND NOT present)",
+                                     arguments: [Self.regType]) ?? false
+        }
+        let rows = try Int64.fetchCursor(db.cachedStatement(sql: "SELECT ino FROM inodes WHERE type = ? AND NOT present"),
+                                         arguments: [Self.regType])
+        while let i = try rows.next() {
+            if inos.contains(UInt64(bitPattern: i)) { return true }
+        }
+        return false
+    }
+
     /// The sum of present regular files' sizes.
     public func presentBytes() throws -> Int64 {
         try Int64.fetchOne(db, cached: "SELECT coalesce(sum(size), 0) FROM inodes WHERE type = ? AND present",

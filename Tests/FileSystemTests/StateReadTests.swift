@@ -33,6 +33,22 @@ import Testing
         #expect(after == before, "compiled again \(after - before) times in five reads")
     }
 
+    /// Whether a folder's files not in memory hold a placeholder (its status: a folder with a
+    /// file in the cloud under it is not `current`) comes out alike asked by number (a few
+    /// hundred) and by reading the placeholders until the first of them (more).
+    @Test func anyPlaceholderAmongFewOrMany() throws {
+        let state = try LocalState()
+        try state.write { tx in
+            for i in UInt64(10) ..< 2010 {
+                try tx.upsert(InodeRecord(ino: i, type: UInt32(S_IFREG), perm: 0o644, uid: 0, gid: 0, size: 1,
+                                          atimeNs: 0, mtimeNs: 0, ctimeNs: 0, present: i != 1500))
+            }
+        }
+        func any(_ inos: some Sequence<UInt64>) throws -> Bool { try state.read { try $0.anyPlaceholder(among: Set(inos)) } }
+        #expect(try any(1400 ..< 1600) && any(10 ..< 2010) && any([1500]))
+        #expect(try !any(10 ..< 1500) && !any(1501 ..< 2010) && !any([]) && !any([1, 2, 3]))
+    }
+
     /// Of a set of keys, those recorded (an entry's key, or a tombstone's) come out alike
     /// whether their range is read at once (few others between them) or each is looked up
     /// (a range that holds many others); NFC and NFD spellings of a name are two keys.

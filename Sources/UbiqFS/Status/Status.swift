@@ -144,8 +144,16 @@ extension FileSystem {
             }
             s.status = max(s.status, f.status)
         }
-        // A folder of placeholders is not "placeholder" itself: it is all there, as names.
-        if s.status == .placeholder { s.status = .current }
+        // A folder is `current` only when everything under it is here: one with a file in the
+        // cloud under it is `placeholder` (Files shows "In the cloud"), as iCloud Drive's and
+        // OneDrive's folders are, unless something more urgent applies.
+        if s.status == .current {
+            var inCloud = plainPlaceholders > 0 || s.itemsNotDownloaded > 0
+            if !inCloud && !countingPlaceholders {
+                inCloud = try readState { try $0.anyPlaceholder(among: Set(unread.keys)) }
+            }
+            if inCloud { s.status = .placeholder }
+        }
         let selfQueued = try readState { try $0.isQueued(ino) }
         s.uploaded = s.itemsUploading == 0 && !selfQueued
         s.uploading = s.itemsUploading > 0 || selfQueued
