@@ -73,11 +73,14 @@ public final class ChangeFeed: @unchecked Sendable {
     /// This device's writes to the store (the uploader's): what a poll asked is stale for a key
     /// written since.
     let writes: StoreWrites
+    /// What waits for the next polls' changes (`afterEachPoll`).
+    private let waits: PollWaits
 
     public init(store: any CloudStore, state: LocalState, deviceID: String, logger: Logger, interval: TimeInterval = 3,
                 changes: any RemoteChangeSink, keyValues: (any KeyValueSink)? = nil, writes: StoreWrites = StoreWrites()) {
         self.writes = writes
         self.store = store; self.state = state; self.deviceID = deviceID; self.logger = logger
+        waits = PollWaits(time: state.time)
         self.interval = interval; self.changes = changes; self.keyValues = keyValues
         loop = BackgroundLoop(time: state.time)
     }
@@ -202,6 +205,17 @@ public final class ChangeFeed: @unchecked Sendable {
         cond.lock(); loop.kickLocked(wake: true); cond.unlock()
     }
 
+    /// Runs `look` after each poll from now on, reached or not, until it says it is done, and
+    /// at the latest `seconds` on by the clock (`look(true)`: the last); polls come every
+    /// quarter second meanwhile, the first at once, and one `everywhereAfter` seconds on also
+    /// lists everything (`PollWaits`).
+    public func afterEachPoll(for seconds: TimeInterval, everywhereAfter: TimeInterval,
+                              _ look: @escaping @Sendable (_ last: Bool) -> Bool) {
+        let now = state.time.now
+        waits.add(until: now.addingTimeInterval(seconds), everywhereAt: now.addingTimeInterval(everywhereAfter), look)
+        kick(everywhere: everywhereAfter <= 0)
+    }
+
     /// Waits up to `seconds` (real time) for a poll to end, reaching the store or not; whether
     /// one did. A mount again waits so for its first (`importFirst`): a store that answers in
     /// time is shown as it is now, as before; a larger one (a million objects: 17 s) answers with
@@ -226,8 +240,10 @@ public final class ChangeFeed: @unchecked Sendable {
             failures += 1
             if failures == 1 || failures % 20 == 0 { logger.warning("could not follow the store's changes: \(error)") }
         }
-        // A store that is down is asked less often (up to a minute apart).
-        return BackgroundLoop.Pause(upTo: failures == 0 ? interval : SyncRetries.feed(interval: interval).pause(afterFailures: failures))
+        // A store that is down is asked less often (up to a minute apart); while something waits
+        // for the next changes, every quarter second.
+        let pause = failures == 0 ? interval : SyncRetries.feed(interval: interval).pause(afterFailures: failures)
+        return BackgroundLoop.Pause(upTo: waits.isEmpty ? pause : min(pause, PollWaits.pace))
     }
 
     /// Reads every change since the saved cursor and applies it. Returns the number of
@@ -235,6 +251,8 @@ public final class ChangeFeed: @unchecked Sendable {
     /// the cursor stays where it was).
     @discardableResult
     public func poll(everywhere: Bool = false) throws -> Int {
+        // (After the lock is given up: what waited for this poll may start reads.)
+        defer { if waits.lookAll() { store.lookEverywhereNext() } }
         pollLock.lock(); defer { pollLock.unlock() }
         if everywhere { store.lookEverywhereNext() }
         do {

@@ -1,6 +1,8 @@
 import Foundation
+import Synchronization
 import Testing
 import TestSupport
+import UbiqClock
 @testable import UbiqFS
 import UbiqState
 import UbiqStore
@@ -638,5 +640,40 @@ final class Unversioned: ForwardingStore, @unchecked Sendable {
     override func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
         guard try await inner.head(key).version == version else { throw StoreError.notFound(key: key) }
         return try await super.read(key, version: version, range: range)
+    }
+}
+
+/// A read waits for a move by the state's clock.
+@Suite struct MoveWaitTests {
+    /// A read whose version is gone from the store (and whose move never comes) looks after each
+    /// poll, and fails, saying why, once the clock has passed its wait: the wait goes by the
+    /// clock, not by the wall (before, a quarter-second timer of its own polled the state).
+    @Test func aReadWaitsForAMoveByTheClockThenFails() throws {
+        let store = try newStore()
+        let a = try Device(store: store)
+        try a.write("f", String(repeating: "x", count: 1 << 20))
+        a.sync()
+        let time = ManualTime()
+        let faulty = FaultyStore(store)
+        let b = try Device(store: store, remote: faulty, completeInBackground: false, time: time)
+        faulty.hold(readsAt: 0)
+        let fh = try b.fs.open(try b.ino("f"), flags: O_RDONLY)
+        defer { b.fs.release(fh) }
+        let result = Mutex<Result<Int, any Error>?>(nil)
+        let reader = Thread {
+            var buf = [UInt8](repeating: 0, count: 10)
+            let r = Result { try buf.withUnsafeMutableBytes { try b.fs.read(fh, offset: 0, count: 10, into: $0.baseAddress!) } }
+            result.withLock { $0 = r }
+        }
+        reader.start()
+        #expect(waitUntil { faulty.faultsInjected["held"] ?? 0 > 0 }, "the read never reached the store")
+        faulty.release(readsAt: 0, failing: .notFound(key: "f"))
+        // It waits, looking after each poll: nothing has moved.
+        for _ in 0 ..< 3 { b.pull() }
+        #expect(result.withLock { $0 == nil ? "waiting" : "ended" } == "waiting", "the read did not wait for a move")
+        time.advance(by: 31)
+        #expect(waitUntil(seconds: 10) { result.withLock { $0 != nil } }, "the read still waits past the clock's deadline")
+        let failure = try #require(result.withLock { $0 }.map { r -> String? in if case .failure(let e) = r { return "\(e)" } else { return nil } })
+        #expect(failure?.contains("no move of it came in 30 s") == true, "\(String(describing: failure))")
     }
 }

@@ -31,6 +31,9 @@ public protocol StoreFeed: AnyObject, Sendable {
     /// conflict copy that should arrive here (`everywhere`: as `poll`'s, a version read here
     /// is gone from the store).
     func kick(everywhere: Bool)
+    /// Runs `look` after each poll until it says it is done, and at the latest `seconds` on
+    /// (`look(true)`), polling often meanwhile (a read whose version a move elsewhere took).
+    func afterEachPoll(for seconds: TimeInterval, everywhereAfter: TimeInterval, _ look: @escaping @Sendable (_ last: Bool) -> Bool)
     /// What it last saw of the store (the root's `store-*` attributes).
     var look: ChangeFeed.Look { get }
     /// Whether the store answers now (one request, its own retries only).

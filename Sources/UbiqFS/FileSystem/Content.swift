@@ -122,8 +122,7 @@ extension FileSystem {
             guard let key = source?.remoteKey, let version = source?.remoteVersion else { throw Self.downloadError(gone.error) }
             let done = DispatchSemaphore(value: 0)
             let why = Mutex<String?>(nil)
-            waitForAMove(ino, from: (key, version), until: Deadline(in: movedVersionWait),
-                         everywhereAt: Deadline(in: 5)) { w in
+            waitForAMove(ino, from: (key, version), until: state.time.now.addingTimeInterval(movedVersionWait)) { w in
                 why.withLock { $0 = w }
                 done.signal()
             }
@@ -308,8 +307,8 @@ extension FileSystem {
     }
 
     /// `waitingForAMoveUntil`: a read asked again after the version it read was gone
-    /// (`waitForAMove`), and how long it may still wait for that.
-    private func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: ReadBuffer, waitingForAMoveUntil: Deadline?,
+    /// (`waitForAMove`), and until when (by the state's clock) it may still wait for that.
+    private func read(_ fh: UInt64, offset: Int64, count: Int, into buffer: ReadBuffer, waitingForAMoveUntil: Date?,
                       reply: @escaping @Sendable (Result<Int, Error>) -> Void) {
         noteRead()  // uploads wait a little for reads to settle too: they share the disk
         let ino: UInt64, fd: Int32, c: Claim
@@ -325,11 +324,11 @@ extension FileSystem {
             // brought is read.
             let downloadFailure = failure != nil && inodes.locked({ t in t[ino]?.rec.present ?? false }) ? nil : failure
             if let e = downloadFailure, case StoreError.notFound = e, let source {
-                let deadline = waitingForAMoveUntil ?? Deadline(in: movedVersionWait)
-                if !deadline.passed {
+                let deadline = waitingForAMoveUntil ?? state.time.now.addingTimeInterval(movedVersionWait)
+                if state.time.now < deadline {
                     // Without its claim meanwhile: the move's arrival claims the item.
                     coordinator.release(c)
-                    waitForAMove(ino, from: source, until: deadline, everywhereAt: Deadline(in: 5)) { [self] why in
+                    waitForAMove(ino, from: source, until: deadline) { [self] why in
                         guard let why else {
                             read(fh, offset: offset, count: count, into: buffer, waitingForAMoveUntil: deadline, reply: reply)
                             return
@@ -360,25 +359,25 @@ extension FileSystem {
     }
 
     /// A read found the version it reads (`source`) gone from the store. On S3 a move on another
-    /// device deletes the old keys just before the log object that tells of the move (docs/s3.md),
-    /// so the move comes with one of the next looks: looks now, and again every quarter second,
-    /// until the item stands for another key or version (`then(nil)`: the read is asked again,
-    /// its download goes on from there, `Materializer.follow`), or why it will not (`then(why)`):
-    /// the item is gone, its new version waits for its readers to close (another device wrote
-    /// over it: the version read is gone for good), or no move came by `deadline`. The looks are
-    /// at the log; one at `everywhereAt` is also a full listing (another tool wrote over the
-    /// file, or deleted it: no log tells of that).
-    private func waitForAMove(_ ino: UInt64, from source: (key: String, version: String), until deadline: Deadline,
-                              everywhereAt: Deadline?, _ then: @escaping @Sendable (String?) -> Void) {
-        let everywhere = everywhereAt?.passed ?? false
-        storeFeed?.kick(everywhere: everywhere)
-        DispatchQueue.global().asyncAfter(deadline: .now() + 0.25) { [self] in
+    /// device deletes the old keys just before the log object that tells of it (docs/s3.md), so
+    /// the move comes with one of the next polls: the change feed polls now and every quarter
+    /// second (`ChangeFeed.afterEachPoll`), and after each this looks until the item stands for
+    /// another key or version (`then(nil)`: the read is asked again, its download goes on from
+    /// there, `Materializer.follow`), or says why it will not (`then(why)`): the item is gone,
+    /// its new version waits for its readers to close (another device wrote over it: the
+    /// version read is gone for good), or no move came by `deadline` (by the state's clock).
+    /// `then` runs on a thread of its own, never the feed's.
+    private func waitForAMove(_ ino: UInt64, from source: (key: String, version: String), until deadline: Date,
+                              _ then: @escaping @Sendable (String?) -> Void) {
+        let answer: @Sendable (String?) -> Void = { why in DispatchQueue.global().async { then(why) } }
+        guard let feed = storeFeed else { answer("no change feed to bring the move"); return }
+        feed.afterEachPoll(for: deadline.timeIntervalSince(state.time.now), everywhereAfter: 5) { [self] last in
             let now = try? state.read { tx in try tx.entries(of: ino).first { $0.remoteKey != nil } }
-            guard let entry = now.flatMap({ $0 }), let key = entry.remoteKey else { then("gone from the store"); return }
-            if key != source.key || entry.remoteVersion != source.version { then(nil); return }
-            if waitingForClose.withLock({ $0.contains(ino) }) { then("written over in the store while open here"); return }
-            if deadline.passed { then("no move of it came in \(Int(movedVersionWait)) s"); return }
-            waitForAMove(ino, from: source, until: deadline, everywhereAt: everywhere ? nil : everywhereAt, then)
+            guard let entry = now.flatMap({ $0 }), let key = entry.remoteKey else { answer("gone from the store"); return true }
+            if key != source.key || entry.remoteVersion != source.version { answer(nil); return true }
+            if waitingForClose.withLock({ $0.contains(ino) }) { answer("written over in the store while open here"); return true }
+            if last { answer("no move of it came in \(Int(movedVersionWait)) s"); return true }
+            return false
         }
     }
 
