@@ -339,13 +339,19 @@ struct Daemon {
         uploader.stop()
         let timeout = Self.requestedDrainTimeout(plan)
         let pending = uploader.pendingCount
-        if pending > 0 {
+        // A store that does not answer (offline) is not waited for: what waits goes up at the
+        // next mount, and the change log's entries with it (an unmount waited out its whole
+        // timeout trying, then tried the log again).
+        let answers = feed.storeAnswers()
+        if pending > 0 && !answers {
+            logger.warning("the store does not answer: \(pending) changes not yet uploaded; they upload at the next mount")
+        } else if pending > 0 {
             logger.info("uploading \(pending) pending changes (up to \(Int(timeout)) s)")
             if !uploader.drain(timeout: timeout) {
                 logger.warning("\(uploader.pendingCount) changes not yet uploaded; they upload at the next mount")
             }
         }
-        uploader.publishAll()
+        if answers { uploader.publishAll() }
         // What was only closed is made durable too: an unmounted drive holds nothing a power
         // loss could take.
         r.opened.cache.syncAll()

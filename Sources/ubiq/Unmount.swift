@@ -9,6 +9,7 @@ struct Unmount: ParsableCommand {
         abstract: "Unmount, after uploading pending changes (bounded wait).",
         discussion: prose("""
             Changes not uploaded within the timeout stay queued and upload at the next mount.
+            A store that does not answer is asked once, not waited for.
 
             Examples:
               ubiq unmount ~/Ubiquity

@@ -149,6 +149,14 @@ import Testing
         let sync = b.ubiq("sync \(b.mnt)")
         #expect(sync.status != 0 && sync.err.contains("cannot sync \(b.mnt): the store could not be reached")
                     && !sync.err.contains("I/O error"), "\(sync.err)")
+        // Unmounted while offline: the store is asked once, not waited for over the unmount's
+        // timeout (it waited it all out, then tried the change log again); the queue stays.
+        let u = b.ubiq("unmount --timeout 120 \(b.mnt)")
+        expectOK(u)
+        #expect(u.out.contains("changes not yet uploaded"), "\(u.out)")
+        let log = (try? String(contentsOfFile: b.state + "/ubiq.log", encoding: .utf8)) ?? ""
+        #expect(log.contains("the store does not answer: ") && !log.contains("pending changes (up to 120 s)"), "\(log.suffix(800))")
+        try b.mount()
         // Back online: it all goes up, and reaches A.
         try FileManager.default.removeItem(atPath: offline)
         expectOK(eventually(a, "[ \"$(cat work/f1)\" = 'line 1' ] && [ \"$(cat work/f3)\" = 'line 3' ] && [ \"$(cat shared/moved)\" = 'line 5' ] && [ ! -e work/f4 ] && [ ! -e work/f5 ]", seconds: 40),
