@@ -126,14 +126,17 @@ struct Status: ParsableCommand {
         for st in stores {
             var said: [String] = []
             if st.listing { said.append("listing it (the first look since the mount; what is shown is what this device has brought in so far)") }
-            if let at = ISO8601DateFormatter().date(from: st.reached) {
-                said.append("last reached \(max(0, Int(Date().timeIntervalSince(at)))) s ago (\(st.reached))")
-            } else {
-                said.append("not reached since the mount")
-            }
+            said.append(Self.reached(st.reached))
             if !st.error.isEmpty { said.append("the last look failed: \(st.error)") }
             print("store of \(st.mount): " + said.joined(separator: "; "))
         }
+    }
+
+    /// When the store was last reached, as the root's `user.ubiq.store-reached` says (ISO 8601;
+    /// empty: not since the mount).
+    static func reached(_ attribute: String) -> String {
+        guard let at = ISO8601DateFormatter().date(from: attribute) else { return "not reached since the mount" }
+        return "last reached \(max(0, Int(Date().timeIntervalSince(at)))) s ago (\(attribute))"
     }
 
     private func item(_ path: BytePath) -> Item {

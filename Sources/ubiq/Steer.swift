@@ -249,7 +249,13 @@ struct Sync: ParsableCommand {
         var waiting = Int.max
         var full = self.full
         while true {
-            if let why = askToSync(p, control: control, full: full) { fail("cannot sync \(path): \(why)") }
+            if let why = askToSync(p, control: control, full: full) {
+                // Offline: what the user asks ("is everything up?") answered at once, from the
+                // mount's own attributes.
+                let uploading = getAttribute(mount, "user.ubiq.items-uploading") ?? "?"
+                fail("cannot sync \(path): \(why)\n  the store was \(Status.reached(getAttribute(mount, "user.ubiq.store-reached") ?? "")); "
+                     + "\(uploading) changes wait to upload")
+            }
             let before = waiting
             waiting = Int(getAttribute(mount, "user.ubiq.items-uploading") ?? "0") ?? 0
             if waiting == 0 || waiting >= before { break }

@@ -149,6 +149,9 @@ import Testing
         let sync = b.ubiq("sync \(b.mnt)")
         #expect(sync.status != 0 && sync.err.contains("cannot sync \(b.mnt): the store could not be reached")
                     && !sync.err.contains("I/O error"), "\(sync.err)")
+        // With what the user wants to know: since when, and how much waits.
+        #expect(sync.err.contains("the store was not reached since the mount; ") && sync.err.contains(" changes wait to upload")
+                    && !sync.err.contains("? changes"), "\(sync.err)")
         // Unmounted while offline: the store is asked once, not waited for over the unmount's
         // timeout (it waited it all out, then tried the change log again); the queue stays.
         let u = b.ubiq("unmount --timeout 120 \(b.mnt)")
