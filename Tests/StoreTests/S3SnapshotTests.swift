@@ -137,7 +137,9 @@ import TestSupport
         // Both see twelve more objects; A writes a snapshot of them first, and B, which knew
         // the one before, finds A's and writes none.
         for i in 20 ..< 32 { _ = try await a.put("e/f\(i)", contentsOf: try tempFile([UInt8(i)]), metadata: fileMeta, condition: .ifAbsent) }
-        try await Task.sleep(for: .seconds(1.2))  // a snapshot is named by its listing's second
+        // (What is written in the second before a snapshot's listing, by the server's whole
+        // seconds, counts as written since it: these twelve must be older than that for B.)
+        try await Task.sleep(for: .seconds(2.2))
         _ = try await a.currentCursor()
         let third = try await a.snapshots.latest()?.name
         #expect(third != second)
