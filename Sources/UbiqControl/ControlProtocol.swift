@@ -28,6 +28,9 @@ public enum ControlRequest: Sendable, Equatable {
     case kvSet(entry: KVEntry)
     /// `{"ok":true}`, then a `KVChange` a line.
     case kvWatch
+    /// Pauses sync (uploads and other devices' changes) for `seconds`, or (nil) until `resume`.
+    case pause(seconds: Double?)
+    case resume
 
     public var op: String {
         switch self {
@@ -41,6 +44,8 @@ public enum ControlRequest: Sendable, Equatable {
         case .kvList: return "kv-list"
         case .kvSet: return "kv-set"
         case .kvWatch: return "kv-watch"
+        case .pause: return "pause"
+        case .resume: return "resume"
         }
     }
 
@@ -54,7 +59,7 @@ public enum ControlRequest: Sendable, Equatable {
 }
 
 extension ControlRequest: Codable {
-    private enum Keys: String, CodingKey { case op, scope, spec, path, version, key, entry, full, wait, lines }
+    private enum Keys: String, CodingKey { case op, scope, spec, path, version, key, entry, full, wait, lines, seconds }
 
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: Keys.self)
@@ -75,6 +80,11 @@ extension ControlRequest: Codable {
         case "kv-list": self = .kvList
         case "kv-set": self = .kvSet(entry: try c.decode(KVEntry.self, forKey: .entry))
         case "kv-watch": self = .kvWatch
+        case "pause":
+            let seconds = try c.decodeIfPresent(Double.self, forKey: .seconds)
+            if let seconds, !(seconds > 0 && seconds.isFinite) { throw ControlError("pause: seconds must be a positive number") }
+            self = .pause(seconds: seconds)
+        case "resume": self = .resume
         default: throw ControlError("unknown op \(op)")
         }
     }
@@ -83,7 +93,8 @@ extension ControlRequest: Codable {
         var c = encoder.container(keyedBy: Keys.self)
         try c.encode(op, forKey: .op)
         switch self {
-        case .status, .kvList, .kvWatch: break
+        case .status, .kvList, .kvWatch, .resume: break
+        case .pause(let seconds): if let seconds { try c.encode(seconds, forKey: .seconds) }
         case .sync(let full, let wait):
             if full { try c.encode(full, forKey: .full) }
             if wait { try c.encode(wait, forKey: .wait) }

@@ -135,6 +135,14 @@ public final class ControlServer: @unchecked Sendable {
                     cacheLimit: String(info.cacheLimit), pid: String(info.pid), items: fs.inodeCount,
                     cacheBytes: fs.localContentBytes, pendingUploads: engine.uploader.pendingCount,
                     lastPoll: look.polled.map { ISO8601DateFormatter().string(from: $0) }, lastPollError: look.error))
+            case .pause(let seconds):
+                try engine.pause.pause(for: seconds)
+                return conn.send(Done())
+            case .resume:
+                try engine.pause.resume()
+                engine.uploader.kick()
+                engine.feed.kick()
+                return conn.send(Done())
             case .sync(let full, let wait):
                 try fs.commitPendingCreates()
                 // What failed, said as the attribute's EIO is (`ubiq sync`: "cannot sync

@@ -75,6 +75,8 @@ public final class ChangeFeed: @unchecked Sendable {
     let writes: StoreWrites
     /// What waits for the next polls' changes (`afterEachPoll`).
     private let waits: PollWaits
+    /// The user's pause (set once, before the thread starts): no poll while it lasts.
+    public var pause: SyncPause?
 
     public init(store: any CloudStore, state: LocalState, deviceID: String, logger: Logger, interval: TimeInterval = 3,
                 changes: any RemoteChangeSink, keyValues: (any KeyValueSink)? = nil, writes: StoreWrites = StoreWrites()) {
@@ -251,6 +253,8 @@ public final class ChangeFeed: @unchecked Sendable {
     /// the cursor stays where it was).
     @discardableResult
     public func poll(everywhere: Bool = false) throws -> Int {
+        // Paused by the user: other devices' changes wait (`SyncPause`).
+        if pause?.isPaused == true { return 0 }
         // (After the lock is given up: what waited for this poll may start reads.)
         defer { if waits.lookAll() { store.lookEverywhereNext() } }
         pollLock.lock(); defer { pollLock.unlock() }

@@ -18,6 +18,8 @@ extension Uploader {
     /// Processes what is due; returns how many items were handled.
     @discardableResult
     public func processRound(ignoringDelay: Bool) -> Int {
+        // Paused by the user: this device's changes wait (`SyncPause`).
+        if pause?.isPaused == true { return 0 }
         var handled = 0
         let asOf: Date? = ignoringDelay ? .distantFuture : nil  // nil: the state's time
         // A move under way waits for the rounds that follow at once (docs/s3.md).

@@ -91,6 +91,8 @@ public final class Uploader: @unchecked Sendable {
 
     /// Each store write goes to the log (the CLI's UBIQ_TRACE_UPLOADS=1: to follow a crash test's history).
     let tracing: Bool
+    /// The user's pause (set once, before the thread starts): nothing goes up while it lasts.
+    public var pause: SyncPause?
 
     public init(state: LocalState, store: any CloudStore, coordinator: Coordinator, cache: ContentCache,
                 deviceID: String, logger: Logger, tracing: Bool = false, writes: StoreWrites = StoreWrites()) {

@@ -342,8 +342,11 @@ struct Daemon {
         // A store that does not answer (offline) is not waited for: what waits goes up at the
         // next mount, and the change log's entries with it (an unmount waited out its whole
         // timeout trying, then tried the log again).
-        let answers = feed.storeAnswers()
-        if pending > 0 && !answers {
+        let paused = r.engine.pause.isPaused
+        let answers = !paused && feed.storeAnswers()
+        if pending > 0 && paused {
+            logger.info("sync is paused: \(pending) changes not yet uploaded; they upload once it is resumed")
+        } else if pending > 0 && !answers {
             logger.warning("the store does not answer: \(pending) changes not yet uploaded; they upload at the next mount")
         } else if pending > 0 {
             logger.info("uploading \(pending) pending changes (up to \(Int(timeout)) s)")

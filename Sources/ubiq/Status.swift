@@ -62,7 +62,7 @@ struct Status: ParsableCommand {
         }
         let stores = mounts.map { m in
             (mount: m, reached: getAttribute(m, "user.ubiq.store-reached") ?? "", error: getAttribute(m, "user.ubiq.store-error") ?? "",
-             listing: getAttribute(m, "user.ubiq.store-listing") == "1")
+             listing: getAttribute(m, "user.ubiq.store-listing") == "1", paused: getAttribute(m, "user.ubiq.sync-paused") ?? "")
         }
         var counts: [String: Int] = [:]
         for i in items { counts[i.status, default: 0] += 1 }
@@ -89,7 +89,8 @@ struct Status: ParsableCommand {
             let doc: [String: Any] = ["items": list, "summary": counts,
                                       "caches": caches.map { ["mount": $0.mount, "usedBytes": $0.used, "limitBytes": $0.limit] },
                                       "stores": stores.map { ["mount": $0.mount, "reached": $0.reached.isEmpty ? NSNull() : $0.reached,
-                                                              "error": $0.error.isEmpty ? NSNull() : $0.error, "listing": $0.listing] as [String: Any] }]
+                                                              "error": $0.error.isEmpty ? NSNull() : $0.error, "listing": $0.listing,
+                                                              "paused": $0.paused.isEmpty ? NSNull() : $0.paused] as [String: Any] }]
             let data = try JSONSerialization.data(withJSONObject: doc, options: [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes])
             print(String(decoding: data, as: UTF8.self))
             return
@@ -125,6 +126,9 @@ struct Status: ParsableCommand {
         }
         for st in stores {
             var said: [String] = []
+            if !st.paused.isEmpty {
+                said.append("sync paused " + (st.paused == "indefinitely" ? "until ubiq resume" : "until \(st.paused)"))
+            }
             if st.listing { said.append("listing it (the first look since the mount; what is shown is what this device has brought in so far)") }
             said.append(Self.reached(st.reached))
             if !st.error.isEmpty { said.append("the last look failed: \(st.error)") }

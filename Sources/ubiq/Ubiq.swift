@@ -17,7 +17,7 @@ struct Ubiq: ParsableCommand {
               ubiq kv set --store dir:/srv/s k v    a synced setting
             """),
         version: ubiqVersion,
-        subcommands: [Mount.self, Unmount.self, Status.self, Query.self, Watch.self, Sync.self, Versions.self, Resolve.self,
+        subcommands: [Mount.self, Unmount.self, Status.self, Query.self, Watch.self, Sync.self, Pause.self, Resume.self, Versions.self, Resolve.self,
                       Restore.self, Recover.self, Service.self, Download.self, Evict.self, Pin.self, Unpin.self, KV.self, Container.self])
 }
 

@@ -49,7 +49,7 @@ import UbiqSync
             .kvSet(entry: KVEntry(key: "k", value: .json("{\"a\":[true,null],\"b\":1.5}"), timeNs: 7, device: "d")),
             .kvSet(entry: KVEntry(key: "k", value: nil, timeNs: 8, device: "d")),
             .kvSet(entry: KVEntry(key: "k", value: .bytes(Data([0, 255, 7])), timeNs: 9, device: "d")),
-            .kvWatch,
+            .kvWatch, .pause(seconds: nil), .pause(seconds: 7200), .resume,
         ]
         for r in all { #expect(try Self.roundTrip(r) == r) }
         // The forms docs/control.md shows (and `socat` users type) decode as these requests.
@@ -63,7 +63,12 @@ import UbiqSync
             (#"{"op":"restore","path":"a/b.txt","version":"v1"}"#, .restore(path: "a/b.txt", version: "v1")),
             (#"{"op":"kv-set","entry":{"key":"k","timeNs":3,"value":{"type":"number","value":2}}}"#,
              .kvSet(entry: KVEntry(key: "k", value: .number(2), timeNs: 3, device: ""))),
+            (#"{"op":"pause"}"#, .pause(seconds: nil)), (#"{"op":"pause","seconds":3600}"#, .pause(seconds: 3600)),
+            (#"{"op":"resume"}"#, .resume),
         ]
+        for bad in [#"{"op":"pause","seconds":0}"#, #"{"op":"pause","seconds":-5}"#] {
+            #expect(throws: ControlError.self) { try JSONDecoder().decode(ControlRequest.self, from: Data(bad.utf8)) }
+        }
         for (text, r) in documented { #expect(try JSONDecoder().decode(ControlRequest.self, from: Data(text.utf8)) == r) }
         #expect(throws: ControlError.self) { try JSONDecoder().decode(ControlRequest.self, from: Data(#"{"op":"format-disk"}"#.utf8)) }
     }
@@ -196,6 +201,15 @@ import UbiqSync
         #expect(c.sendRaw("{\"op\":\"format-disk\"}\n"))
         #expect(c.nextLine(limit: 4096) == #"{"error":"unknown op format-disk","ok":false}"#)
         #expect(try c.request(.status, as: StatusReply.self).items == a.fs.inodeCount)
+        // Paused, a sync is refused with why; resumed, it goes.
+        _ = try c.request(.pause(seconds: nil), as: Done.self)
+        #expect(try a.fs.getxattr(rootIno, Array("user.ubiq.sync-paused".utf8)) == Array("indefinitely".utf8))
+        #expect(throws: ControlError("sync is paused until ubiq resume (ubiq resume goes on)")) {
+            try c.request(.sync(full: false, wait: true), as: Done.self)
+        }
+        _ = try c.request(.resume, as: Done.self)
+        #expect(try a.fs.getxattr(rootIno, Array("user.ubiq.sync-paused".utf8)).isEmpty)
+        _ = try c.request(.sync(full: false, wait: true), as: Done.self)
         // A mount of a container's Documents has no key-value store to answer from.
         let documentsOnly = try Served(try Device(store: store), store: store, withKV: false)
         let d = try documentsOnly.connect()

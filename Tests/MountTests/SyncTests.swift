@@ -120,6 +120,39 @@ import Testing
         expectOK(eventually(b, "[ \"$(cat notes.md)\" = merged ]"))
     }
 
+    /// `ubiq pause`: nothing goes up and nothing comes in, across a restart, until `ubiq resume`;
+    /// the mount says so (`ubiq status`, `user.ubiq.sync-paused`) and `ubiq sync` says why it
+    /// does nothing.
+    @Test func pauseAndResumeFromTheShell() throws {
+        let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1")
+        defer { a.cleanup() }
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--upload-delay 0 --poll-interval 1")
+        defer { b.cleanup() }
+        #expect(b.ubiq("pause --for 0 \(b.mnt)").err.contains("cannot read --for 0 as a length of time"))
+        let paused = b.ubiq("pause \(b.mnt)")
+        expectOK(paused)
+        #expect(paused.out.contains("paused until ubiq resume"), "\(paused.out)")
+        expectOK(b.sh("[ \"$(getfattr --only-values -n user.ubiq.sync-paused .)\" = indefinitely ] && echo b > from-b.txt"))
+        expectOK(a.sh("echo a > from-a.txt"))
+        expectOK(eventually(a, "[ \"$(getfattr --only-values -n user.ubiq.status from-a.txt)\" = current ]"))
+        let status = b.ubiq("status \(b.mnt)")
+        #expect(status.out.contains("sync paused until ubiq resume"), "\(status.out)")
+        let sync = b.ubiq("sync \(b.mnt)")
+        #expect(sync.status != 0 && sync.err.contains("sync is paused until ubiq resume"), "\(sync.err)")
+        // Mounted again: still paused.
+        expectOK(b.ubiq("unmount --timeout 30 \(b.mnt)"))
+        try b.mount()
+        expectOK(b.sh("[ \"$(getfattr --only-values -n user.ubiq.sync-paused .)\" = indefinitely ] && [ ! -e from-a.txt ]"),
+                 "\(b.sh("ls").out)")
+        expectOK(b.sh("[ \"$(getfattr --only-values -n user.ubiq.status from-b.txt)\" = uploading ]"))
+        #expect(a.sh("[ -e from-b.txt ]").status != 0, "uploaded while paused")
+        let resumed = b.ubiq("resume \(b.mnt)")
+        expectOK(resumed)
+        #expect(resumed.out.contains("resumed"), "\(resumed.out)")
+        expectOK(eventually(b, "[ \"$(cat from-a.txt)\" = a ] && [ \"$(getfattr --only-values -n user.ubiq.status from-b.txt)\" = current ]"))
+        expectOK(eventually(a, "[ \"$(cat from-b.txt)\" = b ]"))
+    }
+
     /// Offline: local work goes on, placeholders fail with EIO after the bounded wait, the
     /// queue survives a killed daemon, and drains when the store is back.
     @Test func offlineWorkSurvivesAKilledDaemon() throws {

@@ -18,6 +18,8 @@ public struct Engine {
     public let feed: ChangeFeed
     /// What local content stays under, and what is evicted to stay there (`fs` is its host).
     public let cacheLimit: CacheLimit
+    /// Sync paused by the user (`ubiq pause`): the uploader and the feed wait while it lasts.
+    public let pause: SyncPause
 
     public struct Options: Sendable {
         /// This device's name for people: conflict copies of its versions carry it.
@@ -67,6 +69,8 @@ public struct Engine {
                                     parallelism: options.parallelism, completeInBackground: options.completeInBackground)
         materializer.readTimeout = options.readTimeout
         cacheLimit = CacheLimit(limit: options.cacheLimit, state: state, logger: logger)
+        pause = try SyncPause(state: state)
+        uploader.pause = pause
         fs = try FileSystem(state: state, coordinator: coordinator, cache: cache, materializer: materializer,
                             uploader: uploader, logger: logger, uploadDelay: options.uploadDelay,
                             hydration: options.hydration, cacheLimit: cacheLimit, syncOnClose: options.syncOnClose,
@@ -78,6 +82,7 @@ public struct Engine {
         // one go). The uploader and downloads reach the file system weakly too (its init).
         feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: options.pollInterval,
                           changes: fs, keyValues: keyValues, writes: uploader.writes)
+        feed.pause = pause
         fs.attach(feed: feed)
     }
 

@@ -45,7 +45,8 @@ extension FileSystem {
     /// The mount's root's, of its store: when a look at its changes last reached it (UTC, ISO
     /// 8601; empty: not since the mount), why the last look failed (empty: it did not), and "1"
     /// while a mount again's listing of the whole store is under way (docs/sync.md).
-    public static let storeAttributes = ["store-reached", "store-error", "store-listing"]
+    /// And `sync-paused`: empty, `indefinitely` (until `ubiq resume`) or when the pause ends.
+    public static let storeAttributes = ["store-reached", "store-error", "store-listing", "sync-paused"]
 
     /// The value of a read-only status attribute (`name` without "user.ubiq."); nil: not one.
     func statusAttribute(_ ino: UInt64, _ name: String) throws -> [UInt8]? {
@@ -60,6 +61,7 @@ extension FileSystem {
             switch name {
             case "store-reached": return Array((look.reached.map { ISO8601DateFormatter().string(from: $0) } ?? "").utf8)
             case "store-error": return Array((look.error ?? "").utf8)
+            case "sync-paused": return Array((uploader?.pause?.attribute ?? "").utf8)
             default: return Array((look.listing ? "1" : "0").utf8)
             }
         }

@@ -56,6 +56,9 @@ extension FileSystem {
     /// two, rather than wait out the uploads' minute (`ubiq sync` with the server down said
     /// nothing until its caller gave up; a poll of a store that is down takes 15 s and more).
     public func syncWithStore(everywhere: Bool, flushing: Bool = true) throws {
+        if let pause = uploader?.pause, pause.isPaused {
+            throw FSError.io("sync is paused \(pause.said) (ubiq resume goes on)")
+        }
         func look(everywhere: Bool) throws {
             guard let feed = storeFeed else { return }
             do {
