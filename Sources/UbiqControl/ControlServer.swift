@@ -140,6 +140,7 @@ public final class ControlServer: @unchecked Sendable {
                 return conn.send(Done())
             case .resume:
                 try engine.pause.resume()
+                if let kv { DispatchQueue.global().async { kv.pushPending() } }
                 engine.uploader.kick()
                 engine.feed.kick()
                 return conn.send(Done())

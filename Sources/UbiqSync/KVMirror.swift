@@ -15,6 +15,8 @@ public final class KVMirror: @unchecked Sendable {
     private var watchers: [Int: [KVChange]] = [:]
     private var nextWatcher = 0
     private let pushLock = NSLock()
+    /// The user's pause (`ubiq pause`): values set here wait to go, as files do.
+    public var pause: SyncPause?
 
     /// What a watcher hears: the entries that changed, and why ("changed" on another device,
     /// "initial-sync" when the mount first compares with the store).
@@ -61,6 +63,7 @@ public final class KVMirror: @unchecked Sendable {
     /// Sends what waits to the store; what fails (offline) waits for the next try.
     public func pushPending() {
         pushLock.lock(); defer { pushLock.unlock() }
+        if pause?.isPaused == true { return }
         guard let waiting = try? local().values.filter(\.pending).map(\.entry), !waiting.isEmpty else { return }
         let client = self.client
         for e in waiting {

@@ -53,6 +53,7 @@ struct Daemon {
             engine = try Engine(state: state, store: store, cache: cache, deviceID: deviceID, logger: logger,
                                 options: engineOptions(deviceID), keyValues: kv)
         } catch { die("\(error)", logger) }
+        kv?.pause = engine.pause
         if !importedHere { engine.feed.importFirst(importer) }
         if let depth = opened.containerConfig?.maxFolderDepth {
             engine.fs.folderLevels.withLock { $0 = FolderLevels(max: depth, under: plan.scope == "documents" ? nil : Containers.documents) }

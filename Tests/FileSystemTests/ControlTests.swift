@@ -21,6 +21,7 @@ import UbiqSync
         init(_ device: Device, store: DirectoryStore, withKV: Bool = true) throws {
             self.device = device
             kv = KVMirror(state: device.state, client: KVStoreClient(store: store, device: "dev-a"), logger: device.logger)
+            kv.pause = device.engine.pause  // as the daemon's
             server = ControlServer(path: device.dir.appendingPathComponent("control.sock").path, engine: device.engine,
                                    kv: withKV ? kv : nil,
                                    info: MountInfo(mount: "/mnt/test", store: "dir:/store", device: "dev-a", deviceName: "host-a",
@@ -207,7 +208,13 @@ import UbiqSync
         #expect(throws: ControlError("sync is paused until ubiq resume (ubiq resume goes on)")) {
             try c.request(.sync(full: false, wait: true), as: Done.self)
         }
+        // A key-value set while paused is kept here, and goes once resumed.
+        let stored = KVStoreClient(store: store, device: "reader")
+        let held = try c.request(.kvSet(entry: KVEntry(key: "held", value: .number(1), timeNs: 5, device: "")), as: KVSetReply.self)
+        #expect(held.won)
+        #expect(try runBlocking { try await stored.get("held") } == nil, "a key-value set went up while paused")
         _ = try c.request(.resume, as: Done.self)
+        #expect(waitUntil(seconds: 10) { (try? runBlocking { try await stored.get("held") }) != nil }, "not sent once resumed")
         #expect(try a.fs.getxattr(rootIno, Array("user.ubiq.sync-paused".utf8)).isEmpty)
         _ = try c.request(.sync(full: false, wait: true), as: Done.self)
         // A mount of a container's Documents has no key-value store to answer from.
