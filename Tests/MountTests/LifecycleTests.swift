@@ -744,7 +744,7 @@ import TestSupport
         }
         let files = names("\n  files:"), folders = names("\n  folders:"), root = names("\n  root:")
         #expect(files.count == 12 && folders.count == 7
-                 && root == ["cache-bytes", "cache-limit", "store-reached", "store-error", "store-listing"], "\(help)")
+                 && root == ["cache-bytes", "cache-limit", "store-reached", "store-error", "store-listing", "sync-paused"], "\(help)")
         for (path, list) in [("d/f", files), ("d", folders), (".", root)] {
             for n in list {
                 #expect(m.sh("getfattr -n user.ubiq.\(n) \(path)").status == 0, "user.ubiq.\(n) of \(path)")
