@@ -2,9 +2,30 @@ import Foundation
 import UbiqClock
 import Synchronization
 
-/// Wraps a store and limits how fast content comes from it (bytes per second, shared by
-/// all reads), the way a slow link would. For tests and demonstrations: the daemon uses it
-/// when UBIQ_STORE_READ_RATE is set (docs/testing.md).
+/// One direction of a link that carries `bytesPerSecond`, shared by every transfer that crosses
+/// it: each reserves the time its bytes take after those reserved before, and waits for it.
+public final class LinkPace: Sendable {
+    public let bytesPerSecond: Double
+    /// When the link is next free (seconds on the caller's clock).
+    private let nextFree = Mutex<Double>(0)
+
+    public init(bytesPerSecond: Double) { self.bytesPerSecond = max(1, bytesPerSecond) }
+
+    /// Reserves the link for `bytes` at `now` (seconds); how long the caller waits before they
+    /// are through.
+    public func reserve(_ bytes: Int64, now: Double) -> Double {
+        let cost = Double(max(0, bytes)) / bytesPerSecond
+        return nextFree.withLock { next in
+            let start = max(now, next)
+            next = start + cost
+            return next - now
+        }
+    }
+}
+
+/// Wraps a store and limits how fast content comes from it and goes to it (bytes per second,
+/// each way shared by all transfers), the way a slow link would: the mount's `--bwlimit`, and
+/// for tests and demonstrations UBIQ_STORE_READ_RATE and its kin (docs/testing.md).
 public final class ThrottledStore: StoreDecorator, Sendable {
     public let inner: any CloudStore
     public let bytesPerSecond: Double
@@ -12,8 +33,9 @@ public final class ThrottledStore: StoreDecorator, Sendable {
     public let writeBytesPerSecond: Double?
     /// Seconds every content read waits before it begins, each on its own (a far store).
     public let readLatency: Double
-    /// When the link is next free (seconds on `clock`).
-    private let nextFree = Mutex<Double>(0)
+    /// Each way of the link, shared by all transfers.
+    private let down: LinkPace
+    private let up: LinkPace?
     private let clock = Stopwatch()
 
     public init(_ inner: any CloudStore, bytesPerSecond: Double, writeBytesPerSecond: Double? = nil, readLatency: Double = 0) {
@@ -21,34 +43,37 @@ public final class ThrottledStore: StoreDecorator, Sendable {
         self.bytesPerSecond = max(1, bytesPerSecond)
         self.writeBytesPerSecond = writeBytesPerSecond.map { max(1, $0) }
         self.readLatency = max(0, readLatency)
+        down = LinkPace(bytesPerSecond: self.bytesPerSecond)
+        up = self.writeBytesPerSecond.map(LinkPace.init(bytesPerSecond:))
     }
 
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {
         if readLatency > 0 { try await Task.sleep(nanoseconds: UInt64(readLatency * 1e9)) }
         let data = try await inner.read(key, version: version, range: range)
-        let cost = Double(data.count) / bytesPerSecond
-        let wait = nextFree.withLock { next -> Double in
-            let now = clock.seconds
-            let start = max(now, next)
-            next = start + cost
-            return next - now
-        }
+        let wait = down.reserve(Int64(data.count), now: clock.seconds)
         if wait > 0 { try await Task.sleep(nanoseconds: UInt64(wait * 1e9)) }
         return data
     }
 
     public func put(_ key: String, contentsOf source: URL?, metadata: ObjectMetadata,
                     condition: WriteCondition, progress outer: (@Sendable (Int64) -> Void)?) async throws -> ObjectInfo {
-        guard let rate = writeBytesPerSecond else {
+        guard let up else {
             return try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: outer)
         }
-        let started = Stopwatch()
-        // The store reports what it has copied; each report waits until the link would have carried it.
+        // The store reports what it has sent; each report waits until the link, shared with every
+        // other upload, would have carried it. What it did not report is paid for at the end.
+        let reported = Mutex<Int64>(0)
+        let clock = self.clock
         let slowed: @Sendable (Int64) -> Void = { sent in
-            let due = Double(sent) / rate - started.seconds
+            let delta = reported.withLock { last in defer { last = max(last, sent) }; return sent - last }
+            let due = up.reserve(delta, now: clock.seconds)
             if due > 0 { Thread.sleep(forTimeInterval: due) }
             outer?(sent)
         }
-        return try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: slowed)
+        let info = try await inner.put(key, contentsOf: source, metadata: metadata, condition: condition, progress: slowed)
+        let rest = info.size - reported.withLock { $0 }
+        let due = up.reserve(rest, now: clock.seconds)
+        if due > 0 { try await Task.sleep(nanoseconds: UInt64(due * 1e9)) }
+        return info
     }
 }

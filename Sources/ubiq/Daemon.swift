@@ -104,7 +104,7 @@ struct Daemon {
                                    report: { [logger] in logger.error("\($0)") })
         try bindStore(state, logger)
         let (base, containerConfig) = try openStore(state, logger)
-        let (store, faulty) = wrappedForTests(base, logger)
+        let (store, faulty) = wrapped(base, logger)
         state.reserve.restore()
         let cache = try ContentCache(directory: cacheDir, reserve: state.reserve)
         return Opened(state: state, store: store, faulty: faulty, containerConfig: containerConfig, cache: cache)
@@ -162,10 +162,15 @@ struct Daemon {
         return (PrefixStore(store, prefix: Containers.prefix(name) + (plan.scope == "documents" ? Containers.documents + "/" : "")), config)
     }
 
-    /// `store`, slowed or made faulty where the environment asks, for tests and demonstrations
-    /// (docs/testing.md).
-    private func wrappedForTests(_ base: any CloudStore, _ logger: Logger) -> (any CloudStore, FaultyStore?) {
+    /// `store`, limited as the mount asks (`--bwlimit`), and slowed or made faulty where the
+    /// environment asks, for tests and demonstrations (docs/testing.md).
+    private func wrapped(_ base: any CloudStore, _ logger: Logger) -> (any CloudStore, FaultyStore?) {
         var store = base
+        // The user's limit (`--bwlimit`), each way shared by every transfer.
+        if let b = plan.bandwidth, b.up != nil || b.down != nil {
+            store = ThrottledStore(store, bytesPerSecond: b.down.map(Double.init) ?? 1e15, writeBytesPerSecond: b.up.map(Double.init))
+            logger.info("transfers are limited (--bwlimit): up \(b.up.map { humanBytes($0) + "/s" } ?? "no limit"), down \(b.down.map { humanBytes($0) + "/s" } ?? "no limit")")
+        }
         // A slow link.
         let env = ProcessInfo.processInfo.environment
         let readRate = env["UBIQ_STORE_READ_RATE"].flatMap { MountPlan.parseSize($0) }

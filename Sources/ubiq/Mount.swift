@@ -57,6 +57,9 @@ struct Mount: ParsableCommand {
     @Option(help: ArgumentHelp("Local content to keep at most, e.g. 20G, 500M (default: a quarter of the free space where the cache is, at least 1G); least recently used files beyond it become placeholders again.", valueName: "SIZE"))
     var cacheSize: String?
 
+    @Option(help: ArgumentHelp("Limit transfers to and from the store, bytes a second: RATE both ways, or UP:DOWN (e.g. 2M, 512K:8M; 0 or off for no limit that way).", valueName: "RATE"))
+    var bwlimit: String?
+
     @Option(help: ArgumentHelp("Set the embedded store's quota (kept in the store, like a provider's): uploads beyond it are refused and retried, and df shows it. 0 removes it.", valueName: "SIZE"))
     var quota: String?
 
@@ -142,6 +145,7 @@ struct Mount: ParsableCommand {
         if syncOnClose { args.append("--sync-on-close") }
         if let noDownloadFor { args += ["--no-download-for", noDownloadFor] }
         args += ["--cache-size", String(plan.cacheSize)]
+        if let b = plan.bandwidth { args += ["--bwlimit", b.text] }
         if let q = plan.quota { args += ["--quota", String(q)] }
         if let c = plan.container { args += ["--container", c, "--scope", plan.scope] }
         args += plan.store.daemonArguments
@@ -201,6 +205,8 @@ struct MountPlan {
     var accessTimes = AccessTimes.relative
     /// nil: leave the store's quota as it is; 0: remove it.
     var quota: Int64?
+    /// `--bwlimit` (nil: none).
+    var bandwidth: Bandwidth?
     /// What this mount made (a new store's directory, a new state directory): a mount that
     /// fails removes it again, so that a failed mount leaves nothing behind.
     var made: [String] = []
@@ -266,6 +272,12 @@ struct MountPlan {
             quota = v
             if storePath == nil { throw UserError("--quota sets the embedded store's quota; an S3 bucket's limits are the service's") }
         }
+        let bandwidth = try m.bwlimit.map { text in
+            guard let b = Bandwidth.parse(text) else {
+                throw UserError("invalid --bwlimit \(text): use a rate like 2M (both ways) or UP:DOWN like 512K:8M (0 or off: no limit)")
+            }
+            return b
+        } ?? nil
         var cacheSize: Int64 = 0
         if let text = m.cacheSize {
             guard let v = Self.parseSize(text), v > 0 else { throw UserError("invalid --cache-size \(text): use a size like 500M or 20G") }
@@ -313,7 +325,8 @@ struct MountPlan {
                          hydration: m.downloadForAll ? .off
                              : HydrationPolicy(blocked: m.noDownloadFor.map { Set($0.split(separator: ",").map(String.init)) }
                                  ?? HydrationPolicy.defaultBlocked),
-                         cacheSize: cacheSize, syncOnClose: m.syncOnClose, accessTimes: accessTimes, quota: quota, made: made)
+                         cacheSize: cacheSize, syncOnClose: m.syncOnClose, accessTimes: accessTimes, quota: quota,
+                         bandwidth: bandwidth, made: made)
     }
 
     /// The kinds of store a device can mount, the one place they are chosen: the first that
@@ -452,5 +465,26 @@ enum StateLock {
         let pid = "\(getpid())\n"
         _ = pid.withCString { write(fd, $0, strlen($0)) }
         return fd
+    }
+}
+
+/// `--bwlimit`: bytes a second each way (nil: no limit that way), as rclone's: `RATE` for both,
+/// `UP:DOWN` for each; `0` or `off` for none.
+struct Bandwidth: Equatable {
+    var up: Int64?
+    var down: Int64?
+    /// As given, for the daemon's command line.
+    var text: String
+
+    static func parse(_ text: String) -> Bandwidth? {
+        func rate(_ t: Substring) -> Int64?? {
+            let s = t.trimmingCharacters(in: .whitespaces)
+            if s == "off" { return .some(nil) }
+            guard let v = MountPlan.parseSize(s) else { return nil }
+            return .some(v == 0 ? nil : v)
+        }
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
+        guard (1 ... 2).contains(parts.count), let up = rate(parts[0]), let down = rate(parts[parts.count - 1]) else { return nil }
+        return Bandwidth(up: up, down: down, text: text)
     }
 }

@@ -5,7 +5,7 @@ import Foundation
 /// ubiq's own options go in OPTIONS with `_` or `-` (`state=DIR,cache_size=20G`); the rest
 /// are FUSE mount options.
 enum MountHelper {
-    static let valued = ["state", "cache-size", "quota", "poll-interval", "full-listing-interval", "upload-delay", "read-timeout", "transfers",
+    static let valued = ["state", "cache-size", "bwlimit", "quota", "poll-interval", "full-listing-interval", "upload-delay", "read-timeout", "transfers",
                          "drain-timeout", "no-download-for", "s3-endpoint", "s3-region", "container", "scope"]
     static let flags = ["writeback-cache", "download-for-all", "create-store", "sync-on-close"]
     /// Options mount(8) or fstab may pass that mean nothing to a FUSE mount.

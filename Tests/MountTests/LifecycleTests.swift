@@ -95,7 +95,7 @@ import TestSupport
         }
         // Type "fuse" with "PROGRAM#SOURCE" names the binary; with ubiq on the system PATH,
         // type "fuse.ubiq" and a plain SOURCE do the same (README).
-        let line = "\(ubiqBinary)#dir:\(base)/store \(mnt) fuse noauto,state=\(base)/state,cache_size=1G,poll_interval=2,create_store,sync_on_close 0 0\n"
+        let line = "\(ubiqBinary)#dir:\(base)/store \(mnt) fuse noauto,state=\(base)/state,cache_size=1G,poll_interval=2,bwlimit=8M:16M,create_store,sync_on_close 0 0\n"
         try line.write(toFile: base + "/fstab", atomically: true, encoding: .utf8)
         let mounted = shell("mount -T \(base)/fstab \(mnt)")
         expectOK(mounted, "mount from fstab")
@@ -104,6 +104,9 @@ import TestSupport
         #expect(options.contains("fuse.ubiq") && options.contains("nosuid,nodev"), "as ubiq mount makes it: \(options)")
         expectOK(shell("echo via-fstab > \(mnt)/f && [ \"$(getfattr -n user.ubiq.cache-limit --only-values \(mnt))\" = 1073741824 ]"))
         #expect(shell("pgrep -af 'state \(base)/state'").out.contains("--sync-on-close"), "sync_on_close reaches the daemon")
+        // So does the bandwidth limit, up and down (what goes up below goes through it).
+        let log = (try? String(contentsOfFile: base + "/state/ubiq.log", encoding: .utf8)) ?? ""
+        #expect(log.contains("transfers are limited (--bwlimit): up 8.0 MiB/s, down 16 MiB/s"), "\(log.suffix(600))")
         // A remount goes read-only and back in place (mount.fuse3 passes the fstab line's
         // options with it); what cannot change on a live mount is refused, saying so.
         expectOK(shell("mount -T \(base)/fstab -o remount,ro \(mnt)"), "remount,ro")
@@ -248,6 +251,9 @@ import TestSupport
             ("kv watch --store dir:\(base)/store --interval -2", "--interval"),
             ("mount \(store) --cache-size inf \(base)/mnt", "--cache-size"),
             ("query --min-size 1e30G \(base)/mnt", "--min-size"),
+            ("mount \(store) --bwlimit fast \(base)/mnt", "--bwlimit"),
+            ("mount \(store) --bwlimit 1M:2M:3M \(base)/mnt", "--bwlimit"),
+            ("mount \(store) --bwlimit -1M \(base)/mnt", "--bwlimit"),
         ]
         for (args, option) in refused {
             let r = shell("\(ubiqBinary) \(args)", timeout: 60)

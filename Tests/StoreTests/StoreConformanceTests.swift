@@ -28,7 +28,7 @@ enum StoreKind: String, CaseIterable, CustomTestStringConvertible {
             // `StoreDecorator` hands on all it does not shape.
             let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-store-\(UUID().uuidString)")
             let base = try DirectoryStore(root: dir, keptVersions: 3)
-            let wrapped = CountingStore(ThrottledStore(FaultyStore(base), bytesPerSecond: 1e15))
+            let wrapped = CountingStore(ThrottledStore(FaultyStore(base), bytesPerSecond: 1e15, writeBytesPerSecond: 1e15))
             return (wrapped, { try? FileManager.default.removeItem(at: dir) })
         case .s3, .s3Versioned:
             return try await SeaweedFS.shared().newStore(versioned: self == .s3Versioned)

@@ -6,6 +6,19 @@ import TestSupport
 /// A wrapper that shapes content sees all of it: every put (with progress or without) and
 /// every read (into memory or into a file) goes through the two calls it writes.
 @Suite struct StoreDecoratorTests {
+    /// One way of a slowed link is shared by every transfer on it (`--bwlimit` limits the
+    /// mount's uploads together, not each): a transfer waits for those before it, and an idle
+    /// link owes nothing.
+    @Test func aLinkIsSharedByEveryTransferOnIt() {
+        let link = LinkPace(bytesPerSecond: 1000)
+        func near(_ a: Double, _ b: Double) -> Bool { abs(a - b) < 1e-9 }
+        #expect(near(link.reserve(500, now: 0), 0.5))
+        #expect(near(link.reserve(500, now: 0), 1.0), "a second transfer at once waits for the first")
+        #expect(near(link.reserve(250, now: 0.5), 0.75))
+        #expect(near(link.reserve(100, now: 10), 0.1), "an idle link is free at once")
+        #expect(near(link.reserve(0, now: 10), 0.1) && near(link.reserve(-5, now: 10.1), 0))
+    }
+
     static func store() throws -> (DirectoryStore, () -> Void) {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-store-\(UUID().uuidString)")
         return (try DirectoryStore(root: dir), { try? FileManager.default.removeItem(at: dir) })
