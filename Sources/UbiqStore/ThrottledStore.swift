@@ -28,23 +28,19 @@ public final class LinkPace: Sendable {
 /// for tests and demonstrations UBIQ_STORE_READ_RATE and its kin (docs/testing.md).
 public final class ThrottledStore: StoreDecorator, Sendable {
     public let inner: any CloudStore
-    public let bytesPerSecond: Double
-    /// Upload rate (nil: not limited). Puts are slowed as the store reports their progress.
-    public let writeBytesPerSecond: Double?
     /// Seconds every content read waits before it begins, each on its own (a far store).
     public let readLatency: Double
-    /// Each way of the link, shared by all transfers.
+    /// Each way of the link, shared by all transfers (`up` nil: uploads are not limited; puts
+    /// are slowed as the store reports their progress).
     private let down: LinkPace
     private let up: LinkPace?
     private let clock = Stopwatch()
 
     public init(_ inner: any CloudStore, bytesPerSecond: Double, writeBytesPerSecond: Double? = nil, readLatency: Double = 0) {
         self.inner = inner
-        self.bytesPerSecond = max(1, bytesPerSecond)
-        self.writeBytesPerSecond = writeBytesPerSecond.map { max(1, $0) }
         self.readLatency = max(0, readLatency)
-        down = LinkPace(bytesPerSecond: self.bytesPerSecond)
-        up = self.writeBytesPerSecond.map(LinkPace.init(bytesPerSecond:))
+        down = LinkPace(bytesPerSecond: bytesPerSecond)
+        up = writeBytesPerSecond.map(LinkPace.init(bytesPerSecond:))
     }
 
     public func read(_ key: String, version: String, range: Range<Int64>) async throws -> Data {

@@ -21,7 +21,7 @@ struct Pause: ParsableCommand {
     var path: String
 
     func validate() throws {
-        if let length, (Query.length(length) ?? 0) <= 0 {
+        if let length, (lengthOfTime(length) ?? 0) <= 0 {
             throw ValidationError("cannot read --for \(length) as a length of time: use 30m, 2h, 1d")
         }
     }
@@ -29,7 +29,7 @@ struct Pause: ParsableCommand {
     func run() throws {
         let c = ControlClient.connect(for: path)
         defer { c.connection.close() }
-        do { _ = try c.connection.request(.pause(seconds: length.flatMap(Query.length)), as: Done.self) } catch {
+        do { _ = try c.connection.request(.pause(seconds: length.flatMap(lengthOfTime)), as: Done.self) } catch {
             fail("cannot pause \(c.mount): \(error)")
         }
         let until = getAttribute(c.mount, "user.ubiq.sync-paused") ?? ""

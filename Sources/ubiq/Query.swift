@@ -107,16 +107,9 @@ struct Query: ParsableCommand {
         return q
     }
 
-    /// "30m", "2h", "7d", "45s": seconds (nil: not a length of time).
-    static func length(_ s: String) -> Double? {
-        let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604_800]
-        guard let u = s.last, let mult = units[u], let n = Double(s.dropLast()), n >= 0, n.isFinite else { return nil }
-        return n * mult
-    }
-
     /// "30m", "2h", "7d", "45s" ago, or a date ("2026-11-01", "2026-11-01T10:00:00Z"): ns since the epoch.
     static func when(_ s: String) throws -> Int64 {
-        if let ago = length(s) { return nanoseconds(sinceEpoch: Date().timeIntervalSince1970 - ago) }
+        if let ago = lengthOfTime(s) { return nanoseconds(sinceEpoch: Date().timeIntervalSince1970 - ago) }
         let iso = ISO8601DateFormatter()
         if let d = iso.date(from: s) { return nanoseconds(sinceEpoch: d.timeIntervalSince1970) }
         iso.formatOptions = [.withFullDate]

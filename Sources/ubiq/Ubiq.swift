@@ -33,6 +33,14 @@ struct UserError: Error, CustomStringConvertible {
 /// Why `value`, given as `flag`, is not a number of seconds this command takes (nil: it is):
 /// at most a day, more than zero unless `zero` is allowed; never NaN or infinite, which would
 /// otherwise pass a comparison or stop a conversion to a whole number.
+/// "30m", "2h", "7d", "45s": seconds (nil: not a length of time). `query --newer-than` and
+/// `pause --for` read lengths so.
+func lengthOfTime(_ s: String) -> Double? {
+    let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604_800]
+    guard let u = s.last, let mult = units[u], let n = Double(s.dropLast()), n >= 0, n.isFinite else { return nil }
+    return n * mult
+}
+
 func secondsRefused(_ value: Double, _ flag: String, zero: Bool = false) -> String? {
     let ok = value.isFinite && (zero ? value >= 0 : value > 0) && value <= 86_400
     return ok ? nil : "\(flag) must be \(zero ? "from" : "more than") 0 \(zero ? "to" : "and at most") 86400 seconds, not \(value)"
