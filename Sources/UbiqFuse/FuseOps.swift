@@ -178,8 +178,9 @@ enum FuseOps {
         }
     }
 
-    /// A file's handles: open, read, write, flush, release, sync, allocate.
+    /// A file's handles: opened (open, create), then read and written (`installFileIO`).
     private static func installFiles(_ ops: inout fuse_lowlevel_ops) {
+        installFileIO(&ops)
         ops.open = { req, ino, fi in
             OpStats.measure("open") {
                 let s = FuseServer.from(req)
@@ -240,6 +241,10 @@ enum FuseOps {
                 } catch { s.replyError(req, error) }
             }
         }
+    }
+
+    /// What an open handle does: read, write, flush, release, sync, allocate, seek.
+    private static func installFileIO(_ ops: inout fuse_lowlevel_ops) {
         ops.read = { req, _, size, off, fi in
             OpStats.measure("read") {
                 // Answered here when the bytes are local, else later from the thread that

@@ -20,7 +20,7 @@ import UbiqClock
         defer { loop.stop() }
         func waitFor(_ n: Int) -> Bool { waitUntil { rounds.load(ordering: .relaxed) >= n } }
         #expect(waitFor(1), "the first round never ran")
-        usleep(200_000)
+        #expect(waitUntil { loop.isIdle }, "the loop never waited after its first round")
         #expect(rounds.load(ordering: .relaxed) == 1, "a round ran without a kick, long before its wait was over")
         loop.cond.lock(); loop.kickLocked(wake: false); loop.cond.unlock()
         #expect(waitFor(2), "a kick did not wake the idle loop")
@@ -28,14 +28,15 @@ import UbiqClock
         // 100,000 kicks as fast as they come: a handful of rounds, not one each.
         let before = rounds.load(ordering: .relaxed)
         for _ in 0 ..< 100_000 { loop.cond.lock(); loop.kickLocked(wake: false); loop.cond.unlock() }
-        usleep(200_000)
+        #expect(waitUntil { loop.isIdle }, "the loop never went idle after the burst")
         let burst = rounds.load(ordering: .relaxed) - before
         #expect(burst >= 1 && burst < 1000, "\(burst) rounds for a burst of kicks")
 
+        // stop returns once the thread ended: nothing runs after it, kicked or not.
         loop.stop()
+        #expect(!loop.isStopping, "stop returned before the loop's thread ended")
         let stopped = rounds.load(ordering: .relaxed)
         loop.cond.lock(); loop.kickLocked(wake: true); loop.cond.unlock()
-        usleep(100_000)
         #expect(rounds.load(ordering: .relaxed) == stopped, "a round ran after stop returned")
     }
 

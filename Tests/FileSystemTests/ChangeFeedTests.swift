@@ -400,10 +400,11 @@ import Synchronization
         #expect(b.fs.notListedYet(Array("d1".utf8), in: rootIno))
         let found = Mutex<Result<Attributes, any Error>?>(nil)
         let lookup = Thread {
-            var r: Result<Attributes, any Error>
-            repeat {
+            var r: Result<Attributes, any Error> = .failure(FSError.notFound)
+            _ = waitUntil(seconds: 300, every: 0.05) {
                 r = Result { try b.fs.lookup(rootIno, Array("d1".utf8), waitingForTheListing: true) }
-            } while (try? r.get()) == nil && b.feed.look.listing && !b.fs.notListedYet(Array("d1".utf8), in: rootIno) && usleep(50_000) == 0
+                return (try? r.get()) != nil || !b.feed.look.listing || b.fs.notListedYet(Array("d1".utf8), in: rootIno)
+            }
             found.withLock { $0 = r }
         }
         lookup.start()

@@ -107,19 +107,21 @@ final class Device: @unchecked Sendable {
     /// tried again for up to that long, as the feed's own loop would; any other failure, or
     /// faults that last longer, fail the test.
     func pull() {
-        let deadline = Date(timeIntervalSinceNow: serverFaultsWait)
-        while true {
+        var failure: (any Error)?
+        let polled = waitUntil(seconds: serverFaultsWait, every: 0.5) {
             do {
                 try feed.poll()
-                return
-            } catch let e as StoreError where e.isTransient && Date() < deadline {
+                return true
+            } catch let e as StoreError where e.isTransient {
                 print("pull: the store failed (\(e)); trying again, as the feed's loop would")
-                usleep(500_000)
+                failure = e
+                return false
             } catch {
-                Issue.record(error, "the feed's poll failed")
-                return
+                failure = error
+                return true
             }
         }
+        if let failure, !polled || !((failure as? StoreError)?.isTransient ?? false) { Issue.record(failure, "the feed's poll failed") }
     }
 
     /// Uploads everything pending (generous: a disk busy with other suites can make one fsync take seconds).
@@ -157,15 +159,14 @@ final class Device: @unchecked Sendable {
     /// again for up to that long, as a person would; a fault that lasts longer, or any other
     /// failure, is thrown.
     func read(_ path: String) throws -> String {
-        let deadline = Date(timeIntervalSinceNow: serverFaultsWait)
-        while true {
-            do {
-                return try readOnce(path)
-            } catch FSError.io(let why) where why.contains("store unavailable") && Date() < deadline {
-                print("read \(path): the store failed (\(why)); trying again")
-                usleep(500_000)
-            }
+        var result: Result<String, any Error> = .failure(FSError.io("never read"))
+        _ = waitUntil(seconds: serverFaultsWait, every: 0.5) {
+            result = Result { try readOnce(path) }
+            guard case .failure(FSError.io(let why)) = result, why.contains("store unavailable") else { return true }
+            print("read \(path): the store failed (\(why)); trying again")
+            return false
         }
+        return try result.get()
     }
 
     private func readOnce(_ path: String) throws -> String {

@@ -63,7 +63,6 @@ import Testing
         let b = try MountFixture(store: a.store, name: "device-b", extra: "--poll-interval 600")
         defer { b.cleanup() }
         expectOK(a.sh("echo now > urgent.txt"))
-        usleep(500_000)
         expectOK(a.sh("[ \"$(getfattr --only-values -n user.ubiq.status urgent.txt)\" = uploading ]"), "held for the delay")
         expectOK(a.ubiq("sync \(a.mnt)"))
         expectOK(eventually(a, "[ \"$(getfattr --only-values -n user.ubiq.status urgent.txt)\" = current ]", seconds: 10),

@@ -85,7 +85,9 @@ import Testing
         let streams = [spawn(["watch", b.mnt + "/docs"], output: watch),
                        spawn(["query", "--name", "*.txt", "--watch", "--interval", "0.3", b.mnt], output: query)]
         defer { for p in streams where p.isRunning { p.terminate() } }
-        usleep(1_000_000)
+        // Both streams listen once a change here reaches them (written again until it does).
+        expectOK(eventually(b, "date +%s%N > docs/ready.txt; grep -q 'docs/ready.txt' \(watch) && grep -q '\"change\":\"changed\".*ready.txt' \(query)"),
+                 "the streams never started")
         expectOK(a.sh("mkdir -p docs && echo hello > docs/from-a.txt && echo x > docs/other.bin"))
         let seen = eventually(b, "grep -q '\"event\":\"changed-remotely\".*docs/from-a.txt' \(watch) && grep -q '\"change\":\"added\".*from-a.txt' \(query)")
         let outputs = { "watch: \((try? String(contentsOfFile: watch, encoding: .utf8)) ?? "-") query: \((try? String(contentsOfFile: query, encoding: .utf8)) ?? "-") log: \(shell("tail -5 \(b.state)/ubiq.log; ls -la \(b.mnt)/docs").out)" }
