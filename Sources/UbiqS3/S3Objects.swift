@@ -238,7 +238,21 @@ public struct S3Objects: Sendable {
     }
 
     public func head(_ key: String) async throws -> ObjectInfo {
-        try await info(key, try await send(.HEAD, key))
+        let found = try await info(key, try await send(.HEAD, key))
+        if key.hasSuffix("/"), !Self.mayBeMarker(found) { throw StoreError.notFound(key: key) }
+        return found
+    }
+
+    /// Whether the answer to a HEAD of folder key `a/` may be a marker. SeaweedFS (4.48) keeps
+    /// a folder as a directory of its own: a HEAD of `a/` answers for one that holds objects
+    /// but has no marker (none was written, or it was deleted) with a made-up object, ETag
+    /// `"<md5 of nothing>-0"` (a multipart ETag of no parts, which no object has), and for a
+    /// file `a` with that file. Neither is a folder: a renamed folder came back empty from such
+    /// an answer (scripts/crash-loop, seed 181133728).
+    static func mayBeMarker(_ info: ObjectInfo) -> Bool {
+        let etag = (info.contentTag ?? "").trimmingCharacters(in: CharacterSet(charactersIn: "\""))
+        if etag.hasSuffix("-0") { return false }
+        return info.metadata.kind == .directory && info.size == 0
     }
 
     /// Whether a listing shows the folder marker `key` (one LIST of one key).

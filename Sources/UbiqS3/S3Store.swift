@@ -96,10 +96,6 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     /// The feed's last listing was a fresh device's first part (`startingCursor`): the next is
     /// its first full one.
     private var firstPartOnly = false
-    /// Folder keys the log said were deleted (when), on a server without folder metadata: for
-    /// `foldersCheckedFor` seconds, a HEAD of each is checked with a listing (see `head`).
-    private var foldersSaidDeleted: [KeyBytes: Date] = [:]
-    static let foldersCheckedFor: TimeInterval = 600
     /// Where each change of the last look at the log came from (`confirmed` takes them).
     private var lastNotes: [KeyBytes: ChangeLog.Note] = [:]
 
@@ -185,11 +181,11 @@ public final class S3Store: CloudStore, @unchecked Sendable {
     public func head(_ key: String) async throws -> ObjectInfo {
         try await deletes.settle(key)
         let info = try await objects.head(key)
-        guard key.hasSuffix("/"), lock.withLock({ foldersSaidDeleted[KeyBytes(key)] != nil }) else { return info }
-        // Asked again while the folder waits to empty (see FileSystem.applyRemoteDelete): the
-        // same check each time, until a marker is there again.
+        // On a server that keeps folders as directories of its own (and drops their metadata),
+        // a marker is where a listing shows that very key: a HEAD answers for a directory with
+        // no marker, or a file of the folder's name, too (`S3Objects.mayBeMarker`). One LIST.
+        guard key.hasSuffix("/"), !objects.keepsFolderMetadata else { return info }
         if try await !objects.listsMarker(key) { throw StoreError.notFound(key: key) }
-        lock.withLock { _ = foldersSaidDeleted.removeValue(forKey: KeyBytes(key)) }
         return info
     }
 
@@ -499,10 +495,16 @@ public final class S3Store: CloudStore, @unchecked Sendable {
                      condition: WriteCondition) async throws -> ObjectInfo {
         try await deletes.settle(source)
         if destination != source { try await deletes.settle(destination) }
-        let info = try await logging("put", destination, movedFrom: source == destination ? nil : source, wrote: { $0 }) {
-            try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
+        return try await logging("put", destination, movedFrom: source == destination ? nil : source, wrote: { $0 }) { () async throws -> ObjectInfo in
+            do {
+                return try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: condition)
+            } catch StoreError.preconditionFailed(let k, let current) {
+                // A folder's marker copied where the server has a directory and no marker (as `put`).
+                guard case .ifAbsent = condition, destination.hasSuffix("/"), !objects.keepsFolderMetadata,
+                      try await !objects.listsMarker(destination) else { throw StoreError.preconditionFailed(key: k, current: current) }
+                return try await objects.copy(from: source, version: version, to: destination, metadata: metadata, condition: .always)
+            }
         }
-        return info
     }
 
     public func delete(_ key: String, condition: WriteCondition) async throws {
@@ -577,15 +579,6 @@ public final class S3Store: CloudStore, @unchecked Sendable {
         let reset = ChangeBatch(changes: [], cursor: cursor ?? "", reset: true)
         guard try index.isLatest(since) else { return reset }
         let read = try await log.look(from: from, markOnly: false)
-        if !objects.keepsFolderMetadata {
-            let now = time.now
-            lock.withLock {
-                foldersSaidDeleted = foldersSaidDeleted.filter { now.timeIntervalSince($0.value) < Self.foldersCheckedFor }
-                for c in read.changes where c.kind == .delete && c.key.hasSuffix("/") && foldersSaidDeleted.count < 10_000 {
-                    foldersSaidDeleted[KeyBytes(c.key)] = now
-                }
-            }
-        }
         guard let next = try index.nextGeneration(since: since, told: read.changes.filter { $0.kind == .put }.map(\.key))
         else { return reset }
         log.noteRead(read)  // a cursor older than `next` is a reset from now on: nothing is missed

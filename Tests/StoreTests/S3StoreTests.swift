@@ -18,6 +18,39 @@ import UbiqStore
         }
     }
 
+    /// A folder's key is a folder only where it has a marker: SeaweedFS answers a HEAD of `a/`
+    /// for a directory of its own that holds objects (a made-up object, ETag `…-0`) and for a
+    /// file `a`. Both are no folder, to a fresh store as to the one that deleted the marker
+    /// (a renamed folder came back empty from such an answer); and a marker is still written,
+    /// or copied, where the server has such a directory.
+    @Test func aFolderKeyIsAFolderOnlyWhereItHasAMarker() async throws {
+        let (store, cleanup) = try await SeaweedFS.shared().newStore(versioned: false, settleWindow: 0)
+        defer { cleanup() }
+        let folder = ObjectMetadata(kind: .directory, mode: 0o755, uid: 0, gid: 0, mtimeNs: 1)
+        // Objects in d/ and none at d/: the server's directory is no folder here.
+        _ = try await store.put("d/f", contentsOf: try tempFile([1]), metadata: meta, condition: .ifAbsent)
+        await #expect(throws: StoreError.notFound(key: "d/")) { try await store.objects.head("d/") }
+        await #expect(throws: StoreError.notFound(key: "d/")) { try await store.head("d/") }
+        // A marker is written over it, If-None-Match though it is.
+        let marker = try await store.put("d/", contentsOf: nil, metadata: folder, condition: .ifAbsent)
+        #expect(try await store.head("d/").version == marker.version)
+        // Deleted (the folder renamed away) while its objects stay for a moment: no folder,
+        // also to a store that did not see the delete (a daemon started again).
+        try await store.delete("d/", condition: .ifMatch(marker.version))
+        let (again, cleanupAgain) = try await SeaweedFS.shared().store(of: store.objects.client.endpoint.bucket, settleWindow: 0)
+        defer { cleanupAgain() }
+        await #expect(throws: StoreError.notFound(key: "d/")) { try await store.head("d/") }
+        await #expect(throws: StoreError.notFound(key: "d/")) { try await again.head("d/") }
+        // A marker copied there (a folder moved to d/).
+        let other = try await store.put("o/", contentsOf: nil, metadata: folder, condition: .ifAbsent)
+        let moved = try await store.copy(from: "o/", version: other.version, to: "d/", metadata: nil, condition: .ifAbsent)
+        #expect(try await again.head("d/").version == moved.version)
+        // A file e answers a HEAD of e/ on this server: that is no folder either.
+        _ = try await store.put("e", contentsOf: try tempFile([1]), metadata: meta, condition: .ifAbsent)
+        await #expect(throws: StoreError.notFound(key: "e/")) { try await store.objects.head("e/") }
+        #expect(try await store.head("e").size == 1)
+    }
+
     /// Objects another tool wrote (no ubiq metadata) show as the user's, 0644 (folders 0755),
     /// modified when S3 says.
     @Test func foreignObjectsGetSensibleMetadata() async throws {
