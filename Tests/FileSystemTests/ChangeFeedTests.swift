@@ -97,7 +97,7 @@ import Synchronization
         let store = try newStore()
         let a = try Device(store: store)
         let b = try Device(store: store)
-        let count = FileSystem.runSize + 100
+        let count = RemoteApplier.runSize + 100
         try a.mkdir("big")
         try a.mkdir("big/sub")
         for i in 0 ..< count { try a.write("big/f\(i)", i % 100 == 0 ? "" : "file \(i)") }
@@ -438,7 +438,7 @@ import Synchronization
         a.sync()
         let after = try a.state.read { try $0.entries(remoteKey: "f").first?.remoteVersion }
         #expect(after != nil && after != before)
-        let retry = a.fs.applyRemote(RemoteBatch([RemoteChange(key: "f", info: nil, recordedBefore: before)]))
+        let retry = a.engine.remote.applyRemote(RemoteBatch([RemoteChange(key: "f", info: nil, recordedBefore: before)]))
         #expect(retry == ["f"])
         #expect(try a.read("f") == "second")
         // Looked at again: the store has this device's upload, and nothing changes.
@@ -468,7 +468,7 @@ import Synchronization
         a.sync()
         #expect(try a.state.read { try $0.tombstones(limit: 10) }.isEmpty)
         await #expect(throws: StoreError.self) { try await store.head("old/") }
-        let retry = a.fs.applyRemote(RemoteBatch([RemoteChange(key: "old/", info: marker, askedAt: question.at),
+        let retry = a.engine.remote.applyRemote(RemoteBatch([RemoteChange(key: "old/", info: marker, askedAt: question.at),
                                       RemoteChange(key: "gone.txt", info: file, askedAt: question.at)]))
         #expect(Set(retry) == ["old/", "gone.txt"])
         #expect(try a.names("") == ["new"])

@@ -401,7 +401,7 @@ import UbiqStore
         try a.fs.unlink(try a.ino("dir"), n("old"))
         try a.fs.rmdir(rootIno, n("dir"))
         a.sync()
-        for _ in 0 ... FileSystem.emptyingTries { b.pull() }
+        for _ in 0 ... RemoteApplier.emptyingTries { b.pull() }
         #expect(try b.names("dir") == ["new"])
         b.sync()
         #expect(try runBlocking { try await store.head("dir/") }.key == "dir/")

@@ -2,7 +2,7 @@ import Foundation
 import UbiqSync
 
 // The file system's back-channels: what it tells the kernel and asks of the change feed, and
-// what it is to the sync engine's parts (`UploadHost`, `ContentSink`, `RemoteChangeSink` in
+// what it is to the sync engine's parts (`UploadHost`, `ContentSink`, `StoreItemHost` in
 // UbiqSync). `Engine` and the FUSE binding attach them; each is held weakly.
 
 /// What the file system tells the kernel: drop what it cached (the FUSE binding is it).
@@ -47,7 +47,7 @@ public protocol StoreFeed: AnyObject, Sendable {
 
 extension ChangeFeed: StoreFeed {}
 
-extension FileSystem: UploadHost, ContentSink, RemoteChangeSink {
+extension FileSystem: UploadHost, ContentSink {
     public func uploadEnded(_ ino: UInt64, conflict: Bool) {
         emit(conflict ? .conflict : .status, ino)
         // Uploaded, the file may be evicted now: the cache limit holds again.

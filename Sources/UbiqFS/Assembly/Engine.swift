@@ -16,6 +16,9 @@ public struct Engine {
     public let uploader: Uploader
     public let fs: FileSystem
     public let feed: ChangeFeed
+    /// The store's changes weighed against this device's and made here (the feed's sink; `fs`
+    /// makes them).
+    public let remote: RemoteApplier
     /// What local content stays under, and what is evicted to stay there (`fs` is its host).
     public let cacheLimit: CacheLimit
     /// Sync paused by the user (`ubiq pause`): the uploader and the feed wait while it lasts.
@@ -77,11 +80,13 @@ public struct Engine {
                             accessTimes: options.accessTimes,
                             residentLimit: options.residentNodes, checkNodes: options.checkNodes)
         fs.syncWait = options.syncWait
-        // The feed holds the file system (its sink); the file system reaches the feed weakly
-        // (no cycle: a test that starts a device again from its state directory lets the old
-        // one go). The uploader and downloads reach the file system weakly too (its init).
+        // The feed holds the applier of its changes, which holds the file system; the file system
+        // reaches the feed weakly (no cycle: a test that starts a device again from its state
+        // directory lets the old one go). The uploader and downloads reach the file system
+        // weakly too (its init).
+        remote = RemoteApplier(items: fs, state: state, materializer: materializer, writes: uploader.writes, logger: logger)
         feed = ChangeFeed(store: store, state: state, deviceID: deviceID, logger: logger, interval: options.pollInterval,
-                          changes: fs, keyValues: keyValues, writes: uploader.writes)
+                          changes: remote, keyValues: keyValues, writes: uploader.writes)
         feed.pause = pause
         fs.attach(feed: feed)
     }

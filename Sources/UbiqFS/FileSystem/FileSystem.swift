@@ -86,11 +86,6 @@ public final class FileSystem: @unchecked Sendable {
     /// took it (`waitForAMove`): a folder's move deletes its old keys before the log tells of
     /// it, and a folder of 10,000 files takes many seconds to delete.
     let movedVersionWait: TimeInterval = 30
-    /// Folders deleted in the store that wait for what they hold to go: how many items each
-    /// held at the last try, and the tries since that went down (see `applyRemoteDelete`).
-    let foldersEmptying = Mutex<[UInt64: (held: Int, idle: Int)]>([:])
-    /// What was said of the store's keys that wait at every poll (each said once: `sayOnce`).
-    let saidOfKeys = Mutex(Set<String>())
     /// A container's folder levels (nil: any depth).
     public let folderLevels = Mutex<FolderLevels?>(nil)
 
