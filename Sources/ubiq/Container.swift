@@ -23,7 +23,7 @@ struct Container: ParsableCommand {
 
 /// A store named on the command line, opened directly.
 struct StoreOptions: ParsableArguments {
-    @Option(help: ArgumentHelp("The store: dir:PATH, PATH or s3://BUCKET/PREFIX.", valueName: "URL"))
+    @Option(help: ArgumentHelp("The store: dir:PATH, PATH or s3://BUCKET/PREFIX.", valueName: "URL"), completion: .directory)
     var store: String
 
     @Option(help: ArgumentHelp("S3 service address for an s3:// store.", valueName: "URL"))
@@ -51,7 +51,7 @@ struct ContainerCreate: ParsableCommand {
     static let configuration = CommandConfiguration(commandName: "create", abstract: "Make a container.")
     @OptionGroup var target: StoreOptions
     @Option(help: "The name people see (default: NAME).") var displayName: String?
-    @Option(help: "How deep folders may go in Documents: none, one or any.") var folderLevels = "any"
+    @Option(help: "How deep folders may go in Documents: none, one or any.", completion: .list(["none", "one", "any"])) var folderLevels = "any"
     @Flag(help: "Its Documents are for people to see (like iCloud Drive's app folders).") var publicDocuments = false
     @Argument(help: "Letters, digits, '.', '-', '_' (e.g. com.example.notes).") var name: String
 

@@ -31,10 +31,10 @@ struct KV: ParsableCommand {
 
 /// Which store, and who this device is to it.
 struct KVTarget: ParsableArguments {
-    @Option(help: ArgumentHelp("A path in the ubiq mount to use (default: the current directory).", valueName: "PATH"))
+    @Option(help: ArgumentHelp("A path in the ubiq mount to use (default: the current directory).", valueName: "PATH"), completion: .directory)
     var mount: String?
 
-    @Option(help: ArgumentHelp("Work on this store directly instead: dir:PATH, PATH or s3://BUCKET/PREFIX.", valueName: "URL"))
+    @Option(help: ArgumentHelp("Work on this store directly instead: dir:PATH, PATH or s3://BUCKET/PREFIX.", valueName: "URL"), completion: .directory)
     var store: String?
 
     @Option(help: ArgumentHelp("S3 service address for an s3:// store.", valueName: "URL"))
@@ -143,8 +143,8 @@ struct KVSet: ParsableCommand {
               base64 -d blob.b64 | ubiq kv set --mount ~/Ubiquity --type bytes blob -
             """))
     @OptionGroup var target: KVTarget
-    @Option(help: "string, number, bool, json or bytes (base64 as an argument, raw from a file).") var type = "string"
-    @Option(help: "Read the value from FILE (- for standard input).") var file: String?
+    @Option(help: "string, number, bool, json or bytes (base64 as an argument, raw from a file).", completion: .list(["string", "number", "bool", "json", "bytes"])) var type = "string"
+    @Option(help: "Read the value from FILE (- for standard input).", completion: .file()) var file: String?
     @Argument var key: String
     @Argument var value: String?
 

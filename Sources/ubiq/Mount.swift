@@ -27,7 +27,7 @@ struct Mount: ParsableCommand {
               ubiq mount --store s3://photos/family --s3-endpoint http://nas:8333 ~/Photos
             """))
 
-    @Option(help: "Store URL: dir:PATH, PATH, or s3://BUCKET/PREFIX.")
+    @Option(help: "Store URL: dir:PATH, PATH, or s3://BUCKET/PREFIX.", completion: .directory)
     var store: String?
 
     @Option(help: ArgumentHelp("S3 service address for an s3:// store (default: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, else AWS in the region).", valueName: "URL"))
@@ -39,10 +39,10 @@ struct Mount: ParsableCommand {
     @Option(help: ArgumentHelp("Mount this container of the store (ubiq container create) instead of the store's root.", valueName: "NAME"))
     var container: String?
 
-    @Option(help: ArgumentHelp("With --container: documents (its Documents folder only) or all (Documents and its data).", valueName: "SCOPE"))
+    @Option(help: ArgumentHelp("With --container: documents (its Documents folder only) or all (Documents and its data).", valueName: "SCOPE"), completion: .list(["documents", "all"]))
     var scope: String = "all"
 
-    @Option(help: "State directory (database, content cache, log).")
+    @Option(help: "State directory (database, content cache, log).", completion: .directory)
     var state: String?
 
     @Flag(help: "Stay in the foreground (logs to the terminal too).")
@@ -105,7 +105,7 @@ struct Mount: ParsableCommand {
     @Flag(help: "Print nothing once mounted (errors still go to stderr); a mount by mount(8) or fstab is quiet, as its helpers are.")
     var quiet = false
 
-    @Argument(help: "Where to mount (an existing, empty directory).")
+    @Argument(help: "Where to mount (an existing, empty directory).", completion: .directory)
     var mountpoint: String
 
     func run() throws {

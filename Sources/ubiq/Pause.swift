@@ -17,7 +17,7 @@ struct Pause: ParsableCommand {
     @Option(name: .customLong("for"), help: ArgumentHelp("For this long (30m, 2h, 1d); default: until ubiq resume.", valueName: "LENGTH"))
     var length: String?
 
-    @Argument(help: "A path in a ubiq mount (the whole mount is paused).")
+    @Argument(help: "A path in a ubiq mount (the whole mount is paused).", completion: .file())
     var path: String
 
     func validate() throws {
@@ -47,7 +47,7 @@ struct Resume: ParsableCommand {
               ubiq resume ~/Ubiquity
             """))
 
-    @Argument(help: "A path in a ubiq mount.")
+    @Argument(help: "A path in a ubiq mount.", completion: .file())
     var path: String
 
     func run() throws {

@@ -24,10 +24,10 @@ struct Query: ParsableCommand {
     @Option(help: ArgumentHelp("Shell glob on the name (case-sensitive).", valueName: "GLOB"))
     var name: String?
 
-    @Option(help: ArgumentHelp("Status words, comma-separated: \(SyncStatus.allCases.map(\.rawValue).joined(separator: ", ")).", valueName: "S,..."))
+    @Option(help: ArgumentHelp("Status words, comma-separated: \(SyncStatus.allCases.map(\.rawValue).joined(separator: ", ")).", valueName: "S,..."), completion: .list(SyncStatus.allCases.map(\.rawValue)))
     var status: String?
 
-    @Option(help: ArgumentHelp("file, folder, symlink or other.", valueName: "TYPE"))
+    @Option(help: ArgumentHelp("file, folder, symlink or other.", valueName: "TYPE"), completion: .list(["file", "folder", "symlink", "other"]))
     var type: String?
 
     @Option(help: ArgumentHelp("At least this size, e.g. 10M.", valueName: "SIZE"))
@@ -48,7 +48,7 @@ struct Query: ParsableCommand {
     @Option(help: "Depth below PATH at most.")
     var maxDepth: Int?
 
-    @Option(help: ArgumentHelp("path, name, size or time.", valueName: "KEY"))
+    @Option(help: ArgumentHelp("path, name, size or time.", valueName: "KEY"), completion: .list(["path", "name", "size", "time"]))
     var sort: String = "path"
 
     @Flag(help: "Sort in descending order.")
@@ -66,7 +66,7 @@ struct Query: ParsableCommand {
     @Option(help: "With --watch: seconds to gather changes before reporting them.")
     var interval: Double = 1
 
-    @Argument(help: "A folder in a ubiq mount: the scope of the query.")
+    @Argument(help: "A folder in a ubiq mount: the scope of the query.", completion: .directory)
     var path: String
 
     func validate() throws {
@@ -237,7 +237,7 @@ struct Watch: ParsableCommand {
               ubiq watch ~/Ubiquity/Projects
             """))
 
-    @Argument(help: "A folder (or file) in a ubiq mount.")
+    @Argument(help: "A folder (or file) in a ubiq mount.", completion: .file())
     var path: String
 
     func run() throws {

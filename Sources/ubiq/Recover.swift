@@ -48,13 +48,13 @@ struct Recover: ParsableCommand {
               ubiq recover --state ~/.local/state/ubiq/abcd --store dir:/srv/team ~/recovered
             """))
 
-    @Option(help: "The state directory to recover from.")
+    @Option(help: "The state directory to recover from.", completion: .directory)
     var state: String
 
     /// The store the device synced with: files whose bytes it holds are skipped.
     @OptionGroup var target: StoreOptions
 
-    @Argument(help: "Where to copy the edits (made if missing; must not hold recovered-* files).")
+    @Argument(help: "Where to copy the edits (made if missing; must not hold recovered-* files).", completion: .directory)
     var destination: String
 
     func run() throws {

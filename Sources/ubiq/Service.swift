@@ -66,7 +66,7 @@ struct ServiceInstall: ParsableCommand {
     @Flag(help: "Only write the unit; do not enable or start it.")
     var noStart = false
 
-    @Argument(help: "Where to mount.")
+    @Argument(help: "Where to mount.", completion: .directory)
     var mountpoint: String
 
     @Argument(parsing: .postTerminator, help: "`ubiq mount` options.")
@@ -134,7 +134,7 @@ struct ServiceUninstall: ParsableCommand {
         abstract: "Stop and remove the systemd user unit of MOUNTPOINT.",
         discussion: "Example: ubiq service uninstall ~/Ubiquity")
 
-    @Argument(help: "The mount point the unit mounts.")
+    @Argument(help: "The mount point the unit mounts.", completion: .directory)
     var mountpoint: String
 
     func run() throws {

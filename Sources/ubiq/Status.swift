@@ -32,7 +32,7 @@ struct Status: ParsableCommand {
     @Flag(help: "One JSON document (docs/status.md).")
     var json = false
 
-    @Argument(help: "Files or folders in a ubiq mount.")
+    @Argument(help: "Files or folders in a ubiq mount.", completion: .file())
     var paths: [String]
 
     struct Item {

@@ -88,27 +88,50 @@ struct Download: ParsableCommand {
     @Flag(help: "A JSON line per file.")
     var json = false
 
-    @Argument(help: "Files or folders in a ubiq mount.")
+    @Argument(help: "Files or folders in a ubiq mount.", completion: .file())
     var paths: [String]
 
     func run() throws {
-        let all = BytePath.inMounts(paths).flatMap { $0.regularFiles() }
+        let started = Stopwatch()
         // Ctrl-C from here on is noted: the queueing goes on (it is quick), then the wait stops.
         if wait { Interrupt.catchIt() }
         // Queue everything first: an interrupted wait leaves what plain `download` would.
         var failed = 0
         var queued: [(path: BytePath, size: Int64)] = []
-        for f in all {
-            let e = f.setAttribute("user.ubiq.action", "download")
-            if e != 0 {
-                report(f.display, error: String(cString: strerror(e)))
-                failed += 1
-                continue
+        // On a terminal, --wait shows the queueing as it goes (thousands of files take seconds).
+        let showQueueing = wait && !json && isatty(1) != 0
+        var shown = -1.0
+        for root in BytePath.inMounts(paths) {
+            let files = root.regularFiles()
+            let isFolder = root.lstat().map { ($0.st_mode & S_IFMT) == S_IFDIR } ?? false
+            var bytes: Int64 = 0, count = 0
+            for f in files {
+                let e = f.setAttribute("user.ubiq.action", "download")
+                if e != 0 {
+                    report(f.display, error: String(cString: strerror(e)))
+                    failed += 1
+                    continue
+                }
+                let size = f.lstat().map { Int64($0.st_size) } ?? 0
+                queued.append((f, size))
+                bytes += size
+                count += 1
+                if showQueueing && started.seconds - shown > 0.1 {
+                    shown = started.seconds
+                    FileHandle.standardOutput.write(Data("\r\u{1B}[Kqueueing \(queued.count) files for download".utf8))
+                }
+                if json && !wait { say(jsonLine(["path": f.display, "status": "queued"])) }
             }
-            queued.append((f, f.lstat().map { Int64($0.st_size) } ?? 0))
-            if !wait { json ? say(jsonLine(["path": f.display, "status": "queued"])) : say("downloading \(f.display)") }
+            // A line for each path given: a folder's files are counted, not named (a folder of
+            // 2,000 files said 2,000 lines).
+            guard !wait, !json else { continue }
+            if isFolder {
+                say("downloading \(count) file\(count == 1 ? "" : "s") (\(humanBytes(bytes))) in \(root.display)")
+            } else if count > 0 {
+                say("downloading \(root.display)")
+            }
         }
-        if wait { failed += waitForAll(queued) }
+        if wait { failed += waitForAll(queued, since: started) }
         if failed > 0 { throw ExitCode.failure }
     }
 
@@ -123,21 +146,23 @@ struct Download: ParsableCommand {
     }
 
     /// Waits for every queued file, looking at all of them each round; returns how many failed.
-    private func waitForAll(_ queued: [(path: BytePath, size: Int64)]) -> Int {
+    /// `started`: when the command started (its queueing is part of the time it reports).
+    private func waitForAll(_ queued: [(path: BytePath, size: Int64)], since started: Stopwatch) -> Int {
         let total = queued.reduce(0) { $0 + $1.size }
-        let bar = ProgressBar(total: total, files: queued.count, enabled: !json && isatty(1) != 0)
-        let started = Stopwatch()
+        let bar = ProgressBar(total: total, files: queued.count, enabled: !json && isatty(1) != 0, since: started)
         var pending = Array(queued.indices)
         var have = [Int64](repeating: 0, count: queued.count)
         var failed = 0
         while !pending.isEmpty {
-            if Interrupt.caught {
-                bar.clear()
-                say("interrupted: \(pending.count) of \(queued.count) files still downloading in the background")
-                Foundation.exit(130)
-            }
             var still: [Int] = []
-            for i in pending {
+            for (n, i) in pending.enumerated() {
+                // Asked at each file: a look at thousands takes seconds (Ctrl-C waited for it).
+                if Interrupt.caught {
+                    bar.clear()
+                    let left = still.count + pending.count - n
+                    say("interrupted: \(left) of \(queued.count) files still downloading in the background")
+                    Foundation.exit(130)
+                }
                 let (item, size) = queued[i]
                 let f = item.display
                 var error: String?
@@ -188,10 +213,13 @@ final class ProgressBar {
     let total: Int64
     let files: Int
     let enabled: Bool
-    let start = Stopwatch()
+    /// Since the command started: its rate and its summary count the queueing too.
+    let start: Stopwatch
     private var lastDraw: Double = -1
 
-    init(total: Int64, files: Int, enabled: Bool) { self.total = total; self.files = files; self.enabled = enabled }
+    init(total: Int64, files: Int, enabled: Bool, since start: Stopwatch = Stopwatch()) {
+        self.total = total; self.files = files; self.enabled = enabled; self.start = start
+    }
 
     func update(done: Int64, file: String) {
         guard enabled, lastDraw < 0 || start.seconds - lastDraw > 0.1 || done >= total else { return }
@@ -235,7 +263,7 @@ struct Sync: ParsableCommand {
     @Flag(help: "Also list the whole store (S3: objects other tools put in the bucket).")
     var full = false
 
-    @Argument(help: "A path in a ubiq mount (the whole mount is synced).")
+    @Argument(help: "A path in a ubiq mount (the whole mount is synced).", completion: .file())
     var path: String
 
     func run() throws {
@@ -309,7 +337,7 @@ struct Evict: ParsableCommand {
               ubiq evict ~/Ubiquity/Videos
             """))
 
-    @Argument(help: "Files or folders in a ubiq mount.")
+    @Argument(help: "Files or folders in a ubiq mount.", completion: .file())
     var paths: [String]
 
     func run() throws {
@@ -358,7 +386,7 @@ struct Pin: ParsableCommand {
               ubiq pin ~/Ubiquity/Documents
             """))
 
-    @Argument(help: "Files or folders in a ubiq mount.")
+    @Argument(help: "Files or folders in a ubiq mount.", completion: .file())
     var paths: [String]
 
     func run() throws { try setPinned(paths, true) }
@@ -369,7 +397,7 @@ struct Unpin: ParsableCommand {
         abstract: "Stop keeping files or folders downloaded (they stay until evicted).",
         discussion: "Example: ubiq unpin ~/Ubiquity/Documents")
 
-    @Argument(help: "Files or folders in a ubiq mount.")
+    @Argument(help: "Files or folders in a ubiq mount.", completion: .file())
     var paths: [String]
 
     func run() throws { try setPinned(paths, false) }

@@ -19,7 +19,7 @@ struct Unmount: ParsableCommand {
     @Option(help: "Seconds to wait for pending uploads (default: the mount's --drain-timeout).")
     var timeout: Double?
 
-    @Argument(help: "The mount point.")
+    @Argument(help: "The mount point.", completion: .directory)
     var mountpoint: String
 
     func validate() throws {

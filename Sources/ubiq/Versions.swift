@@ -64,7 +64,7 @@ struct Versions: ParsableCommand {
     @Flag(help: "One JSON object.")
     var json = false
 
-    @Argument(help: "A file in a ubiq mount.")
+    @Argument(help: "A file in a ubiq mount.", completion: .file())
     var path: String
 
     func run() throws {
@@ -135,10 +135,10 @@ struct Resolve: ParsableCommand {
     @Option(help: ArgumentHelp("current, or a conflict copy's name or version.", valueName: "VERSION"))
     var keep: String?
 
-    @Option(help: ArgumentHelp("A file holding the merged content.", valueName: "FILE"))
+    @Option(help: ArgumentHelp("A file holding the merged content.", valueName: "FILE"), completion: .file())
     var with: String?
 
-    @Argument(help: "A file in a ubiq mount.")
+    @Argument(help: "A file in a ubiq mount.", completion: .file())
     var path: String
 
     func validate() throws {
@@ -196,7 +196,7 @@ struct Restore: ParsableCommand {
               ubiq restore ~/Ubiquity/plan.txt 0193a7c2-...
             """))
 
-    @Argument(help: "A file in a ubiq mount.")
+    @Argument(help: "A file in a ubiq mount.", completion: .file())
     var path: String
 
     @Argument(help: "A version, as `ubiq versions --all` lists it.")

@@ -581,7 +581,8 @@ import TestSupport
     }
 
     /// `ubiq download` queues every file before it waits for any: without --wait, --json says
-    /// each is queued; an interrupted --wait says how many go on, and they do.
+    /// each is queued, and the plain output a line for each path given (a folder's files
+    /// counted); an interrupted --wait says how many go on, and they do.
     @Test func downloadQueuesEverythingBeforeWaiting() throws {
         let a = try MountFixture()
         defer { a.cleanup() }
@@ -592,6 +593,9 @@ import TestSupport
         let q = b.ubiq("download --json \(b.mnt)/many/f1")
         expectOK(q)
         #expect(q.out == "{\"path\":\"\(b.mnt)/many/f1\",\"status\":\"queued\"}\n", "\(q.out)")
+        let folder = b.ubiq("download \(b.mnt)/many \(b.mnt)/many/f1")
+        expectOK(folder)
+        #expect(folder.out == "downloading 40 files (111 B) in \(b.mnt)/many\ndownloading \(b.mnt)/many/f1\n", "\(folder.out)")
         let r = b.sh("""
             \(ubiqBinary) download --wait many > \(b.base)/out 2>&1 & pid=$!
             sleep 1; kill -INT $pid; wait $pid; echo "rc=$?"; cat \(b.base)/out
@@ -728,6 +732,29 @@ import TestSupport
             checked += 1
         }
         #expect(checked > 20)
+    }
+
+    /// Bash completes what a command takes: paths in a mount for its paths, mount points and
+    /// state folders as folders, and the words an option knows (`query --status <TAB>`).
+    @Test func theShellCompletesPathsAndOptionValues() throws {
+        let m = try MountFixture()
+        defer { m.cleanup() }
+        expectOK(m.sh("mkdir -p docs && echo a > docs/report.txt && echo b > docs/results.csv"))
+        let script = m.base + "/ubiq.bash"
+        expectOK(shell("\(ubiqBinary) --generate-completion-script bash > \(script)"))
+        func complete(_ words: [String]) -> [String] {
+            let quoted = words.map { "'\($0)'" }.joined(separator: " ")
+            let r = shell("""
+                bash -c 'shopt -s extglob; source \(script)
+                COMP_WORDS=("$@"); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}
+                _ubiq ubiq "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"; printf "%s\\n" "${COMPREPLY[@]}"' _ \(quoted)
+                """)
+            return r.out.split(separator: "\n").map(String.init)
+        }
+        #expect(complete(["ubiq", "query", "--status", ""]) == ["current", "placeholder", "local", "downloading", "uploading", "error", "conflict"])
+        #expect(complete(["ubiq", "query", "--sort", "s"]) == ["size"])
+        #expect(Set(complete(["ubiq", "download", "\(m.mnt)/docs/re"])) == ["\(m.mnt)/docs/report.txt", "\(m.mnt)/docs/results.csv"])
+        #expect(complete(["ubiq", "unmount", "\(m.mnt)/do"]) == ["\(m.mnt)/docs"])
     }
 
     /// `ubiq status --help`, docs/status.md and the README list the same status attributes,
