@@ -150,7 +150,9 @@ struct Daemon {
         let config: ContainerConfig
         do {
             guard let c = try runBlocking({ try await Containers.config(name, in: store) }) else {
-                die("the store has no container \(name): make it with ubiq container create \(name) --store \(plan.storeURL)", logger)
+                // The whole command, the S3 endpoint and region too (left out, it made the container elsewhere).
+                let command = (["ubiq", "container", "create", name, "--store", plan.storeURL] + plan.store.daemonArguments).map(shellQuoted)
+                die("the store has no container \(name): make it with \(command.joined(separator: " "))", logger)
             }
             config = c
         } catch let e as StoreError where e.isTransient {
@@ -406,4 +408,10 @@ struct Daemon {
 func say(_ line: String) {
     let bytes = Array((line + "\n").utf8)
     _ = bytes.withUnsafeBytes { write(1, $0.baseAddress, $0.count) }
+}
+
+/// `word` as a shell reads it back: as it is when it needs no quoting, else in single quotes.
+func shellQuoted(_ word: String) -> String {
+    let plain = word.unicodeScalars.allSatisfy { CharacterSet.alphanumerics.contains($0) || "@%+=:,./_-".unicodeScalars.contains($0) }
+    return plain && !word.isEmpty ? word : "'" + word.replacingOccurrences(of: "'", with: "'\\''") + "'"
 }

@@ -479,6 +479,26 @@ final class S3Server: @unchecked Sendable {
         expectOK(a.sh("\(ubiqBinary) sync . && test -z \"$(ls -A)\""), "kv objects showed as files")
     }
 
+    /// A container the bucket does not have: the mount says the whole command that makes it,
+    /// endpoint and region too, and that command, run as said, makes it there.
+    @Test func theMissingContainerHintIsACommandThatWorks() throws {
+        let s3 = try S3Server.shared()
+        let bucket = s3.bucket("hint")
+        let a = try s3.mount(bucket)
+        defer { a.cleanup() }
+        let free = a.base + "/free"
+        try FileManager.default.createDirectory(atPath: free, withIntermediateDirectories: true)
+        let env = s3.env.merging(a.env) { x, _ in x }
+        let mount = "\(ubiqBinary) mount --store s3://\(bucket)/drive --s3-endpoint \(s3.endpoint) --container com.example.none --state \(a.base)/st \(free)"
+        let missing = shell(mount, env: env)
+        let said = missing.err.components(separatedBy: "make it with ").last?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
+        #expect(missing.status != 0 && said.hasPrefix("ubiq container create com.example.none --store s3://\(bucket)/drive")
+                && said.contains("--s3-endpoint \(s3.endpoint)"), "\(missing.err)")
+        expectOK(shell("PATH=\((ubiqBinary as NSString).deletingLastPathComponent):$PATH \(said)", env: env), "the hint's command")
+        expectOK(shell(mount, env: env), "the container made by the hint")
+        expectOK(shell("\(ubiqBinary) unmount \(free)", env: env))
+    }
+
     @Test func badS3ArgumentsAreClearErrors() throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-s3args-\(UUID().uuidString.prefix(8))").path
         try FileManager.default.createDirectory(atPath: dir + "/m", withIntermediateDirectories: true)
