@@ -224,12 +224,16 @@ public struct WatchEvent: Codable, Sendable, Equatable {
     public var rawPath: [UInt8]?
     public var from: String?
     public var rawFrom: [UInt8]?
+    /// A conflict's copy beside the item.
+    public var copy: String?
+    public var rawCopy: [UInt8]?
     public var time: String?
     public var dropped: Int?
 
     public init(event: String, path: String? = nil, rawPath: [UInt8]? = nil, from: String? = nil, rawFrom: [UInt8]? = nil,
-                time: String? = nil, dropped: Int? = nil) {
+                copy: String? = nil, rawCopy: [UInt8]? = nil, time: String? = nil, dropped: Int? = nil) {
         self.event = event; self.path = path; self.rawPath = rawPath; self.from = from; self.rawFrom = rawFrom
+        self.copy = copy; self.rawCopy = rawCopy
         self.time = time; self.dropped = dropped
     }
 }

@@ -214,8 +214,9 @@ public final class ControlServer: @unchecked Sendable {
                 || (e.from.map { $0 == scope || $0.hasPrefix(scope + "/") } ?? false) {
                 let (path, rawPath) = PathText.of(e.pathBytes)
                 let from = e.fromBytes.map(PathText.of)
+                let copy = e.copyBytes.map(PathText.of)
                 if !conn.send(WatchEvent(event: e.kind.rawValue, path: path, rawPath: rawPath, from: from?.0, rawFrom: from?.1,
-                                         time: iso.string(from: e.time))) {
+                                         copy: copy?.0, rawCopy: copy?.1, time: iso.string(from: e.time))) {
                     return false
                 }
             }

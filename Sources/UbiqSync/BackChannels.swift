@@ -15,8 +15,10 @@ public protocol UploadHost: AnyObject, Sendable {
     /// wait while the mount is busy, so they do not compete with it for the disk.
     var secondsSinceLastChange: TimeInterval { get }
     var secondsSinceLastRead: TimeInterval { get }
-    /// The upload of `ino` ended: done, failed, or `conflict` (a conflict copy was made).
-    func uploadEnded(_ ino: UInt64, conflict: Bool)
+    /// The upload of `ino` ended: done, failed, a `conflict` (kept here, refused by the store),
+    /// or `copyMade` (the store's version kept beside it as a conflict copy, which the feed
+    /// brings in).
+    func uploadEnded(_ ino: UInt64, conflict: Bool, copyMade: Bool)
 }
 
 /// What downloads tell of the content they fetched.

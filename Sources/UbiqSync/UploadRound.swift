@@ -118,8 +118,9 @@ extension Uploader {
             return false
         }
         switch outcome {
-        case .done, .permanent, .retry, .localOnly: uploadHost?.uploadEnded(item.ino, conflict: false)
-        case .conflict, .setAside: uploadHost?.uploadEnded(item.ino, conflict: true)
+        case .done, .permanent, .retry, .localOnly: uploadHost?.uploadEnded(item.ino, conflict: false, copyMade: false)
+        case .conflict: uploadHost?.uploadEnded(item.ino, conflict: true, copyMade: false)
+        case .setAside: uploadHost?.uploadEnded(item.ino, conflict: false, copyMade: true)
         case .busy, .deferred: break
         }
         cond.lock()

@@ -289,6 +289,8 @@ struct Daemon {
         } catch {
             logger.warning("no control socket (\(error)): ubiq query, watch and sync will not reach this mount")
         }
+        // Conflicts shown on the desktop, where there is one.
+        _ = ConflictNotifier.start(events: fs.events, mount: plan.mountpoint, logger: logger)
         uploader.refreshUsage(force: true)
         uploader.start()
         feed.start()

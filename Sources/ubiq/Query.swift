@@ -228,7 +228,8 @@ struct Watch: ParsableCommand {
         abstract: "Print what happens under a folder, as JSON lines, until interrupted.",
         discussion: prose("""
             Events: changed (here), changed-remotely (by another device), status (uploaded,
-            downloaded, failed), conflict, deleted, moved (with "from"). Each line:
+            downloaded, failed), conflict (with "copy", the conflict copy kept beside it, when
+            there is one), deleted, moved (with "from"). Each line:
               {"event":"changed","path":"/home/me/Ubiquity/a.txt",
                "time":"2026-11-23T12:00:00.000Z"}
             A path whose bytes are not UTF-8 has them in "rawPath" (and "rawFrom"), as numbers.
@@ -250,6 +251,8 @@ struct Watch: ParsableCommand {
         while var e = client.next(WatchEvent.self) {
             e.path = e.path.map { $0.isEmpty ? base : base + "/" + $0 }
             e.from = e.from.map { $0.isEmpty ? base : base + "/" + $0 }
+            e.copy = e.copy.map { base + "/" + $0 }
+            e.rawCopy = e.rawCopy.map { prefix + $0 }
             e.rawPath = e.rawPath.map { prefix + $0 }
             e.rawFrom = e.rawFrom.map { prefix + $0 }
             say(jsonLine(e))

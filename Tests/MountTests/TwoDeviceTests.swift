@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// Two live mounts of one store: two devices, each seeing the other's changes while both
 /// are mounted (the change feed), through the kernel's caches.
@@ -110,6 +111,65 @@ import Testing
         for (n, shown) in sizes {
             #expect(listed.out.split(separator: "\n").contains { $0.contains(" \(shown) ") && $0.hasSuffix("/s\(n)") }, "\(n): \(listed.out)")
         }
+    }
+
+    /// A conflict is announced with both names: a `ubiq watch` event on every device (here A,
+    /// whose version the other device's upload met), and a desktop notification where the
+    /// daemon has a session bus (a private one here, its Notify calls read by dbus-monitor).
+    @Test func aConflictIsAnnouncedWithBothNames() throws {
+        let bus = FileManager.default.temporaryDirectory.appendingPathComponent("ubiq-bus-\(UUID().uuidString.prefix(8))").path
+        try FileManager.default.createDirectory(atPath: bus, withIntermediateDirectories: true)
+        // A session bus of the test's own, a process it owns (one that forks keeps an fd of
+        // Foundation's Process open, which then never sees its parent end).
+        let said = bus + "/said"
+        FileManager.default.createFile(atPath: said, contents: nil)
+        let busDaemon = Process()
+        busDaemon.executableURL = URL(fileURLWithPath: "/usr/bin/dbus-daemon")
+        busDaemon.arguments = ["--session", "--nofork", "--print-address=1", "--address=unix:path=\(bus)/bus"]
+        busDaemon.standardOutput = FileHandle(forWritingAtPath: said)
+        busDaemon.standardInput = FileHandle.nullDevice
+        busDaemon.standardError = FileHandle.nullDevice  // (inherited, it held swift test's pipe open)
+        try busDaemon.run()
+        defer { busDaemon.terminate(); try? FileManager.default.removeItem(atPath: bus) }
+        var address = ""
+        #expect(waitUntil(seconds: 30, every: 0.05) {
+            address = ((try? String(contentsOfFile: said, encoding: .utf8)) ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
+            return !address.isEmpty
+        }, "dbus-daemon said no address")
+        let calls = bus + "/calls"
+        FileManager.default.createFile(atPath: calls, contents: nil)
+        let monitor = Process()
+        monitor.executableURL = URL(fileURLWithPath: "/usr/bin/dbus-monitor")
+        monitor.arguments = ["--address", address, "type='method_call',interface='org.freedesktop.Notifications'"]
+        monitor.standardOutput = FileHandle(forWritingAtPath: calls)
+        monitor.standardError = FileHandle.nullDevice
+        try monitor.run()
+        defer { monitor.terminate() }
+
+        let a = try MountFixture(extra: "--upload-delay 0 --poll-interval 1", daemonEnv: ["DBUS_SESSION_BUS_ADDRESS": address])
+        defer { a.cleanup() }
+        let offline = a.base + "/b-offline"
+        let b = try MountFixture(store: a.store, name: "device-b", extra: "--upload-delay 0 --poll-interval 1",
+                                 daemonEnv: ["UBIQ_STORE_OFFLINE_FLAG": offline, "UBIQ_NOTIFY": "0"])
+        defer { b.cleanup() }
+        let watch = a.base + "/watch.out"
+        let watching = spawn(["watch", a.mnt], output: watch)
+        defer { if watching.isRunning { watching.terminate() } }
+        expectOK(a.sh("printf 'base\\n' > plan.txt"))
+        expectOK(eventually(b, "[ \"$(cat plan.txt)\" = base ]"), "the file reaches B")
+        // The watch listens once a change here reaches it.
+        expectOK(eventually(a, "touch ready; grep -q '/ready\"' \(watch)"), "the watch never started")
+        _ = FileManager.default.createFile(atPath: offline, contents: nil)
+        expectOK(b.sh("printf 'from B\\n' > plan.txt"))
+        expectOK(a.sh("printf 'from A\\n' > plan.txt"))
+        expectOK(eventually(a, "[ \"$(getfattr --only-values -n user.ubiq.status plan.txt)\" = current ]"))
+        try FileManager.default.removeItem(atPath: offline)
+        expectOK(eventually(a, "ls | grep -q '^plan (conflict .*)\\.txt$'", seconds: 30), "the copy reaches A: \(a.sh("ls").out)")
+        let copy = a.sh("ls | grep '^plan (conflict '").out.trimmingCharacters(in: .whitespacesAndNewlines)
+        let told = "grep -F '\"event\":\"conflict\"' \(watch) | grep -F '\"path\":\"\(a.mnt)/plan.txt\"' | grep -qF '\"copy\":\"\(a.mnt)/\(copy)\"'"
+        expectOK(eventually(a, told), "ubiq watch: \((try? String(contentsOfFile: watch, encoding: .utf8)) ?? "")")
+        let shown = "grep -q 'member=Notify' \(calls) && grep -qF 'Conflict: plan.txt' \(calls) && grep -qF '\(copy)' \(calls)"
+        expectOK(eventually(a, shown), "the desktop was told: \((try? String(contentsOfFile: calls, encoding: .utf8)) ?? "")")
     }
 
     @Test func syncOutsideAMountIsAClearError() throws {

@@ -48,12 +48,13 @@ public protocol StoreFeed: AnyObject, Sendable {
 extension ChangeFeed: StoreFeed {}
 
 extension FileSystem: UploadHost, ContentSink {
-    public func uploadEnded(_ ino: UInt64, conflict: Bool) {
+    public func uploadEnded(_ ino: UInt64, conflict: Bool, copyMade: Bool) {
+        // A copy made is announced, with both names, when it arrives (`announceIfConflictCopy`).
         emit(conflict ? .conflict : .status, ino)
         // Uploaded, the file may be evicted now: the cache limit holds again.
         cacheLimit.scheduleCheck()
         // A conflict copy was made in the store: bring it here now, not at the next poll.
-        if conflict { storeFeed?.kick(everywhere: false) }
+        if copyMade { storeFeed?.kick(everywhere: false) }
     }
 
     /// Bytes thrown away (they did not match their digest) may be in the kernel's cache.

@@ -2,6 +2,8 @@ import Foundation
 import UbiqClock
 import Synchronization
 import UbiqState
+import UbiqStore
+import UbiqSync
 
 /// Something that happened to an item, for `ubiq watch` and `ubiq query --watch`
 /// (NSFilePresenter's notifications, as a stream).
@@ -13,7 +15,9 @@ public struct ItemEvent: Sendable, Equatable {
         case changedRemotely = "changed-remotely"
         /// Its sync status moved on (uploaded, downloaded, an error).
         case status
-        /// Another device's newer version met this device's edit.
+        /// Two devices changed one item: `copy` is the conflict copy beside it (announced when
+        /// the copy arrives, on every device), or nil where none was made (a folder's change
+        /// refused: kept here, status `conflict`).
         case conflict
         case deleted
         /// Renamed or moved; `from` is where it was.
@@ -24,8 +28,15 @@ public struct ItemEvent: Sendable, Equatable {
     public var pathBytes: [UInt8]
     /// Where it was (`moved`).
     public var fromBytes: [UInt8]?
+    /// The conflict copy beside it (`conflict`).
+    public var copyBytes: [UInt8]?
     public var ino: UInt64
     public var time: Date
+
+    public init(kind: Kind, pathBytes: [UInt8], fromBytes: [UInt8]? = nil, copyBytes: [UInt8]? = nil, ino: UInt64, time: Date) {
+        self.kind = kind; self.pathBytes = pathBytes; self.fromBytes = fromBytes; self.copyBytes = copyBytes
+        self.ino = ino; self.time = time
+    }
 
     /// The path as text (U+FFFD for bytes that are not UTF-8).
     public var path: String { String(decoding: pathBytes, as: UTF8.self) }
@@ -121,9 +132,20 @@ extension FileSystem {
     }
 
     /// Publishes an event about `ino` (nothing is computed when nobody listens).
-    func emit(_ kind: ItemEvent.Kind, _ ino: UInt64, path known: [UInt8]? = nil, from: [UInt8]? = nil) {
+    func emit(_ kind: ItemEvent.Kind, _ ino: UInt64, path known: [UInt8]? = nil, from: [UInt8]? = nil, copy: [UInt8]? = nil) {
         guard events.hasSubscribers else { return }
         guard let p = known ?? pathBytes(of: ino) else { return }
-        events.publish(ItemEvent(kind: kind, pathBytes: p, fromBytes: from, ino: ino, time: state.time.now))
+        events.publish(ItemEvent(kind: kind, pathBytes: p, fromBytes: from, copyBytes: copy, ino: ino, time: state.time.now))
+    }
+
+    /// A new item of the store, `name` in folder `dir`, that is a conflict copy (made by a
+    /// device's upload that met another's version: `Uploader.keepAsConflictCopy`): the item it
+    /// was made for is announced as in conflict, with both names.
+    func announceIfConflictCopy(in dir: UInt64, name: [UInt8], _ meta: ObjectMetadata) {
+        guard events.hasSubscribers, meta.origin?.hasPrefix("conflict-copy:") == true,
+              let text = String(validating: name, as: UTF8.self), let target = ConflictName.target(of: text),
+              let item = inodes.locked({ t in t[dir]?.children[Array(target.utf8)] }),
+              let folder = pathBytes(of: dir) else { return }
+        emit(.conflict, item, path: Self.join(folder, Array(target.utf8)), copy: Self.join(folder, name))
     }
 }

@@ -46,6 +46,7 @@ extension FileSystem: StoreItemHost {
     public func makeItems(in dir: UInt64, _ run: [ObjectInfo], leaving: ([ObjectInfo]) throws -> Set<KeyBytes>) throws -> StoreItemRun {
         var out = StoreItemRun()
         var made: [[UInt8]] = []
+        var madeInfos: [ObjectInfo] = []
         let c = try claim([dir], .write)
         try {
             defer { coordinator.release(c) }
@@ -88,11 +89,13 @@ extension FileSystem: StoreItemHost {
                     t.attach(r.rec, in: folder, name: r.name).xattrs = r.xattrs
                     out.made.append((r.rec.ino, r.rec.size))
                     made.append(r.name)
+                    madeInfos.append(r.info)
                 }
             }
         }()
         for name in made { invalidateKernelEntry(dir, name) }
         for m in out.made { emit(.changedRemotely, m.ino) }
+        for (name, info) in zip(made, madeInfos) { announceIfConflictCopy(in: dir, name: name, info.metadata) }
         return out
     }
 
@@ -113,7 +116,10 @@ extension FileSystem: StoreItemHost {
         }()
         guard let ino else { return nil }
         invalidateKernelEntry(parent, name)
-        if remote != nil { emit(.changedRemotely, ino) }
+        if remote != nil {
+            emit(.changedRemotely, ino)
+            announceIfConflictCopy(in: parent, name: name, meta)
+        }
         return ino
     }
 
