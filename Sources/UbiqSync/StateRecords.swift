@@ -21,6 +21,6 @@ extension EntryRecord {
 }
 
 extension ObjectInfo {
-    /// Whether this is a file with bytes, which a move elsewhere can carry (see `FileSystem.applyRemote`).
+    /// Whether this is a file with bytes, which a move elsewhere can carry (see `RemoteApplier.applyRemote`).
     public var isFileWithBytes: Bool { metadata.kind == .file && size > 0 && !key.hasSuffix("/") }
 }

@@ -343,7 +343,7 @@ extension Uploader {
     /// its files' keys). When `key`, just deleted from the store, was the last thing in one that
     /// this device keeps (an `rm` or `mv` of its files here), the folder is gone from the store
     /// though it is still here: its marker goes up, so that it stays on every device, as it
-    /// does here, rather than vanish from the others (`FileSystem.removeFoldersGoneWithTheirFiles`).
+    /// does here, rather than vanish from the others (`RemoteApplier.removeFoldersGoneWithTheirFiles`).
     func keepFolderEmptied(by key: String) {
         let parts = StoreKey.segments(key).parts.dropLast()
         guard !parts.isEmpty else { return }
