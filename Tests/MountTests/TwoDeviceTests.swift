@@ -122,7 +122,7 @@ import TestSupport
         // A session bus of the test's own, a process it owns (one that forks keeps an fd of
         // Foundation's Process open, which then never sees its parent end).
         let said = bus + "/said"
-        FileManager.default.createFile(atPath: said, contents: nil)
+        _ = FileManager.default.createFile(atPath: said, contents: nil)
         let busDaemon = Process()
         busDaemon.executableURL = URL(fileURLWithPath: "/usr/bin/dbus-daemon")
         busDaemon.arguments = ["--session", "--nofork", "--print-address=1", "--address=unix:path=\(bus)/bus"]
@@ -137,7 +137,7 @@ import TestSupport
             return !address.isEmpty
         }, "dbus-daemon said no address")
         let calls = bus + "/calls"
-        FileManager.default.createFile(atPath: calls, contents: nil)
+        _ = FileManager.default.createFile(atPath: calls, contents: nil)
         let monitor = Process()
         monitor.executableURL = URL(fileURLWithPath: "/usr/bin/dbus-monitor")
         monitor.arguments = ["--address", address, "type='method_call',interface='org.freedesktop.Notifications'"]
