@@ -8,15 +8,14 @@ import UbiqFS
 /// (org.freedesktop.Notifications, through `gdbus` from libglib2.0-bin; docs/desktop.md).
 /// Started only where the daemon has a desktop session's bus; `UBIQ_NOTIFY=0` turns it off.
 final class ConflictNotifier: @unchecked Sendable {
-    private let events: EventBus
     private let mount: String
     private let gdbus: String
     private let logger: Logger
     /// Conflicts that come within this long of each other are said in one notification.
     static let gather: TimeInterval = 1
 
-    private init(events: EventBus, mount: String, gdbus: String, logger: Logger) {
-        self.events = events; self.mount = mount; self.gdbus = gdbus; self.logger = logger
+    private init(mount: String, gdbus: String, logger: Logger) {
+        self.mount = mount; self.gdbus = gdbus; self.logger = logger
     }
 
     /// Starts announcing `events`' conflicts on the session bus of the environment; nil when
@@ -32,8 +31,9 @@ final class ConflictNotifier: @unchecked Sendable {
             logger.info("no gdbus (libglib2.0-bin): conflicts are not shown as desktop notifications")
             return nil
         }
-        let n = ConflictNotifier(events: events, mount: mount, gdbus: gdbus, logger: logger)
-        let sub = events.subscribe(limit: 1000)
+        let n = ConflictNotifier(mount: mount, gdbus: gdbus, logger: logger)
+        // Conflicts only: the events nobody hears are not made (`EventBus.wants`).
+        let sub = events.subscribe(limit: 1000, kinds: [.conflict])
         let t = Thread { n.run(sub) }
         t.name = "ubiq-notify"
         t.start()
@@ -44,7 +44,7 @@ final class ConflictNotifier: @unchecked Sendable {
         var pending: [(item: String, copy: String?)] = []
         var since = Deadline(in: 0)
         while let (events, _) = sub.next(timeout: pending.isEmpty ? 60 : max(0.05, since.remaining)) {
-            for e in events where e.kind == .conflict {
+            for e in events {
                 if pending.isEmpty { since = Deadline(in: Self.gather) }
                 pending.append((e.path, e.copyBytes.map { String(decoding: $0, as: UTF8.self) }))
             }

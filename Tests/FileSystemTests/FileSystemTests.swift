@@ -586,11 +586,18 @@ func contents(_ store: DirectoryStore, _ key: String) throws -> String {
         let time = ManualTime()
         let d = try Device(store: try newStore(), time: time)
         func recorded(_ name: String) throws -> Bool { try d.state.read { try $0.entry(parent: rootIno, name: n(name)) } != nil }
+        // A subscriber of conflicts only (the desktop's notifier) hears none of the rest, and
+        // makes no event of it wanted (`EventBus.wants`: each would look its path up).
+        let conflictsOnly = d.fs.events.subscribe(kinds: [.conflict])
+        #expect(d.fs.events.wants(.conflict) && !d.fs.events.wants(.changed))
         let watch = d.fs.events.subscribe()
+        #expect(d.fs.events.wants(.changed))
         let (a, ah) = try d.fs.create(rootIno, n("a"), mode: 0o644, flags: O_CREAT | O_WRONLY, caller: .root)
         #expect(try !recorded("a"), "the create committed")
         #expect(watch.next(timeout: 5)?.events.map(\.path) == ["a"], "ubiq watch did not hear of the new file")
         d.fs.events.unsubscribe(watch)
+        #expect(conflictsOnly.next(timeout: 0)?.events.isEmpty == true, "a conflicts-only subscriber heard of a new file")
+        d.fs.events.unsubscribe(conflictsOnly)
         #expect(try d.fs.getattr(a.ino).size == 0, "the file is there for everyone at once")
         try d.write("b", "closed")  // b's close commits a's rows first, then its own
         #expect(try recorded("a") && recorded("b"))

@@ -52,7 +52,10 @@ public final class EventBus: @unchecked Sendable {
         var dropped = 0
         var closed = false
         let limit: Int
-        init(limit: Int) { self.limit = limit }
+        /// The kinds it hears (nil: all).
+        let kinds: Set<ItemEvent.Kind>?
+        init(limit: Int, kinds: Set<ItemEvent.Kind>?) { self.limit = limit; self.kinds = kinds }
+        func wants(_ kind: ItemEvent.Kind) -> Bool { kinds?.contains(kind) ?? true }
 
         /// Waits up to `timeout` for events; returns them (and how many were lost), or nil once closed.
         public func next(timeout: TimeInterval) -> (events: [ItemEvent], dropped: Int)? {
@@ -79,10 +82,14 @@ public final class EventBus: @unchecked Sendable {
 
     public init() {}
 
-    public var hasSubscribers: Bool { subscribers.withLock { !$0.isEmpty } }
+    /// Whether anyone hears events of `kind`: nothing is computed for one nobody hears (a
+    /// desktop's conflict notifier, always there, hears conflicts only: every write's path
+    /// would otherwise be looked up for it).
+    public func wants(_ kind: ItemEvent.Kind) -> Bool { subscribers.withLock { $0.values.contains { $0.wants(kind) } } }
 
-    public func subscribe(limit: Int = 10_000) -> Subscription {
-        let s = Subscription(limit: limit)
+    /// A subscription to events of `kinds` (nil: all).
+    public func subscribe(limit: Int = 10_000, kinds: Set<ItemEvent.Kind>? = nil) -> Subscription {
+        let s = Subscription(limit: limit, kinds: kinds)
         subscribers.withLock { $0[ObjectIdentifier(s)] = s }
         return s
     }
@@ -93,7 +100,7 @@ public final class EventBus: @unchecked Sendable {
     }
 
     func publish(_ e: ItemEvent) {
-        for s in subscribers.withLock({ Array($0.values) }) { s.push(e) }
+        for s in subscribers.withLock({ Array($0.values) }) where s.wants(e.kind) { s.push(e) }
     }
 }
 
@@ -133,7 +140,7 @@ extension FileSystem {
 
     /// Publishes an event about `ino` (nothing is computed when nobody listens).
     func emit(_ kind: ItemEvent.Kind, _ ino: UInt64, path known: [UInt8]? = nil, from: [UInt8]? = nil, copy: [UInt8]? = nil) {
-        guard events.hasSubscribers else { return }
+        guard events.wants(kind) else { return }
         guard let p = known ?? pathBytes(of: ino) else { return }
         events.publish(ItemEvent(kind: kind, pathBytes: p, fromBytes: from, copyBytes: copy, ino: ino, time: state.time.now))
     }
@@ -142,7 +149,7 @@ extension FileSystem {
     /// device's upload that met another's version: `Uploader.keepAsConflictCopy`): the item it
     /// was made for is announced as in conflict, with both names.
     func announceIfConflictCopy(in dir: UInt64, name: [UInt8], _ meta: ObjectMetadata) {
-        guard events.hasSubscribers, meta.origin?.hasPrefix("conflict-copy:") == true,
+        guard events.wants(.conflict), meta.origin?.hasPrefix("conflict-copy:") == true,
               let text = String(validating: name, as: UTF8.self), let target = ConflictName.target(of: text),
               let item = inodes.locked({ t in t[dir]?.children[Array(target.utf8)] }),
               let folder = pathBytes(of: dir) else { return }

@@ -115,7 +115,7 @@ extension FileSystem {
         if let made {
             // (Nothing queued yet: the close queues the upload and kicks the uploader.) The path
             // from the folder's: the file's own rows wait for a transaction (`deferCreate`).
-            if events.hasSubscribers, let dir = pathBytes(of: parent) { emit(.changed, made.0.ino, path: Self.join(dir, name)) }
+            if events.wants(.changed), let dir = pathBytes(of: parent) { emit(.changed, made.0.ino, path: Self.join(dir, name)) }
             return (made.0, made.1, true)
         }
         // Opening an existing file through create: count the lookup as the kernel will.
@@ -181,7 +181,7 @@ extension FileSystem {
 
     private func removeName(_ parent: UInt64, _ name: [UInt8], directory wantDir: Bool) throws {
         if name.count > maxNameBytes { throw FSError.nameTooLong }
-        let gone = events.hasSubscribers ? pathBytes(of: parent).map { Self.join($0, name) } : nil
+        let gone = events.wants(.deleted) ? pathBytes(of: parent).map { Self.join($0, name) } : nil
         var removed: UInt64 = 0
         while true {
             let target = try peek(parent, name)
@@ -245,7 +245,7 @@ extension FileSystem {
         if folderLevels.withLock({ $0 }) != nil, let src = try? peek(parent, name), inodes.locked({ t in t[src]?.isDirectory }) == true {
             try checkFolderLevels(parent: newParent, name: newName)
         }
-        let from = events.hasSubscribers ? pathBytes(of: parent).map { Self.join($0, name) } : nil
+        let from = events.wants(.moved) ? pathBytes(of: parent).map { Self.join($0, name) } : nil
         var moved: UInt64 = 0
         while true {
             let src = try peek(parent, name)

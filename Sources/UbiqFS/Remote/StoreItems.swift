@@ -148,7 +148,7 @@ extension FileSystem: StoreItemHost {
 
     public func moveItem(_ e: EntryRecord, to parent: UInt64, name: [UInt8], key: String, tag: String?, digest: String?) throws -> Bool {
         let ino = e.ino
-        let from = events.hasSubscribers ? pathBytes(of: e.parent).map { Self.join($0, e.name) } : nil
+        let from = events.wants(.moved) ? pathBytes(of: e.parent).map { Self.join($0, e.name) } : nil
         let c = try claim([e.parent, parent, ino], .move)
         let moved: Bool = try {
             defer { coordinator.release(c) }
@@ -293,7 +293,7 @@ extension FileSystem: StoreItemHost {
 
     public func removeItem(_ e: EntryRecord, unlessRecordedSince before: String?) throws -> Bool {
         let ino = e.ino
-        let gone = events.hasSubscribers ? pathBytes(of: ino) : nil
+        let gone = events.wants(.deleted) ? pathBytes(of: ino) : nil
         let c = try claim([e.parent, ino], .delete)
         let removed: Bool = try {
             defer { coordinator.release(c) }
@@ -341,7 +341,7 @@ extension FileSystem: StoreItemHost {
 
     public func removeEmptyFolder(_ dir: UInt64, if still: (StateTransaction, UInt64) throws -> Bool) -> UInt64? {
         guard let e = try? state.read({ try $0.entries(of: dir).first }) else { return nil }
-        let gone = events.hasSubscribers ? pathBytes(of: dir) : nil
+        let gone = events.wants(.deleted) ? pathBytes(of: dir) : nil
         guard let c = try? claim([e.parent, dir], .delete) else { return nil }
         let removed: Bool = {
             defer { coordinator.release(c) }
